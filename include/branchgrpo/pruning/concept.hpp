@@ -1,0 +1,43 @@
+#pragma once
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "branchgrpo/tree/rollout_tree.hpp"
+
+namespace branchgrpo {
+
+/// One flag per node: 1 when the edge into that node is trained. Roots are always 0.
+using edge_mask = std::vector<std::uint8_t>;
+
+/// What a pruner may read. Rollouts are unchanged by pruning; only back-propagation is.
+struct prune_context {
+  int iteration = 0;         ///< 0-based training iteration
+  int total_iterations = 1;  ///< planned iterations of the run (for "active for the first fraction")
+  std::span<const double> leaf_rewards;  ///< indexed like tree.leaves()
+  std::span<const double> fused;         ///< fused reward per node
+  std::span<const double> advantages;    ///< advantage per node (edge into it)
+};
+
+/// A pruner returns the mask of edges to train. Composition intersects masks.
+template <class P>
+concept Pruner = std::copyable<P> && requires(const P& pruner, const rollout_tree& tree, const prune_context& context) {
+  { pruner(tree, context) } -> std::same_as<edge_mask>;
+};
+
+/// A pruner that also shapes the rollout (MixGRPO's sliding SDE window turns edges outside it into ODE).
+template <class P>
+concept RolloutShaper = Pruner<P> && requires(const P& pruner, const tree_plan& plan, int iteration) {
+  { pruner.shape(plan, iteration) } -> std::same_as<tree_plan>;
+};
+
+/// Every non-root edge: the mask of "no pruning".
+inline edge_mask all_edges(const rollout_tree& tree) {
+  edge_mask mask(static_cast<std::size_t>(tree.node_count()), 1);
+  for (std::int32_t n = 0; n < tree.node_count(); ++n)
+    if (tree.is_root(n)) mask[static_cast<std::size_t>(n)] = 0;
+  return mask;
+}
+
+}  // namespace branchgrpo

@@ -1,0 +1,37 @@
+#pragma once
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
+
+namespace branchgrpo {
+
+/// Flow-GRPO-Fast: a shared deterministic ODE prefix up to split_step, one SDE split into G children,
+/// sde_steps SDE transitions in all (the split included), then ODE to the end. Only the SDE edges train.
+/// Example: flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2} over 5 steps ->
+///   kinds {ode, ode, sde, sde, ode}, branching {1, 1, 4, 1, 1}, 4 leaves, 1 + 1 + 1 + 4 + 4 = 11 evaluations.
+/// @pre 0 <= split_step, split_step + sde_steps <= steps, sde_steps >= 1, group_size >= 1.
+struct flow_grpo_fast {
+  int group_size = 16;
+  int split_step = 0;
+  int sde_steps = 1;
+
+  tree_plan operator()(int steps) const {
+    require(steps >= 1, "the number of steps must be at least 1, got ", steps);
+    require(group_size >= 1, "group size ", group_size, " is below 1");
+    require(split_step >= 0 && split_step < steps, "split step ", split_step, " is not in [0, ", steps, ")");
+    require(sde_steps >= 1 && split_step + sde_steps <= steps, "sde_steps ", sde_steps, " from split step ",
+            split_step, " runs past ", steps, " steps");
+    tree_plan plan{.steps = steps,
+                   .roots = 1,
+                   .branching = std::vector<int>(static_cast<std::size_t>(steps), 1),
+                   .kinds = std::vector<edge_kind>(static_cast<std::size_t>(steps), edge_kind::ode)};
+    plan.branching[static_cast<std::size_t>(split_step)] = group_size;
+    for (int s = split_step; s < split_step + sde_steps; ++s) plan.kinds[static_cast<std::size_t>(s)] = edge_kind::sde;
+    validate(plan);
+    return plan;
+  }
+  friend bool operator==(const flow_grpo_fast&, const flow_grpo_fast&) = default;
+};
+
+}  // namespace branchgrpo

@@ -1,0 +1,79 @@
+#pragma once
+// A tree plan: the level-uniform shape every topology policy produces. All nodes at one denoising step have
+// the same number of children and their outgoing edges the same kind, which is true of every rollout
+// structure used by DanceGRPO, Flow-GRPO(-Fast), MixGRPO and BranchGRPO.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+
+namespace branchgrpo {
+
+/// How a transition is sampled: SDE edges draw noise and are trainable; ODE edges are deterministic.
+enum class edge_kind : std::uint8_t { sde, ode };
+
+inline const char* to_string(edge_kind kind) { return kind == edge_kind::sde ? "sde" : "ode"; }
+
+/// Leaves of one tree are limited to 2^24 so that node indices and noise keys stay in 32 bits.
+inline constexpr std::int64_t max_leaves_per_tree = std::int64_t{1} << 24;
+
+/// The shape of one rollout tree over `steps` denoising transitions.
+/// Example: steps 3, roots 1, branching {2, 1, 2}, kinds {sde, ode, sde}: 1 root, 2 nodes after step 0,
+/// 2 after step 1, 4 leaves after step 2.
+struct tree_plan {
+  int steps = 0;                  ///< denoising transitions from the root (step 0) to the leaves (step `steps`)
+  int roots = 1;                  ///< independent roots per tree (sequential sampling without a shared root)
+  std::vector<int> branching;     ///< children per node at each step, size `steps`, each >= 1
+  std::vector<edge_kind> kinds;   ///< kind of the edges leaving step s, size `steps`; a split is always SDE
+
+  friend bool operator==(const tree_plan&, const tree_plan&) = default;
+
+  /// Nodes at step s (s in [0, steps]).
+  [[nodiscard]] std::int64_t nodes_at_step(int s) const {
+    std::int64_t count = roots;
+    for (int i = 0; i < s; ++i) count *= branching[static_cast<std::size_t>(i)];
+    return count;
+  }
+  [[nodiscard]] std::int64_t leaves() const { return nodes_at_step(steps); }
+  [[nodiscard]] std::int64_t nodes() const {
+    std::int64_t total = 0;
+    for (int s = 0; s <= steps; ++s) total += nodes_at_step(s);
+    return total;
+  }
+  /// Denoiser evaluations of one tree: one per node that has children.
+  [[nodiscard]] std::int64_t evaluations() const { return nodes() - leaves(); }
+  [[nodiscard]] std::int64_t edges() const { return nodes() - roots; }
+  /// Steps with more than one child per node.
+  [[nodiscard]] std::vector<int> split_steps() const {
+    std::vector<int> splits;
+    for (int s = 0; s < steps; ++s)
+      if (branching[static_cast<std::size_t>(s)] > 1) splits.push_back(s);
+    return splits;
+  }
+};
+
+/// Throws invalid_input naming the first inconsistency of `plan`.
+/// @post plan.leaves() <= max_leaves_per_tree.
+inline void validate(const tree_plan& plan) {
+  require(plan.steps >= 1, "a tree needs at least 1 step, got ", plan.steps);
+  require(plan.steps <= 255, "at most 255 steps are supported, got ", plan.steps);
+  require(plan.roots >= 1, "a tree needs at least 1 root, got ", plan.roots);
+  require(plan.branching.size() == static_cast<std::size_t>(plan.steps), "branching has ", plan.branching.size(),
+          " entries for ", plan.steps, " steps");
+  require(plan.kinds.size() == static_cast<std::size_t>(plan.steps), "edge kinds have ", plan.kinds.size(),
+          " entries for ", plan.steps, " steps");
+  std::int64_t count = plan.roots;
+  require(count <= max_leaves_per_tree, "a tree with ", count, " roots exceeds 2^24 leaves");
+  for (int s = 0; s < plan.steps; ++s) {
+    const int factor = plan.branching[static_cast<std::size_t>(s)];
+    require(factor >= 1, "branching factor ", factor, " at step ", s, " is below 1");
+    require(factor == 1 || plan.kinds[static_cast<std::size_t>(s)] == edge_kind::sde, "split at step ", s,
+            " must be an SDE edge: ODE children would be identical");
+    require(count * factor <= max_leaves_per_tree, "tree exceeds 2^24 leaves after step ", s, " (",
+            count, " x ", factor, ")");
+    count *= factor;
+  }
+}
+
+}  // namespace branchgrpo
