@@ -1,0 +1,58 @@
+#pragma once
+#include <cstddef>
+#include <span>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/correlator/concept.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
+
+namespace branchgrpo {
+
+namespace detail {
+
+/// Throws unless `group` is a split (K >= 2, elements >= 1) and `out` holds exactly its K rows; returns K.
+inline std::size_t check_sibling_group(const sibling_group& group, std::span<const double> out,
+                                       const char* policy) {
+  const std::size_t k = group.children.size();
+  require(k >= 2, policy, " needs a split of at least 2 children, got ", k);
+  require(group.elements >= 1, policy, " needs at least 1 element per row, got ", group.elements);
+  // Division instead of k * elements: no overflow on absurd element counts.
+  require(out.size() % k == 0 && out.size() / k == group.elements, policy, " output holds ", out.size(),
+          " values, expected ", k, " rows of ", group.elements);
+  return k;
+}
+
+/// `key` with its stream replaced: the correlator, not the caller, decides what a draw is for.
+inline noise_key with_stream(noise_key key, noise_stream stream) {
+  key.stream = stream;
+  return key;
+}
+
+/// Row b of `out` (row-major, `elements` per row).
+inline std::span<double> sibling_row(std::span<double> out, std::size_t b, std::size_t elements) {
+  return out.subspan(b * elements, elements);
+}
+
+/// Child b's own N(0, 1) draw (its key, stream edge) into row b of `out`.
+inline void fill_own_row(const sibling_group& group, std::size_t b, std::span<double> out) {
+  fill_keyed_normal(with_stream(group.children[b], noise_stream::edge), sibling_row(out, b, group.elements));
+}
+
+}  // namespace detail
+
+/// Independent siblings: child b gets its own keyed N(0, 1) draw, exactly as a chain edge would.
+/// Example: children keys {seed 7, node 1} and {seed 7, node 2} (other fields 0), elements 2 ->
+///   out = {keyed_normal(child 0, 0), keyed_normal(child 0, 1), keyed_normal(child 1, 0),
+///          keyed_normal(child 1, 1)} = {-1.057266, -1.515668, 0.867662, 0.734200} (6 digits); returns 1.
+/// @pre K = group.children.size() >= 2, group.elements >= 1, out.size() == K * group.elements.
+/// @post row b depends on children[b] only; every row is N(0, I); returns 1.
+struct independent {
+  double operator()(const sibling_group& group, std::span<double> out) const {
+    const std::size_t k = detail::check_sibling_group(group, out, "independent");
+    for (std::size_t b = 0; b < k; ++b) detail::fill_own_row(group, b, out);
+    return 1.0;
+  }
+  friend bool operator==(const independent&, const independent&) = default;
+};
+
+}  // namespace branchgrpo

@@ -1,0 +1,33 @@
+#pragma once
+#include <cmath>
+#include <span>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/correlator/concept.hpp"
+#include "branchgrpo/correlator/independent.hpp"
+
+namespace branchgrpo {
+
+/// The official BranchGRPO code's split_noise_scale: independent draws times `scale` at a split, so the
+/// split edge's noise has std noise_std * scale. Returns `scale`, so the engine scores the edge with the
+/// std the sample was really drawn from (the official code scored it with the unscaled std: each split
+/// sample then sits ~scale standard deviations from the mean and its importance ratio is wrong).
+/// Example: scale 4, the keys and elements of independent's example ->
+///   out = 4 * {-1.057266, -1.515668, 0.867662, 0.734200} = {-4.229063, -6.062673, 3.470648, 2.936800}
+///   (6 digits); returns 4.
+/// @pre scale finite and > 0; K = group.children.size() >= 2, group.elements >= 1,
+///      out.size() == K * group.elements.
+/// @post out == scale * (independent's out) element-wise; every row is N(0, scale^2 I); returns scale.
+struct scaled {
+  double scale = 4.0;
+
+  double operator()(const sibling_group& group, std::span<double> out) const {
+    require(std::isfinite(scale) && scale > 0.0, "scaled scale must be positive and finite, got ", scale);
+    independent{}(group, out);
+    for (double& value : out) value *= scale;
+    return scale;
+  }
+  friend bool operator==(const scaled&, const scaled&) = default;
+};
+
+}  // namespace branchgrpo

@@ -1,0 +1,114 @@
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "branchgrpo/topology.hpp"
+
+using namespace branchgrpo;
+
+TEST_CASE("the doc example: a two-step tree with one split", "[tree]") {
+  const tree_plan plan{.steps = 2, .roots = 1, .branching = {2, 1}, .kinds = {edge_kind::sde, edge_kind::sde}};
+  const rollout_tree tree(plan, numbered_trees(1));
+  REQUIRE(tree.node_count() == 5);
+  CHECK(tree.children(0) == node_range{1, 3});
+  CHECK(tree.parent(3) == 1);
+  CHECK(tree.parent(4) == 2);
+  CHECK(std::vector<std::int32_t>(tree.leaves().begin(), tree.leaves().end()) == std::vector<std::int32_t>{3, 4});
+  CHECK(tree.sibling_rank(2) == 1);
+  CHECK(tree.is_root(0));
+  CHECK(tree.is_leaf(4));
+}
+
+TEST_CASE("dense forest layout and queries", "[tree]") {
+  const rollout_tree tree(split_schedule::dense()(20), numbered_trees(3));
+  REQUIRE(tree.node_count() == 3 * 219);
+  REQUIRE(tree.leaf_count() == 48);
+  CHECK(tree.evaluations() == 3 * 203);
+  CHECK(tree.edge_count() == 3 * 218);
+  CHECK(tree.last_split_depth() == 9);
+
+  // Tree 1 starts at node 219; its root splits into 220 and 221.
+  CHECK(tree.tree(219) == 1);
+  CHECK(tree.local_index(221) == 2);
+  CHECK(tree.children(219) == node_range{220, 222});
+  CHECK(tree.nodes_at_depth(1, 0) == node_range{219, 220});
+  CHECK(tree.nodes_at_depth(1, 1) == node_range{220, 222});
+  CHECK(tree.nodes_at_depth(1, 4) == node_range{219 + 7, 219 + 11});   // 1 + 3*2 = 7 nodes before depth 4
+  CHECK(tree.nodes_at_depth(2, 20).size() == 16);
+
+  // Every node: children point back, depth is parent's + 1, leaves under the root are the tree's 16 leaves.
+  for (std::int32_t n = 0; n < tree.node_count(); ++n) {
+    const auto kids = tree.children(n);
+    for (std::int32_t c = kids.begin; c < kids.end; ++c) {
+      CHECK(tree.parent(c) == n);
+      CHECK(tree.depth(c) == tree.depth(n) + 1);
+      CHECK(tree.tree(c) == tree.tree(n));
+    }
+    for (std::int32_t leaf : tree.leaves_under(n)) {
+      const auto path = tree.path_to_root(leaf);
+      CHECK(std::find(path.begin(), path.end(), n) != path.end());
+    }
+  }
+  CHECK(tree.leaves_under(219).size() == 16);
+  CHECK(tree.leaves_under(219).front() == tree.leaves()[16]);
+  CHECK(tree.leaf_positions_under(219) == node_range{16, 32});
+  const auto leaf = tree.leaves()[20];
+  CHECK(tree.leaf_position(leaf) == 20);
+  CHECK(tree.path_to_root(leaf).size() == 21);
+  CHECK(tree.path_to_root(leaf).back() == 219);
+
+  // edges_at_step: transition s is taken by the nodes at step s + 1, tree-major.
+  const auto edges = tree.edges_at_step(3);
+  CHECK(edges.size() == 3 * 4);
+  for (std::size_t i = 0; i < edges.size(); ++i) {
+    CHECK(tree.step(tree.parent(edges[i])) == 3);
+    CHECK(tree.row_at_step(edges[i]) == static_cast<std::int32_t>(i));
+  }
+  CHECK_THROWS_WITH(tree.parent(tree.node_count()), "node 657 is outside [0, 657)");
+  CHECK_THROWS_WITH(tree.edges_at_step(20), "edge step 20 is outside [0, 20)");
+}
+
+TEST_CASE("topology costs match the paper", "[topology]") {
+  const auto dense = split_schedule::dense()(20);
+  CHECK(dense.leaves() == 16);
+  CHECK(dense.nodes() == 219);
+  CHECK(dense.evaluations() == 203);
+  CHECK(dense.edges() == 218);
+  CHECK(split_schedule::mixed()(20).leaves() == 16);
+  CHECK(split_schedule::sparse()(20).split_steps() == std::vector<int>{0, 5, 10, 15});
+  CHECK(split_schedule::dense(3)(20).leaves() == 81);
+  CHECK(split_schedule::dense(4)(20).leaves() == 256);
+  CHECK(sequential{.group_size = 16}(20).evaluations() == 305);
+  CHECK(sequential{.group_size = 16, .shared_root = false}(20).evaluations() == 320);
+  CHECK(sequential{.group_size = 16, .shared_root = false}(20).leaves() == 16);
+  // Per-split factors.
+  CHECK(split_schedule{.split_steps = {0, 3}, .branching = {4, 3}}(20).leaves() == 12);
+  // Factor 1 splits are allowed (a chain).
+  CHECK(split_schedule{.split_steps = {2}, .branching = {1}}(5).leaves() == 1);
+}
+
+TEST_CASE("flow_grpo_fast plan: the doc example", "[topology]") {
+  const auto plan = flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(5);
+  CHECK(plan.kinds == std::vector<edge_kind>{edge_kind::ode, edge_kind::ode, edge_kind::sde, edge_kind::sde,
+                                             edge_kind::ode});
+  CHECK(plan.branching == std::vector<int>{1, 1, 4, 1, 1});
+  CHECK(plan.leaves() == 4);
+  CHECK(plan.evaluations() == 11);
+}
+
+TEST_CASE("invalid topologies name the bad value", "[topology]") {
+  CHECK_THROWS_WITH((split_schedule{.split_steps = {0, 20}}(20)), "split step 20 is not in [0, 20)");
+  CHECK_THROWS_WITH((split_schedule{.split_steps = {0, 3}, .branching = {0}}(20)),
+                    "branching factor 0 at split step 0 is below 1");
+  CHECK_THROWS_WITH((split_schedule{.split_steps = {3, 3}}(20)), "split step 3 is given more than once");
+  CHECK_THROWS_WITH((split_schedule{.split_steps = {0, 1, 2, 3, 4}, .branching = {32}}(20)),
+                    "tree exceeds 2^24 leaves after step 4 (1048576 x 32)");
+  CHECK_THROWS_WITH((split_schedule{.split_steps = {0, 1}, .branching = {2, 2, 2}}(20)),
+                    "split_schedule has 3 branching factors for 2 split steps");
+  CHECK_THROWS_WITH((sequential{.group_size = 0}(20)), "group size 0 is below 1");
+  CHECK_THROWS_WITH((flow_grpo_fast{.split_step = 19, .sde_steps = 2}(20)),
+                    "sde_steps 2 from split step 19 runs past 20 steps");
+  const tree_plan ode_split{.steps = 1, .roots = 1, .branching = {2}, .kinds = {edge_kind::ode}};
+  CHECK_THROWS_WITH(validate(ode_split), "split at step 0 must be an SDE edge: ODE children would be identical");
+  CHECK_THROWS_WITH((rollout_tree(split_schedule::dense()(20), {})), "a rollout needs at least one tree");
+}
