@@ -10,10 +10,10 @@
 //   scaled       xi_b = scale * eta_b (the official code's split_noise_scale, default 4). Factor scale;
 //                scored with noise_std * scale (the official code used noise_std: a defect). Use only to
 //                reproduce the official code's wide split exploration, correctly scored.
-//   antithetic   xi_{2j+1} = -xi_{2j}; odd K: the last child independent. Factor 1. Use for K = 2 splits to
-//                cancel the first-order noise effect between siblings (lower-variance sibling comparisons).
+//   antithetic   xi_{2j+1} = -xi_{2j}; odd K: the last child independent. Factor 1. Use for even K (K = 2)
+//                when a pair's mean reward should carry no first-order noise term (lower-variance baselines).
 //   orthogonal   independent draws, Gram-Schmidt orthogonalized, each rescaled to its own draw's norm.
-//                Factor 1. Use for K >= 3 when siblings should spread in mutually orthogonal directions.
+//                Factor 1. Use for K >= 3 on small latents, where independent draws are far from orthogonal.
 //
 // eta_b is keyed by child b (stream edge), xi_0 by the parent (stream shared); see docs/design.md.
 // A correlator is any regular type with `double operator()(const sibling_group&, std::span<double>) const`

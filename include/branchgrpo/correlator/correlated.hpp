@@ -31,7 +31,7 @@ struct correlated {
     const std::size_t k = detail::check_sibling_group(group, out, "correlated");
     for (std::size_t b = 0; b < k; ++b) detail::fill_own_row(group, b, out);
     // xi_0 is drawn in chunks through a stack buffer: no allocation however large the latent.
-    const noise_key shared_key = detail::with_stream(group.parent, noise_stream::shared);
+    const noise_key shared_key = detail::stream_key(group.parent, noise_stream::shared);
     const double norm = std::sqrt(1.0 + s * s);
     std::array<double, 256> shared{};
     for (std::size_t first = 0; first < group.elements; first += shared.size()) {

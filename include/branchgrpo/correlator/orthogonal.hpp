@@ -12,7 +12,7 @@ namespace branchgrpo {
 
 namespace detail {
 
-inline double dot(std::span<const double> a, std::span<const double> b) {
+inline double row_dot(std::span<const double> a, std::span<const double> b) {
   double sum = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
   return sum;
@@ -41,15 +41,15 @@ struct orthogonal {
     for (std::size_t b = 0; b < k; ++b) detail::fill_own_row(group, b, out);
     for (std::size_t b = 1; b < std::min(k, n); ++b) {
       const std::span<double> row = detail::sibling_row(out, b, n);
-      const double norm = std::sqrt(detail::dot(row, row));
+      const double norm = std::sqrt(detail::row_dot(row, row));
       for (int pass = 0; pass < 2; ++pass) {
         for (std::size_t j = 0; j < b; ++j) {
           const std::span<const double> earlier = detail::sibling_row(out, j, n);
-          const double coefficient = detail::dot(earlier, row) / detail::dot(earlier, earlier);
+          const double coefficient = detail::row_dot(earlier, row) / detail::row_dot(earlier, earlier);
           for (std::size_t i = 0; i < n; ++i) row[i] -= coefficient * earlier[i];
         }
       }
-      const double residual = std::sqrt(detail::dot(row, row));
+      const double residual = std::sqrt(detail::row_dot(row, row));
       // Zero only if draw b lies in the span of the earlier draws: probability 0, but never divide by it.
       require(residual > 0.0 && std::isfinite(residual), "orthogonal: draw of child ", b,
               " is linearly dependent on the earlier children's draws (residual norm ", residual, ")");
