@@ -8,7 +8,7 @@
 namespace branchgrpo {
 
 /// The K >= 2 children of one parent at a split, as the correlator sees them.
-/// `parent` is the parent's key (stream unset: a correlator picks noise_stream::shared or ::auxiliary);
+/// `parent` is the parent's key with stream noise_stream::shared (a correlator may switch it to ::auxiliary);
 /// `children[b]` is child b's key with stream noise_stream::edge.
 struct sibling_group {
   noise_key parent;

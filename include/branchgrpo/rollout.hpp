@@ -1,0 +1,16 @@
+#pragma once
+// Rollout: sampling the forest of a tree_plan with a denoiser on a tensor backend (docs/rollout.md).
+//
+//   Backend, Denoiser  (rollout/backend.hpp)  the few tensor operations the engine needs, and the model:
+//                      v = denoiser(x, {step, sigma, tree keys, prompts}).
+//   host_backend       (rollout/host_backend.hpp)  std::vector<double> reference backend; defines the numbers
+//                      every other backend must reproduce. Use for tests, toys and CPU-sized latents.
+//   rollout            (rollout/engine.hpp)  frontier-batched engine. Per step s, over all trees at once:
+//                        mean = a x + c v   ({a, c, std} from the stepper; euler_ode on ODE edges)
+//                        next = mean + std * f * eps   (eps keyed; f and eps from the correlator at splits)
+//                        log-prob = mean over elements of log N(next; mean, (std f)^2)
+//                      Denoiser calls per step: ceil(frontier rows / max_batch); results do not depend on it.
+//   latent_of, leaf_latents  read a node's latent / the leaves' latents (tree.leaves() order) back.
+#include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/rollout/engine.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
