@@ -15,9 +15,9 @@ using edge_mask = std::vector<std::uint8_t>;
 struct prune_context {
   int iteration = 0;         ///< 0-based training iteration
   int total_iterations = 1;  ///< planned iterations of the run (for "active for the first fraction")
-  std::span<const double> leaf_rewards;  ///< indexed like tree.leaves()
-  std::span<const double> fused;         ///< fused reward per node
-  std::span<const double> advantages;    ///< advantage per node (edge into it)
+  std::span<const double> leaf_rewards = {};  ///< indexed like tree.leaves()
+  std::span<const double> fused = {};         ///< fused reward per node
+  std::span<const double> advantages = {};    ///< advantage per node (edge into it)
 };
 
 /// A pruner returns the mask of edges to train. Composition intersects masks.
@@ -32,11 +32,19 @@ concept RolloutShaper = Pruner<P> && requires(const P& pruner, const tree_plan& 
   { pruner.shape(plan, iteration) } -> std::same_as<tree_plan>;
 };
 
-/// Every non-root edge: the mask of "no pruning".
+/// Every non-root edge, ODE edges included.
 inline edge_mask all_edges(const rollout_tree& tree) {
   edge_mask mask(static_cast<std::size_t>(tree.node_count()), 1);
   for (std::int32_t n = 0; n < tree.node_count(); ++n)
     if (tree.is_root(n)) mask[static_cast<std::size_t>(n)] = 0;
+  return mask;
+}
+
+/// Every edge that can be trained: the non-root SDE edges. The mask of "no pruning".
+inline edge_mask trainable_edges(const rollout_tree& tree) {
+  edge_mask mask(static_cast<std::size_t>(tree.node_count()), 0);
+  for (std::int32_t n = 0; n < tree.node_count(); ++n)
+    mask[static_cast<std::size_t>(n)] = !tree.is_root(n) && tree.kind(n) == edge_kind::sde;
   return mask;
 }
 

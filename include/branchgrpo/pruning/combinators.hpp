@@ -1,0 +1,107 @@
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/pruning/concept.hpp"
+#include "branchgrpo/tree/rollout_tree.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
+
+namespace branchgrpo {
+
+/// pruner.shape(plan, iteration) when the pruner shapes rollouts, else the plan unchanged.
+/// Example: shape_plan(sde_window{.width = 1}, plan, 0) == sde_window{.width = 1}.shape(plan, 0);
+///          shape_plan(extreme{}, plan, 7) == plan.
+template <Pruner P>
+tree_plan shape_plan(const P& pruner, tree_plan plan, int iteration) {
+  if constexpr (RolloutShaper<P>)
+    return pruner.shape(plan, iteration);
+  else
+    return plan;
+}
+
+/// Every pruner at once: an edge is trained when every member keeps it (the masks are intersected).
+/// It shapes rollouts when any member does, applying the members' shapes in order.
+/// Example: tree {steps 4, splits {0, 2}, K 2} (nodes 0 | 1 2 | 3 4 | 5 6 7 8 | 9 10 11 12), leaf rewards
+/// {0.1, 0.5, 0.9, 0.3}: extreme{} keeps {0, 1,1, 1,1, 1,0,1,0, 1,0,1,0}, depth_window{.depths = {0}}
+/// keeps {0, 0,0, 1,1, 1,1,1,1, 1,1,1,1}; prune_all(extreme{}, depth_window{.depths = {0}}) keeps
+/// {0, 0,0, 1,1, 1,0,1,0, 1,0,1,0}.
+/// @pre at least one member. @post mask[n] <= every member's mask[n].
+template <Pruner First, Pruner... Rest>
+struct all_of {
+  std::tuple<First, Rest...> pruners;
+
+  edge_mask operator()(const rollout_tree& tree, const prune_context& context) const {
+    edge_mask mask(static_cast<std::size_t>(tree.node_count()), 1);
+    std::size_t member = 0;
+    std::apply([&](const auto&... pruner) { (intersect(mask, pruner(tree, context), member++), ...); }, pruners);
+    return mask;
+  }
+
+  tree_plan shape(const tree_plan& plan, int iteration) const
+      requires(RolloutShaper<First> || ... || RolloutShaper<Rest>) {
+    tree_plan shaped = plan;
+    std::apply([&](const auto&... pruner) { ((shaped = shape_plan(pruner, std::move(shaped), iteration)), ...); },
+               pruners);
+    return shaped;
+  }
+
+  friend bool operator==(const all_of&, const all_of&) = default;
+
+ private:
+  static void intersect(edge_mask& mask, const edge_mask& other, std::size_t member) {
+    require(other.size() == mask.size(), "all_of member ", member, " returned ", other.size(), " flags for ",
+            mask.size(), " nodes");
+    for (std::size_t n = 0; n < mask.size(); ++n) mask[n] = mask[n] && other[n] ? 1 : 0;
+  }
+};
+
+template <class First, class... Rest>
+all_of(std::tuple<First, Rest...>) -> all_of<First, Rest...>;
+
+/// all_of over the given pruners: prune_all(depth_window{}, extreme{.b = 2}).
+template <Pruner First, Pruner... Rest>
+all_of<First, Rest...> prune_all(First first, Rest... rest) {
+  return all_of<First, Rest...>{std::tuple<First, Rest...>(std::move(first), std::move(rest)...)};
+}
+
+/// Applies `pruner` for the first `fraction` of the run: while iteration < fraction * total_iterations;
+/// afterwards it keeps every SDE edge (the official code's pruning_step_ratio, which prunes while
+/// iteration <= int(total * ratio)). shape is always forwarded: shape(plan, iteration) does not see the
+/// run length, and a rollout that stays cheap after pruning stops is still a valid rollout.
+/// Example: active_for{parent_top_k{}, 0.5} with total_iterations 10 prunes at iterations 0..4 and keeps
+/// every SDE edge from iteration 5 on; fraction 0 never prunes, fraction 1 always does.
+/// @pre fraction in [0, 1]; context.total_iterations >= 1, context.iteration >= 0.
+/// @post mask[n] == 1 only for a non-root edge.
+template <Pruner P>
+struct active_for {
+  P pruner;
+  double fraction = 1.0;
+
+  [[nodiscard]] bool active(const prune_context& context) const {
+    require(fraction >= 0.0 && fraction <= 1.0, "active_for fraction ", fraction, " is not in [0, 1]");
+    require(context.total_iterations >= 1, "active_for total_iterations ", context.total_iterations, " is below 1");
+    require(context.iteration >= 0, "active_for iteration ", context.iteration, " is negative");
+    return static_cast<double>(context.iteration) < fraction * static_cast<double>(context.total_iterations);
+  }
+
+  edge_mask operator()(const rollout_tree& tree, const prune_context& context) const {
+    return active(context) ? pruner(tree, context) : trainable_edges(tree);
+  }
+
+  tree_plan shape(const tree_plan& plan, int iteration) const requires RolloutShaper<P> {
+    return pruner.shape(plan, iteration);
+  }
+
+  friend bool operator==(const active_for&, const active_for&) = default;
+};
+
+template <class P>
+active_for(P) -> active_for<P>;
+template <class P>
+active_for(P, double) -> active_for<P>;
+
+}  // namespace branchgrpo

@@ -1,0 +1,87 @@
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/pruning/concept.hpp"
+#include "branchgrpo/tree/rollout_tree.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
+
+namespace branchgrpo {
+
+/// A half-open range of steps (or edge depths) [begin, end).
+struct step_window {
+  int begin = 0;
+  int end = 0;
+  [[nodiscard]] bool contains(int step) const { return step >= begin && step < end; }
+  friend bool operator==(const step_window&, const step_window&) = default;
+};
+
+/// MixGRPO / BranchGRPO-Mix: a sliding window of SDE steps, ODE elsewhere. At iteration i the window is
+///   [w, w + width),   w = start + stride * (i / every), clamped to [0, steps - width]
+/// (clamped, not wrapped: once it reaches the last steps it stays there).
+/// shape(plan, i) makes the steps inside the window and every split step (branching > 1, so the tree stays
+/// branched) SDE and the others ODE: the rollout gets cheaper. The call operator trains the SDE edges of the
+/// tree inside the window, and also the SDE split edges outside it when train_splits (the default; the
+/// paper and the official code train every SDE edge). ODE edges are never trained.
+/// The official code's window does not slide across training: it is {0 .. width - 1} plus the splits, i.e.
+/// sde_window{.width = 4, .every = huge}.
+///
+/// Example: split_schedule::dense() over 20 steps and sde_window{.width = 4, .start = 0, .every = 1}:
+///   shape(plan, 0)   -> SDE at steps {0, 1, 2, 3, 6, 9}, ODE elsewhere;
+///   shape(plan, 5)   -> SDE at {0, 3, 5, 6, 7, 8, 9};
+///   shape(plan, 100) -> window clamped to [16, 20): SDE at {0, 3, 6, 9, 16, 17, 18, 19}.
+/// Tree {steps 4, splits {0, 2}, K 2} shaped by sde_window{.width = 1, .start = 1} at iteration 0: kinds
+/// {sde, sde, sde, ode}; nodes 0 | 1 2 | 3 4 | 5 6 7 8 | 9 10 11 12 (edge depth = depth - 1):
+///   mask {0, 1,1, 1,1, 1,1,1,1, 0,0,0,0}; with .train_splits = false -> {0, 0,0, 1,1, 0,0,0,0, 0,0,0,0}.
+/// @pre 1 <= width <= steps, every >= 1, stride >= 0, 0 <= start, iteration >= 0.
+/// @post shape keeps steps, roots and branching; mask[n] == 1 only for a non-root SDE edge.
+struct sde_window {
+  int width = 4;
+  int start = 0;
+  int every = 1;   ///< iterations per slide
+  int stride = 1;  ///< steps per slide
+  bool train_splits = true;
+
+  /// The window at `iteration` for `steps` denoising steps.
+  [[nodiscard]] step_window window(int steps, int iteration) const {
+    require(width >= 1 && width <= steps, "sde_window width ", width, " is not in [1, ", steps, "]");
+    require(every >= 1, "sde_window every ", every, " is below 1");
+    require(stride >= 0, "sde_window stride ", stride, " is negative");
+    require(start >= 0, "sde_window start ", start, " is negative");
+    require(iteration >= 0, "sde_window iteration ", iteration, " is negative");
+    // 64-bit: stride * (iteration / every) may exceed int.
+    const std::int64_t first =
+        std::min<std::int64_t>(start + static_cast<std::int64_t>(stride) * (iteration / every), steps - width);
+    return {static_cast<int>(first), static_cast<int>(first) + width};
+  }
+
+  tree_plan shape(const tree_plan& plan, int iteration) const {
+    validate(plan);
+    const auto inside = window(plan.steps, iteration);
+    tree_plan shaped = plan;
+    for (int s = 0; s < plan.steps; ++s) {
+      const auto at = static_cast<std::size_t>(s);
+      shaped.kinds[at] = inside.contains(s) || plan.branching[at] > 1 ? edge_kind::sde : edge_kind::ode;
+    }
+    return shaped;
+  }
+
+  edge_mask operator()(const rollout_tree& tree, const prune_context& context) const {
+    const auto inside = window(tree.steps(), context.iteration);
+    const auto& branching = tree.plan().branching;
+    edge_mask mask(static_cast<std::size_t>(tree.node_count()), 0);
+    for (std::int32_t n = 0; n < tree.node_count(); ++n) {
+      if (tree.is_root(n) || tree.kind(n) != edge_kind::sde) continue;
+      const int edge_depth = tree.depth(n) - 1;
+      const bool split = branching[static_cast<std::size_t>(edge_depth)] > 1;
+      mask[static_cast<std::size_t>(n)] = inside.contains(edge_depth) || (train_splits && split) ? 1 : 0;
+    }
+    return mask;
+  }
+
+  friend bool operator==(const sde_window&, const sde_window&) = default;
+};
+
+}  // namespace branchgrpo
