@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets everything up, builds the branchgrpo tool (Release) and runs the main job: the cost of the paper's
+# dense BranchGRPO tree, then the DanceGRPO baseline of 16 sequential chains for comparison.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+./scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build --target branchgrpo_cli -j"$(nproc)"
+
+echo "== BranchGRPO, dense preset: branchgrpo tree --preset dense"
+build/bin/branchgrpo tree --preset dense
+echo
+echo "== DanceGRPO baseline: branchgrpo tree --sequential 16"
+build/bin/branchgrpo tree --sequential 16

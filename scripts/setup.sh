@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what branchgrpo needs to build and test (Debian 12 packages). A no-op when everything is present.
+set -euo pipefail
+
+packages=(cmake g++ catch2 librandom123-dev libcli11-dev nlohmann-json3-dev libeigen3-dev libxtensor-dev
+          libbenchmark-dev libopenblas0-pthread python3)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg -s "$package" 2>/dev/null | grep -q '^Status: install ok installed'; then
+    missing+=("$package")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+as_root=()
+if [[ $(id -u) -ne 0 ]]; then
+  as_root=(sudo)
+fi
+echo "setup.sh: installing ${missing[*]}"
+"${as_root[@]}" apt-get update
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"

@@ -1,0 +1,124 @@
+# Packaging tests, include()d from tests/CMakeLists.txt:
+#   - the branchgrpo tool's `tree` subcommand: expected counts, and one-line errors on invalid input;
+#   - every public header (core and backend adapters) compiles on its own;
+#   - the library is consumed through an install (find_package) and through add_subdirectory.
+
+# The report behind `branchgrpo tree` lives with the tool.
+if(TARGET test_tree_report)
+  target_include_directories(test_tree_report PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+endif()
+
+# --- The command-line tool ------------------------------------------------------------------------------------
+if(TARGET branchgrpo_cli)
+  # Passes when the output matches `regex` (the tool prints a report only on success).
+  function(branchgrpo_cli_test name regex)
+    add_test(NAME cli_${name} COMMAND branchgrpo_cli ${ARGN})
+    set_tests_properties(cli_${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}" LABELS cli)
+  endfunction()
+
+  # Passes when the tool exits non-zero with one line on stderr matching `regex` (package/check_cli_error.cmake).
+  function(branchgrpo_cli_error_test name regex)
+    list(JOIN ARGN "|" arguments)
+    add_test(NAME cli_error_${name}
+             COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli> "-DARGS=${arguments}"
+                     "-DEXPECT=${regex}" -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_cli_error.cmake)
+    set_tests_properties(cli_error_${name} PROPERTIES LABELS cli)
+  endfunction()
+
+  # nlohmann's compact dump sorts the keys: {"branching":[...],"edges":218,...,"evaluations":203,...}.
+  branchgrpo_cli_test(dense_leaves [=["leaves":16[,}]]=] tree --json)
+  branchgrpo_cli_test(dense_nodes [=["nodes":219[,}]]=] tree --json)
+  branchgrpo_cli_test(dense_evaluations [=["evaluations":203[,}]]=] tree --json)
+  branchgrpo_cli_test(dense_edges [=["edges":218[,}]]=] tree --json)
+  branchgrpo_cli_test(dense_per_leaf [=["edges_per_leaf":13.625,"edges_per_step".*"evaluations_per_leaf":12.6875,]=]
+                      tree --json)
+  branchgrpo_cli_test(dense_nodes_per_depth [=["nodes_per_depth":\[1,2,2,2,4,4,4,8,8,8,16,16,]=] tree --json)
+  branchgrpo_cli_test(dense_topology [=["topology":"split_schedule{.split_steps = {0, 3, 6, 9}, .branching = {2}}"]=]
+                      tree --preset dense --json)
+  branchgrpo_cli_test(dense_table "evaluations +203\n" tree)
+  branchgrpo_cli_test(sequential_evaluations [=["evaluations":305[,}]]=] tree --sequential 16 --json)
+  branchgrpo_cli_test(sequential_separate_roots [=["evaluations":320[,}]]=] tree --sequential 16 --shared-root false
+                      --json)
+  branchgrpo_cli_test(branch3_leaves [=["leaves":81[,}]]=] tree --branch 3 --json)
+  branchgrpo_cli_test(branch_per_split [=["leaves":16[,}]]=] tree --branch 4,2,2,1 --json)  # 4*2*2*1
+  branchgrpo_cli_test(mixed_evaluations [=["evaluations":169[,}]]=] tree --preset mixed --json)
+  branchgrpo_cli_test(sparse_evaluations [=["evaluations":135[,}]]=] tree --preset sparse --json)
+  branchgrpo_cli_test(flow_grpo_fast [=["evaluations":11,.*"ode_edges":6,.*"sde_edges":8,]=] tree --steps 5
+                      --flow-grpo-fast 4 --split-step 2 --sde-steps 2 --json)
+  branchgrpo_cli_test(user_sigmas [=["sigmas":\[1.0,0.5,0.0\]]=] tree --steps 2 --split-points 0 --sigmas 1,0.5,0
+                      --json)
+  branchgrpo_cli_test(help "--split-points" tree --help)
+
+  branchgrpo_cli_error_test(split_step_past_steps "split step 20 is not in" tree --split-points 0,3,20)
+  branchgrpo_cli_error_test(branch_zero "branching factor 0 " tree --branch 0)
+  branchgrpo_cli_error_test(branch_negative "branching factor -1 " tree --branch -1)
+  branchgrpo_cli_error_test(duplicate_split "split step 3 is given more than once" tree --split-points 0,3,3)
+  branchgrpo_cli_error_test(too_many_leaves "exceeds 2\\^24 leaves" tree --branch 100)
+  branchgrpo_cli_error_test(too_many_chains "20000000 roots exceeds 2\\^24" tree --sequential 20000000
+                            --shared-root false)
+  branchgrpo_cli_error_test(branch_count "2 branching factors for 4 split steps" tree --branch 2,2)
+  branchgrpo_cli_error_test(group_zero "group size 0 is below 1" tree --sequential 0)
+  branchgrpo_cli_error_test(steps_zero "steps must be at least 1, got 0" tree --steps 0)
+  branchgrpo_cli_error_test(fast_split_past_steps "split step 20 is not in" tree --flow-grpo-fast 4 --split-step 20)
+  branchgrpo_cli_error_test(sigmas_increase "does not decrease at index 2: 0.5 then 0.7" tree --steps 2
+                            --split-points 0 --sigmas 1,0.5,0.7)
+  branchgrpo_cli_error_test(sigmas_nan "sigma\\[1\\] = nan" tree --steps 2 --split-points 0 --sigmas 1,nan,0)
+  branchgrpo_cli_error_test(sigmas_size "--sigmas has 3 values for 20 steps" tree --sigmas 1,0.5,0)
+  branchgrpo_cli_error_test(shift_negative "time shift must be positive and finite, got -1" tree --shift -1)
+  branchgrpo_cli_error_test(unknown_option "--frobnicate" tree --frobnicate)
+  branchgrpo_cli_error_test(unknown_subcommand "bogus" bogus)
+  branchgrpo_cli_error_test(no_subcommand "a subcommand is required")
+  branchgrpo_cli_error_test(bad_preset "foo" tree --preset foo)
+  branchgrpo_cli_error_test(bad_number "abc" tree --steps abc)
+  branchgrpo_cli_error_test(bad_bool "maybe" tree --sequential 4 --shared-root maybe)
+  branchgrpo_cli_error_test(shared_root_alone "--shared-root requires --sequential" tree --shared-root false)
+  branchgrpo_cli_error_test(sequential_and_branch "excludes" tree --sequential 4 --branch 3)
+  branchgrpo_cli_error_test(fast_without_split "--flow-grpo-fast requires --split-step" tree --flow-grpo-fast 4)
+endif()
+
+# --- Every public header compiles on its own --------------------------------------------------------------------
+# One generated .cpp per header, holding only its #include, in an OBJECT library per include root: the core
+# (include/) and each backend adapter whose target exists (adapters/<name>/, with its third-party library).
+function(branchgrpo_self_containment target root link)
+  file(GLOB_RECURSE headers CONFIGURE_DEPENDS ${root}/branchgrpo/*.hpp)
+  set(sources "")
+  foreach(header IN LISTS headers)
+    file(RELATIVE_PATH relative ${root} ${header})
+    string(MAKE_C_IDENTIFIER ${relative} identifier)
+    set(source ${CMAKE_CURRENT_BINARY_DIR}/${target}/${identifier}.cpp)
+    file(CONFIGURE OUTPUT ${source} CONTENT "#include <${relative}>\n")  # rewritten only when it changes
+    list(APPEND sources ${source})
+  endforeach()
+  if(sources)
+    add_library(${target} OBJECT ${sources})
+    set_target_properties(${target} PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+    target_link_libraries(${target} PRIVATE ${link} branchgrpo_warnings)
+  endif()
+endfunction()
+
+branchgrpo_self_containment(header_self_containment ${PROJECT_SOURCE_DIR}/include branchgrpo::branchgrpo)
+set(installed_adapters "")
+foreach(adapter IN ITEMS eigen xtensor)
+  if(TARGET branchgrpo::${adapter})
+    branchgrpo_self_containment(header_self_containment_${adapter} ${PROJECT_SOURCE_DIR}/adapters/${adapter}
+                                branchgrpo::${adapter})
+    list(APPEND installed_adapters ${adapter})
+  endif()
+endforeach()
+
+# --- Consumers: install + find_package, and add_subdirectory ----------------------------------------------------
+if(TARGET branchgrpo_cli)
+  set(tool_installed ON)
+else()
+  set(tool_installed OFF)
+endif()
+list(JOIN installed_adapters "," adapters)
+foreach(mode IN ITEMS install subdirectory)
+  add_test(NAME package_${mode}_consumer
+           COMMAND ${CMAKE_COMMAND} -DMODE=${mode} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DBUILD_DIR=${PROJECT_BINARY_DIR}
+                   -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/package/${mode} -DCXX_COMPILER=${CMAKE_CXX_COMPILER}
+                   "-DGENERATOR=${CMAKE_GENERATOR}" -DCONFIG=$<CONFIG> -DBINDIR=${CMAKE_INSTALL_BINDIR}
+                   -DTOOL_INSTALLED=${tool_installed} "-DADAPTERS=${adapters}"
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_consumers.cmake)
+  set_tests_properties(package_${mode}_consumer PROPERTIES LABELS package TIMEOUT 600)
+endforeach()
