@@ -1,0 +1,23 @@
+#pragma once
+// Umbrella header of the branchgrpo core: every component family, the rollout engine and the trainer.
+// The core depends only on the standard library and Random123. Backends beyond the std::vector reference
+// live in adapters/ (<branchgrpo/eigen/backend.hpp>, <branchgrpo/xtensor/backend.hpp>, ...); the toy model
+// used by tests and the CPU demo is in <branchgrpo/toy.hpp>.
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/schedule/steppers.hpp"
+#include "branchgrpo/tree/rollout_tree.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
+
+#include "branchgrpo/advantage.hpp"
+#include "branchgrpo/correlator.hpp"
+#include "branchgrpo/fusion.hpp"
+#include "branchgrpo/loss.hpp"
+#include "branchgrpo/pruning.hpp"
+#include "branchgrpo/rollout.hpp"
+#include "branchgrpo/topology.hpp"
+
+#include "branchgrpo/training/concepts.hpp"
+#include "branchgrpo/training/presets.hpp"
+#include "branchgrpo/training/trainer.hpp"

@@ -1,0 +1,262 @@
+#pragma once
+// The generic BranchGRPO training iteration:
+//   frontier-batched rollout -> leaf rewards -> fusion -> normalization -> pruning
+//   -> policy update over the kept edges, batched by step, gradients accumulated over the iteration and
+//      applied in `updates_per_iteration` optimizer steps.
+// Every algorithmic choice is a component of `method`; the model is a Policy, the score a Reward.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "branchgrpo/advantage/concept.hpp"
+#include "branchgrpo/correlator/concept.hpp"
+#include "branchgrpo/fusion/concept.hpp"
+#include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/pruning/combinators.hpp"
+#include "branchgrpo/pruning/concept.hpp"
+#include "branchgrpo/rollout/engine.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/topology/concept.hpp"
+#include "branchgrpo/training/concepts.hpp"
+
+namespace branchgrpo {
+
+/// A training recipe: one policy of each component family.
+template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P>
+struct method {
+  T topology;
+  S stepper;
+  C correlator;
+  F fusion;
+  N normalizer;
+  P pruner;
+};
+
+struct training_options {
+  std::int64_t max_batch = 64;        ///< rows per denoiser call, in the rollout and in the update
+  std::uint64_t seed = 0;
+  int updates_per_iteration = 1;      ///< optimizer steps per iteration; the kept edges are split evenly
+  int total_iterations = 1;           ///< planned length of the run (pruners active for a fraction of it)
+  ppo_options loss = {};
+};
+
+/// What one iteration did. Times in seconds.
+struct iteration_stats {
+  int iteration = 0;
+  double reward_mean = 0, reward_std = 0, reward_min = 0, reward_max = 0;  ///< over finite leaf rewards
+  std::int64_t rollout_evaluations = 0;  ///< denoiser rows in the rollout
+  std::int64_t update_evaluations = 0;   ///< policy rows in the update
+  std::int64_t edges = 0;                ///< edges of the rollout
+  std::int64_t edges_trained = 0;        ///< edges kept by the pruner (SDE only) in trees that were not dropped
+  int trees_dropped = 0;                 ///< trees with a non-finite leaf reward, left out of the update
+  double loss = 0;                       ///< mean PPO loss over the trained edges
+  double clip_fraction = 0;              ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
+  /// max |log-prob at the first update - log-prob of the rollout|: 0 when the policy is batch-invariant.
+  double first_update_log_prob_gap = 0;
+  double rollout_seconds = 0, reward_seconds = 0, update_seconds = 0, seconds = 0;
+};
+
+namespace detail {
+
+using training_clock = std::chrono::steady_clock;
+
+inline double seconds_since(training_clock::time_point start) {
+  return std::chrono::duration<double>(training_clock::now() - start).count();
+}
+
+/// The forest restricted to `kept` trees (in order), with the rollout's log-probs copied.
+inline rollout_tree select_trees(const rollout_tree& tree, std::span<const std::int32_t> kept) {
+  std::vector<tree_info> infos;
+  for (std::int32_t t : kept) infos.push_back(tree.info(t));
+  rollout_tree subset(tree.plan(), std::move(infos));
+  const std::int32_t per_tree = tree.nodes_per_tree();
+  auto log_probs = subset.mutable_log_probs();
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    std::copy_n(tree.log_probs().begin() + kept[i] * per_tree, per_tree,
+                log_probs.begin() + static_cast<std::ptrdiff_t>(i) * per_tree);
+  return subset;
+}
+
+}  // namespace detail
+
+/// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`.
+/// @pre prompts is not empty; schedule.steps() is the number of denoising steps of every tree;
+///      options.max_batch >= 1, options.updates_per_iteration >= 1.
+/// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
+///       dropped or no edge was kept).
+template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F,
+          Normalizer N, Pruner P>
+iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
+                                const sigma_schedule& schedule, const latent_shape& shape,
+                                std::span<const std::int64_t> prompts, int iteration,
+                                const training_options& options) {
+  require(!prompts.empty(), "an iteration needs at least one prompt");
+  require(options.max_batch >= 1, "max_batch must be at least 1, got ", options.max_batch);
+  require(options.updates_per_iteration >= 1, "updates_per_iteration must be at least 1, got ",
+          options.updates_per_iteration);
+  require(iteration >= 0, "iteration must be non-negative, got ", iteration);
+  const auto start = detail::training_clock::now();
+  iteration_stats stats{.iteration = iteration};
+
+  // Rollout.
+  const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration);
+  std::vector<tree_info> infos(prompts.size());
+  for (std::size_t t = 0; t < prompts.size(); ++t)
+    infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};
+  auto result = rollout(backend, policy, recipe.stepper, recipe.correlator, schedule,
+                        rollout_tree(plan, std::move(infos)), shape,
+                        {.max_batch = options.max_batch, .seed = options.seed,
+                         .iteration = static_cast<std::uint32_t>(iteration)});
+  const rollout_tree& full = result.tree;
+  stats.rollout_evaluations = result.evaluations;
+  stats.edges = full.edge_count();
+  stats.rollout_seconds = detail::seconds_since(start);
+
+  // Rewards; trees with a non-finite leaf reward are dropped from the update.
+  const auto reward_start = detail::training_clock::now();
+  std::vector<std::int64_t> leaf_prompts;
+  leaf_prompts.reserve(static_cast<std::size_t>(full.leaf_count()));
+  for (std::int32_t leaf : full.leaves()) leaf_prompts.push_back(full.info(full.tree(leaf)).prompt);
+  const std::vector<double> scores = reward(leaf_latents(backend, result), leaf_prompts);
+  require(scores.size() == leaf_prompts.size(), "reward returned ", scores.size(), " scores for ",
+          leaf_prompts.size(), " leaves");
+  stats.reward_seconds = detail::seconds_since(reward_start);
+
+  const std::int32_t leaves_per_tree = full.leaves_per_tree();
+  std::vector<std::int32_t> kept_trees;
+  std::vector<double> kept_scores;
+  for (std::int32_t t = 0; t < full.tree_count(); ++t) {
+    const auto first = scores.begin() + static_cast<std::ptrdiff_t>(t) * leaves_per_tree;
+    if (std::all_of(first, first + leaves_per_tree, [](double r) { return std::isfinite(r); })) {
+      kept_trees.push_back(t);
+      kept_scores.insert(kept_scores.end(), first, first + leaves_per_tree);
+    }
+  }
+  stats.trees_dropped = full.tree_count() - static_cast<int>(kept_trees.size());
+  if (!kept_scores.empty()) {
+    const auto [low, high] = std::minmax_element(kept_scores.begin(), kept_scores.end());
+    double sum = 0, squares = 0;
+    for (double r : kept_scores) sum += r;
+    stats.reward_mean = sum / static_cast<double>(kept_scores.size());
+    for (double r : kept_scores) squares += (r - stats.reward_mean) * (r - stats.reward_mean);
+    stats.reward_std = std::sqrt(squares / static_cast<double>(kept_scores.size()));
+    stats.reward_min = *low;
+    stats.reward_max = *high;
+  }
+  if (kept_trees.empty()) {
+    stats.reward_mean = stats.reward_std = stats.reward_min = stats.reward_max =
+        std::numeric_limits<double>::quiet_NaN();
+    stats.seconds = detail::seconds_since(start);
+    return stats;
+  }
+
+  // Advantages and pruning on the trees that were kept.
+  const auto update_start = detail::training_clock::now();
+  const bool all_kept = stats.trees_dropped == 0;
+  const rollout_tree subset = all_kept ? rollout_tree(full) : detail::select_trees(full, kept_trees);
+  const std::vector<double> fused = recipe.fusion(subset, kept_scores);
+  const std::vector<double> advantages = recipe.normalizer(subset, reward_view{.leaf = kept_scores, .fused = fused});
+  const edge_mask mask = recipe.pruner(subset, prune_context{.iteration = iteration,
+                                                             .total_iterations = options.total_iterations,
+                                                             .leaf_rewards = kept_scores,
+                                                             .fused = fused,
+                                                             .advantages = advantages});
+  require(mask.size() == static_cast<std::size_t>(subset.node_count()), "pruner returned ", mask.size(),
+          " flags for ", subset.node_count(), " nodes");
+
+  // Kept SDE edges ordered by step; `original` maps a subset node to the full forest.
+  const std::int32_t per_tree = full.nodes_per_tree();
+  const auto original = [&](std::int32_t n) {
+    return kept_trees[static_cast<std::size_t>(n / per_tree)] * per_tree + n % per_tree;
+  };
+  std::vector<double> edge_advantage(static_cast<std::size_t>(full.node_count()), 0.0);
+  std::vector<std::int32_t> trained;
+  for (int s = 0; s < plan.steps; ++s)
+    for (std::int32_t n : subset.edges_at_step(s)) {
+      if (!mask[static_cast<std::size_t>(n)] || subset.kind(n) != edge_kind::sde) continue;
+      edge_advantage[static_cast<std::size_t>(original(n))] = advantages[static_cast<std::size_t>(n)];
+      trained.push_back(original(n));
+    }
+  stats.edges_trained = static_cast<std::int64_t>(trained.size());
+  if (trained.empty()) {
+    stats.update_seconds = detail::seconds_since(update_start);
+    stats.seconds = detail::seconds_since(start);
+    return stats;
+  }
+
+  // Update: the trained edges split into `updates_per_iteration` contiguous groups of near-equal size (so the
+  // grouping does not depend on max_batch); each group is fed by step in chunks of max_batch rows, its
+  // gradient accumulated, then one optimizer step. The loss is the mean over all trained edges.
+  const double per_edge = 1.0 / static_cast<double>(trained.size());
+  const auto groups = std::min<std::int64_t>(options.updates_per_iteration, stats.edges_trained);
+  double loss_sum = 0;
+  std::int64_t clipped = 0;
+  for (std::int64_t group = 0; group < groups; ++group) {
+    const auto group_begin = static_cast<std::size_t>(group * stats.edges_trained / groups);
+    const auto group_end = static_cast<std::size_t>((group + 1) * stats.edges_trained / groups);
+    // Before the first optimizer step the parameters are those of the rollout: the old log-prob is the one
+    // just computed, so the first update's ratio is exactly 1 whatever the batch composition.
+    const bool first_group = group == 0;
+    for (std::size_t begin = group_begin; begin < group_end;) {
+      const int step = full.step(full.parent(trained[begin]));
+      std::size_t end = begin;
+      while (end < group_end && static_cast<std::int64_t>(end - begin) < options.max_batch &&
+             full.step(full.parent(trained[end])) == step)
+        ++end;
+      const std::span<const std::int32_t> chunk(trained.data() + begin, end - begin);
+      edge_batch<typename B::tensor> edges;
+      edges.step = step;
+      edges.sigma = schedule.sigma(step);
+      edges.coeffs = recipe.stepper(schedule, step);
+      std::vector<std::int64_t> parent_rows, child_rows;
+      for (std::int32_t n : chunk) {
+        parent_rows.push_back(full.row_at_step(full.parent(n)));
+        child_rows.push_back(full.row_at_step(n));
+        edges.std.push_back(result.edge_std[static_cast<std::size_t>(n)]);
+        edges.trees.push_back(full.info(full.tree(n)).key);
+        edges.prompts.push_back(full.info(full.tree(n)).prompt);
+      }
+      edges.x = backend.gather_rows(result.latents[static_cast<std::size_t>(step)], parent_rows);
+      edges.next = backend.gather_rows(result.latents[static_cast<std::size_t>(step) + 1], child_rows);
+
+      const auto gradient = [&](std::span<const double> log_probs) {
+        require(log_probs.size() == chunk.size(), "policy returned ", log_probs.size(), " log-probs for ",
+                chunk.size(), " edges");
+        std::vector<double> weights(log_probs.size());
+        for (std::size_t i = 0; i < log_probs.size(); ++i) {
+          const std::int32_t n = chunk[i];
+          require(std::isfinite(log_probs[i]), "policy log-prob of edge ", n, " at step ", step, " is ",
+                  log_probs[i]);
+          const double rollout_log_prob = full.log_prob(n);
+          if (first_group)
+            stats.first_update_log_prob_gap =
+                std::max(stats.first_update_log_prob_gap, std::abs(log_probs[i] - rollout_log_prob));
+          const double old_log_prob = first_group ? log_probs[i] : rollout_log_prob;
+          const double advantage =
+              clip_advantage(edge_advantage[static_cast<std::size_t>(n)], options.loss.advantage_clip);
+          if (std::abs(importance_ratio(log_probs[i], old_log_prob) - 1.0) > options.loss.clip_range) ++clipped;
+          loss_sum += ppo_clipped_loss(log_probs[i], old_log_prob, advantage, options.loss.clip_range);
+          weights[i] =
+              per_edge * ppo_clipped_loss_gradient(log_probs[i], old_log_prob, advantage, options.loss.clip_range);
+        }
+        return weights;
+      };
+      policy.accumulate(edges, loss_gradient_fn(gradient));
+      stats.update_evaluations += static_cast<std::int64_t>(chunk.size());
+      begin = end;
+    }
+    policy.apply_update();
+  }
+  stats.loss = loss_sum * per_edge;
+  stats.clip_fraction = static_cast<double>(clipped) * per_edge;
+  stats.update_seconds = detail::seconds_since(update_start);
+  stats.seconds = detail::seconds_since(start);
+  return stats;
+}
+
+}  // namespace branchgrpo
