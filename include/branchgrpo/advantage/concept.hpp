@@ -10,8 +10,8 @@ namespace branchgrpo {
 /// The rewards a normalizer may read: raw leaf rewards (indexed like tree.leaves()) and fused node
 /// rewards (indexed by node).
 struct reward_view {
-  std::span<const double> leaf;
-  std::span<const double> fused;
+  std::span<const double> leaf = {};
+  std::span<const double> fused = {};
 };
 
 /// An advantage normalizer returns one advantage per node: the advantage of the edge into that node

@@ -1,0 +1,20 @@
+#pragma once
+// Fusion weightings: leaf rewards (indexed like tree.leaves()) -> one reward per node (docs/fusion.md).
+// Every fusion is a weighted mean of the leaf rewards under a node; leaves keep their own reward.
+//
+//   uniform_mean   r(n) = mean of the leaf rewards under n. The official code's default and Eq. 3 at
+//                  beta = 0. Use by default: robust, no dependence on log-probs.
+//   path_softmax   Paper Eq. 3: r(n) = sum_l softmax_l(beta * log p(path n -> l)) r_l. beta = 1 is the
+//                  paper's path-probability weighting; use it to favour likely continuations.
+//   split_softmax  The official code's "weighted" option: r(n) = sum_c softmax_c(alpha * log_prob(c)) r(c),
+//                  recursive over the splits. Use to reproduce the official runs.
+//   max_reward     r(n) = max of the leaf rewards under n. Use for optimistic, best-of-branch credit.
+//
+// A fusion is any regular type with
+// `std::vector<double> operator()(const rollout_tree&, std::span<const double>) const` (concept Fusion).
+#include "branchgrpo/fusion/concept.hpp"
+#include "branchgrpo/fusion/max_reward.hpp"
+#include "branchgrpo/fusion/path_softmax.hpp"
+#include "branchgrpo/fusion/split_softmax.hpp"
+#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/tree/rollout_tree.hpp"

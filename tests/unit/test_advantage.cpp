@@ -1,0 +1,305 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "branchgrpo/advantage.hpp"
+#include "branchgrpo/fusion.hpp"
+#include "branchgrpo/topology.hpp"
+
+using namespace branchgrpo;
+
+namespace {
+
+// split_schedule{{0, 1}, {2}} over 2 steps: root 0; 1, 2 at depth 1; leaves 3, 4 (under 1), 5, 6 (under 2).
+// A second tree holds nodes 7..13 the same way (root 7; 8, 9; leaves 10, 11 under 8, 12, 13 under 9).
+rollout_tree binary_tree(std::vector<tree_info> trees = numbered_trees(1)) {
+  return rollout_tree(split_schedule{.split_steps = {0, 1}, .branching = {2}}(2), std::move(trees));
+}
+
+void check_values(const std::vector<double>& actual, const std::vector<double>& expected, double margin = 1e-5) {
+  REQUIRE(actual.size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    INFO("node " << i);
+    CHECK(actual[i] == Approx(expected[i]).epsilon(0).margin(margin));
+  }
+}
+
+const std::vector<double> leaves_a = {1, 3, 2, 6};  // fused {3, 2, 4, 1, 3, 2, 6}
+const std::vector<double> leaves_b = {0, 2, 4, 6};  // fused {3, 1, 5, 0, 2, 4, 6}
+const std::vector<double> fused_a = {3, 2, 4, 1, 3, 2, 6};
+const std::vector<double> two_trees_leaf = {1, 3, 2, 6, 0, 2, 4, 6};
+const std::vector<double> two_trees_fused = {3, 2, 4, 1, 3, 2, 6, 3, 1, 5, 0, 2, 4, 6};
+
+}  // namespace
+
+// ---- depth_wise -------------------------------------------------------------------------------------------
+
+TEST_CASE("depth_wise: doc example, per tree") {
+  const rollout_tree tree = binary_tree();
+  REQUIRE(uniform_mean{}(tree, leaves_a) == fused_a);
+  // depth 1: {2, 4}, mu 3, sigma sqrt((1 + 1) / 1) = 1.41421 -> -+1 / 1.41421 = -+0.70711.
+  // depth 2: {1, 3, 2, 6}, mu 3, deviations -2, 0, -1, 3, sigma sqrt(14 / 3) = 2.16025
+  //   -> -0.92582, 0, -0.46291, 1.38873. Root alone at depth 0 -> 0.
+  check_values(depth_wise{}(tree, {.leaf = leaves_a, .fused = fused_a}),
+               {0, -0.70711, 0.70711, -0.92582, 0, -0.46291, 1.38873});
+}
+
+TEST_CASE("depth_wise: a depth of two nodes gives -+0.7071 whatever the gap") {
+  const rollout_tree tree = binary_tree();
+  for (const double gap : {1e-3, 1.0, 1000.0}) {
+    INFO("gap " << gap);
+    // depth 1: {2, 2 + gap}: mu 2 + gap / 2, sigma gap / sqrt(2) -> -+(gap / 2) / (gap / sqrt 2) = -+1 / sqrt 2.
+    const std::vector<double> fused = {0, 2, 2 + gap, 1, 3, 2, 6};
+    const auto advantages = depth_wise{}(tree, {.leaf = leaves_a, .fused = fused});
+    CHECK(advantages[1] == Approx(-std::sqrt(0.5)).margin(1e-5));
+    CHECK(advantages[2] == Approx(std::sqrt(0.5)).margin(1e-5));
+  }
+}
+
+TEST_CASE("depth_wise: 0 for a depth of one node and below min_std") {
+  // split_schedule{{1}, {2}} over 2 steps: root 0 -> 1 (alone at depth 1) -> leaves 2, 3.
+  const rollout_tree chain(split_schedule{.split_steps = {1}, .branching = {2}}(2), numbered_trees(1));
+  // depth 2 {4, 6}: mu 5, sigma sqrt(2) -> -+1 / sqrt(2); node 1 alone at depth 1 -> 0 whatever its reward.
+  check_values(depth_wise{}(chain, {.leaf = {}, .fused = std::vector<double>{5, 5, 4, 6}}), {0, 0, -0.70711, 0.70711});
+  const rollout_tree tree = binary_tree();
+  // depth 1 flat {2, 2}: sigma 0 < 1e-6 -> 0; depth 2 {1, 1 + 1e-7, 1, 1}: sigma 5e-8 < 1e-6 -> 0.
+  const std::vector<double> flat = {0, 2, 2, 1, 1 + 1e-7, 1, 1};
+  CHECK(depth_wise{}(tree, {.leaf = {}, .fused = flat}) == std::vector<double>(7, 0.0));
+  // With min_std 0 the tiny spread is blown up instead: (1e-7 - 2.5e-8) / (5e-8 + 1e-8) = 1.25.
+  CHECK(depth_wise{.min_std = 0.0}(tree, {.leaf = {}, .fused = flat})[4] == Approx(1.25).margin(1e-6));
+}
+
+TEST_CASE("depth_wise: per_tree against per_batch on a 2-tree forest") {
+  const rollout_tree forest = binary_tree(numbered_trees(2));
+  REQUIRE(uniform_mean{}(forest, two_trees_leaf) == two_trees_fused);
+  const reward_view rewards{.leaf = two_trees_leaf, .fused = two_trees_fused};
+  // per_tree, tree 1: depth 1 {1, 5} -> -+0.70711; depth 2 {0, 2, 4, 6}, mu 3, sigma sqrt(20 / 3) = 2.58199
+  //   -> -1.16190, -0.38730, 0.38730, 1.16190.
+  check_values(depth_wise{}(forest, rewards), {0, -0.70711, 0.70711, -0.92582, 0, -0.46291, 1.38873,  //
+                                               0, -0.70711, 0.70711, -1.16190, -0.38730, 0.38730, 1.16190});
+  // per_batch: depth 1 {2, 4, 1, 5}, mu 3, sigma sqrt(10 / 3) = 1.82574 -> -0.54772, 0.54772, -1.09545, 1.09545;
+  //   depth 2 {1, 3, 2, 6, 0, 2, 4, 6}, mu 3, sigma sqrt(34 / 7) = 2.20389
+  //   -> -0.90749, 0, -0.45374, 1.36123, -1.36123, -0.45374, 0.45374, 1.36123. Roots 0 (no edge).
+  check_values(depth_wise{.scope = normalization_scope::per_batch}(forest, rewards),
+               {0, -0.54772, 0.54772, -0.90749, 0, -0.45374, 1.36123,  //
+                0, -1.09545, 1.09545, -1.36123, -0.45374, 0.45374, 1.36123});
+}
+
+TEST_CASE("depth_wise: roots stay 0 even with several roots per tree") {
+  // sequential{3, no shared root} over 2 steps: roots 0, 1, 2 -> 3, 4, 5 -> leaves 6, 7, 8.
+  const rollout_tree chains(sequential{.group_size = 3, .shared_root = false}(2), numbered_trees(1));
+  // depth 1 and 2: {1, 2, 3}, mu 2, sigma 1 -> -1, 0, 1 (over 1 + 1e-8).
+  const auto advantages = depth_wise{}(chains, {.leaf = {}, .fused = std::vector<double>{1, 2, 3, 1, 2, 3, 1, 2, 3}});
+  check_values(advantages, {0, 0, 0, -1, 0, 1, -1, 0, 1});
+}
+
+TEST_CASE("depth_wise: sequential topology") {
+  // sequential{4} over 2 steps: root 0 -> 1..4 -> leaves 5..8; uniform fused = {2.5, 1, 2, 3, 4, 1, 2, 3, 4}.
+  const rollout_tree tree(sequential{.group_size = 4}(2), numbered_trees(1));
+  const std::vector<double> leaf = {1, 2, 3, 4};
+  const auto fused = uniform_mean{}(tree, leaf);
+  // depths 1 and 2: {1, 2, 3, 4}, mu 2.5, sigma sqrt(5 / 3) = 1.29099 -> -1.16190, -0.38730, 0.38730, 1.16190.
+  check_values(depth_wise{}(tree, {.leaf = leaf, .fused = fused}),
+               {0, -1.16190, -0.38730, 0.38730, 1.16190, -1.16190, -0.38730, 0.38730, 1.16190});
+}
+
+TEST_CASE("depth_wise: rejects bad input") {
+  const rollout_tree tree = binary_tree();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = std::vector<double>{1, 2, 3}})), invalid_input,
+                       Catch::Message("got 3 fused rewards for 7 nodes"));
+  CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = std::vector<double>{3, 2, 4, 1, nan, 2, 6}})),
+                       invalid_input, Catch::Message("fused reward of node 4 is nan"));
+  // Also at a depth that is never normalized (one node) and at the root.
+  const rollout_tree chain(split_schedule{.split_steps = {1}, .branching = {2}}(2), numbered_trees(1));
+  CHECK_THROWS_MATCHES((depth_wise{}(chain, {.leaf = {}, .fused = std::vector<double>{5, nan, 4, 6}})), invalid_input,
+                       Catch::Message("fused reward of node 1 is nan"));
+  CHECK_THROWS_MATCHES((depth_wise{.scope = normalization_scope::per_batch}(
+                           chain, {.leaf = {}, .fused = std::vector<double>{nan, 5, 4, 6}})),
+                       invalid_input, Catch::Message("fused reward of node 0 is nan"));
+  CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = std::vector<double>{3, 2, 4, 1e300, -1e300, 2, 6}})),
+                       invalid_input, Catch::Message("depth_wise: the fused rewards at depth 2 overflow when squared"));
+  CHECK_THROWS_MATCHES((depth_wise{.epsilon = -1.0}(tree, {.leaf = {}, .fused = fused_a})), invalid_input,
+                       Catch::Message("depth_wise epsilon -1 is not a finite value >= 0"));
+  CHECK_THROWS_MATCHES((depth_wise{.min_std = nan}(tree, {.leaf = {}, .fused = fused_a})), invalid_input,
+                       Catch::Message("depth_wise min_std nan is not a finite value >= 0"));
+  CHECK_THROWS_MATCHES((depth_wise{.epsilon = 0.0, .min_std = 0.0}(tree, {.leaf = {}, .fused = fused_a})),
+                       invalid_input, Catch::Message("depth_wise needs epsilon > 0 or min_std > 0 (both are 0)"));
+}
+
+// ---- leaf_group -------------------------------------------------------------------------------------------
+
+TEST_CASE("leaf_group: doc example") {
+  const rollout_tree tree = binary_tree();
+  // leaves {1, 3, 2, 6}: mu 3, sigma sqrt(14 / 3) = 2.16025 -> -0.92582, 0, -0.46291, 1.38873;
+  // edge 1: mean(-0.92582, 0) = -0.46291; edge 2: mean(-0.46291, 1.38873) = 0.46291; root 0.
+  check_values(leaf_group{}(tree, {.leaf = leaves_a, .fused = {}}),
+               {0, -0.46291, 0.46291, -0.92582, 0, -0.46291, 1.38873});
+}
+
+TEST_CASE("leaf_group: trees sharing a prompt form one group") {
+  const rollout_tree forest = binary_tree(std::vector<tree_info>{{.key = 0, .prompt = 7}, {.key = 1, .prompt = 7}});
+  // 8 leaves {1, 3, 2, 6, 0, 2, 4, 6}: mu 3, sigma s = sqrt(34 / 7) = 2.20389; leaf advantages d / s:
+  //   -2/s, 0, -1/s, 3/s | -3/s, -1/s, 1/s, 3/s = -0.90749, 0, -0.45374, 1.36123 | -1.36123, -0.45374, 0.45374, 1.36123
+  // edges 1, 2: -1/s, 1/s = -0.45374, 0.45374; edges 8, 9: -2/s, 2/s = -0.90749, 0.90749.
+  check_values(leaf_group{}(forest, {.leaf = two_trees_leaf, .fused = {}}),
+               {0, -0.45374, 0.45374, -0.90749, 0, -0.45374, 1.36123,  //
+                0, -0.90749, 0.90749, -1.36123, -0.45374, 0.45374, 1.36123});
+  // Distinct prompts: each tree alone. Tree 1: sigma sqrt(20 / 3) = 2.58199 -> -1.16190, -0.38730, 0.38730,
+  //   1.16190; edges 8, 9: -+0.77460.
+  const rollout_tree apart = binary_tree(numbered_trees(2));
+  check_values(leaf_group{}(apart, {.leaf = two_trees_leaf, .fused = {}}),
+               {0, -0.46291, 0.46291, -0.92582, 0, -0.46291, 1.38873,  //
+                0, -0.77460, 0.77460, -1.16190, -0.38730, 0.38730, 1.16190});
+}
+
+TEST_CASE("leaf_group: groups need not be contiguous") {
+  // Prompts {7, 8, 7}: trees 0 and 2 form one group, tree 1 is alone.
+  const rollout_tree forest =
+      binary_tree(std::vector<tree_info>{{.key = 0, .prompt = 7}, {.key = 1, .prompt = 8}, {.key = 2, .prompt = 7}});
+  const std::vector<double> leaf = {1, 3, 2, 6, 9, 9, 9, 9, 0, 2, 4, 6};
+  const auto advantages = leaf_group{}(forest, {.leaf = leaf, .fused = {}});
+  // Trees 0 and 2 as in the shared-prompt case; tree 1 flat (sigma 0 < min_std) -> 0.
+  check_values(std::vector<double>(advantages.begin(), advantages.begin() + 7),
+               {0, -0.45374, 0.45374, -0.90749, 0, -0.45374, 1.36123});
+  check_values(std::vector<double>(advantages.begin() + 7, advantages.begin() + 14), std::vector<double>(7, 0.0));
+  check_values(std::vector<double>(advantages.begin() + 14, advantages.end()),
+               {0, -0.90749, 0.90749, -1.36123, -0.45374, 0.45374, 1.36123});
+}
+
+TEST_CASE("leaf_group: sequential topology gives every edge of a chain its leaf's advantage") {
+  // root 0 -> 1..4 -> leaves 5..8; leaves {1, 2, 3, 4}: mu 2.5, sigma sqrt(5 / 3) -> -1.16190, -0.38730, ...
+  const rollout_tree tree(sequential{.group_size = 4}(2), numbered_trees(1));
+  check_values(leaf_group{}(tree, {.leaf = std::vector<double>{1, 2, 3, 4}, .fused = {}}),
+               {0, -1.16190, -0.38730, 0.38730, 1.16190, -1.16190, -0.38730, 0.38730, 1.16190});
+  // One leaf per group: no spread to measure -> 0.
+  const rollout_tree single(sequential{.group_size = 1}(2), numbered_trees(1));
+  CHECK(leaf_group{}(single, {.leaf = std::vector<double>{4}, .fused = {}}) == std::vector<double>{0, 0, 0});
+}
+
+TEST_CASE("leaf_group: rejects bad input") {
+  const rollout_tree tree = binary_tree();
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_MATCHES((leaf_group{}(tree, {.leaf = std::vector<double>{1, 2}, .fused = {}})), invalid_input,
+                       Catch::Message("got 2 leaf rewards for 4 leaves"));
+  CHECK_THROWS_MATCHES((leaf_group{}(tree, {.leaf = std::vector<double>{1, inf, 2, 3}, .fused = {}})), invalid_input,
+                       Catch::Message("leaf reward at leaf position 1 (node 4) is inf"));
+  CHECK_THROWS_MATCHES((leaf_group{.epsilon = inf}(tree, {.leaf = leaves_a, .fused = {}})), invalid_input,
+                       Catch::Message("leaf_group epsilon inf is not a finite value >= 0"));
+}
+
+// ---- per_prompt_running -----------------------------------------------------------------------------------
+
+TEST_CASE("per_prompt_running: doc example over two calls") {
+  const rollout_tree tree = binary_tree();
+  per_prompt_running tracker;
+  // Call 1: buffer {1, 3, 2, 6}, mean 3, population std sqrt(14 / 4) = 1.87083
+  //   -> (r - 3) / 1.87093 = -1.06899, 0, -0.53449, 1.60348; edges 1, 2: -+0.53449.
+  check_values(tracker(tree, {.leaf = leaves_a, .fused = {}}), {0, -0.53449, 0.53449, -1.06899, 0, -0.53449, 1.60348});
+  CHECK(tracker.buffers.at(0) == std::deque<double>{1, 3, 2, 6});
+  // Call 2: buffer {1, 3, 2, 6, 5, 5, 5, 5}, mean 4, deviations -3, -1, -2, 2, 1, 1, 1, 1 (squares 22),
+  //   std sqrt(22 / 8) = 1.65831 -> (5 - 4) / 1.65841 = 0.60299 on every leaf and edge.
+  const std::vector<double> fives = {5, 5, 5, 5};
+  check_values(tracker(tree, {.leaf = fives, .fused = {}}), {0, 0.60299, 0.60299, 0.60299, 0.60299, 0.60299, 0.60299});
+}
+
+TEST_CASE("per_prompt_running: history bounds the buffer, clear() forgets") {
+  const rollout_tree tree = binary_tree();
+  const std::vector<double> fives = {5, 5, 5, 5};
+  // history 6: call 2 keeps {2, 6, 5, 5, 5, 5}, mean 28 / 6 = 4.66667, std 1.24722
+  //   -> (5 - 4.66667) / 1.24732 = 0.26724.
+  per_prompt_running six{.history = 6};
+  six(tree, {.leaf = leaves_a, .fused = {}});
+  CHECK(six(tree, {.leaf = fives, .fused = {}})[3] == Approx(0.26724).margin(1e-5));
+  CHECK(six.buffers.at(0) == std::deque<double>{2, 6, 5, 5, 5, 5});
+  // history 4: call 2 sees only {5, 5, 5, 5}: std 0 -> 0 / 1e-4 = 0.
+  per_prompt_running four{.history = 4};
+  four(tree, {.leaf = leaves_a, .fused = {}});
+  CHECK(four(tree, {.leaf = fives, .fused = {}}) == std::vector<double>(7, 0.0));
+  // clear(): the next call starts afresh, as call 1 of the doc example.
+  per_prompt_running tracker;
+  tracker(tree, {.leaf = fives, .fused = {}});
+  tracker.clear();
+  CHECK(tracker.buffers.empty());
+  CHECK(tracker(tree, {.leaf = leaves_a, .fused = {}})[3] == Approx(-1.06899).margin(1e-5));
+}
+
+TEST_CASE("per_prompt_running: prompts keep separate buffers, shared prompts pool") {
+  // Two trees of one prompt: one buffer of 8 leaves {1, 3, 2, 6, 0, 2, 4, 6}, mean 3, population std
+  // sqrt(34 / 8) = 2.06155 -> leaf 3: -2 / 2.06165 = -0.97009; leaf 13: 3 / 2.06165 = 1.45514.
+  const rollout_tree shared = binary_tree(std::vector<tree_info>{{.key = 0, .prompt = 7}, {.key = 1, .prompt = 7}});
+  per_prompt_running tracker;
+  const auto pooled = tracker(shared, {.leaf = two_trees_leaf, .fused = {}});
+  CHECK(pooled[3] == Approx(-0.97009).margin(1e-5));
+  CHECK(pooled[13] == Approx(1.45514).margin(1e-5));
+  CHECK(tracker.buffers.size() == 1);
+  CHECK(tracker.buffers.at(7).size() == 8);
+  // Distinct prompts 0 and 1: tree 1 alone has mean 3, std sqrt(20 / 4) = 2.23607 -> leaf 13: 3 / 2.23617 = 1.34158.
+  const rollout_tree apart = binary_tree(numbered_trees(2));
+  per_prompt_running separate;
+  CHECK(separate(apart, {.leaf = two_trees_leaf, .fused = {}})[13] == Approx(1.34158).margin(1e-5));
+  // A later call for prompt 1 only does not see prompt 0's buffer: {0, 2, 4, 6, 6, 6, 6, 6}, mean 4.5,
+  // deviations -4.5, -2.5, -0.5, 1.5 x 5 (squares 20.25 + 6.25 + 0.25 + 11.25 = 38), std sqrt(38 / 8) = 2.17945
+  //   -> (6 - 4.5) / 2.17955 = 0.68822.
+  const rollout_tree prompt_one = binary_tree(std::vector<tree_info>{{.key = 0, .prompt = 1}});
+  CHECK(separate(prompt_one, {.leaf = std::vector<double>{6, 6, 6, 6}, .fused = {}})[3] ==
+        Approx(0.68822).margin(1e-5));
+  CHECK(separate.buffers.at(0) == std::deque<double>{1, 3, 2, 6});
+}
+
+TEST_CASE("per_prompt_running: global_std divides by the std of the whole call") {
+  // Prompts 0 and 1, leaves {1, 3, 2, 6 | 0, 2, 4, 6}: each prompt's mean is 3; the population std of all
+  // 8 is sqrt(34 / 8) = 2.06155 -> leaf 3: -2 / 2.06165 = -0.97009; leaf 10: -3 / 2.06165 = -1.45514.
+  const rollout_tree apart = binary_tree(numbered_trees(2));
+  per_prompt_running tracker{.global_std = true};
+  const auto advantages = tracker(apart, {.leaf = two_trees_leaf, .fused = {}});
+  CHECK(advantages[3] == Approx(-0.97009).margin(1e-5));
+  CHECK(advantages[10] == Approx(-1.45514).margin(1e-5));
+}
+
+TEST_CASE("per_prompt_running: sequential chains carry leaf advantages") {
+  const rollout_tree tree(sequential{.group_size = 4}(2), numbered_trees(1));
+  // leaves {1, 2, 3, 4}: mean 2.5, population std sqrt(5 / 4) = 1.11803
+  //   -> -1.5 / 1.11813 = -1.34152, -0.5 / 1.11813 = -0.44717, ...
+  per_prompt_running tracker;
+  check_values(tracker(tree, {.leaf = std::vector<double>{1, 2, 3, 4}, .fused = {}}),
+               {0, -1.34152, -0.44717, 0.44717, 1.34152, -1.34152, -0.44717, 0.44717, 1.34152});
+}
+
+TEST_CASE("per_prompt_running: rejects bad input and leaves its state unchanged") {
+  const rollout_tree tree = binary_tree();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  per_prompt_running tracker;
+  tracker(tree, {.leaf = leaves_a, .fused = {}});
+  const per_prompt_running before = tracker;
+  CHECK_THROWS_MATCHES((tracker(tree, {.leaf = std::vector<double>{5, 5, nan, 5}, .fused = {}})), invalid_input,
+                       Catch::Message("leaf reward at leaf position 2 (node 5) is nan"));
+  CHECK(tracker == before);
+  tracker.history = 0;
+  CHECK_THROWS_MATCHES((tracker(tree, {.leaf = leaves_a, .fused = {}})), invalid_input,
+                       Catch::Message("per_prompt_running history 0 is below 1"));
+  tracker.history = 64;
+  tracker.epsilon = 0.0;
+  CHECK_THROWS_MATCHES((tracker(tree, {.leaf = leaves_a, .fused = {}})), invalid_input,
+                       Catch::Message("per_prompt_running epsilon 0 is not a finite value > 0"));
+  tracker.epsilon = 1e-4;
+  CHECK(tracker == before);
+}
+
+TEST_CASE("normalizers are copyable values; the tracker's state takes part in equality") {
+  CHECK(depth_wise{} == depth_wise{});
+  CHECK(depth_wise{.scope = normalization_scope::per_batch} != depth_wise{});
+  CHECK(leaf_group{.epsilon = 1e-6} != leaf_group{});
+  const rollout_tree tree = binary_tree();
+  per_prompt_running tracker;
+  per_prompt_running copy = tracker;
+  CHECK(copy == tracker);
+  tracker(tree, {.leaf = leaves_a, .fused = {}});
+  CHECK(copy != tracker);
+  copy = tracker;
+  CHECK(copy == tracker);
+  CHECK(std::string(to_string(normalization_scope::per_batch)) == "per_batch");
+}
