@@ -1,11 +1,16 @@
 # Packaging tests, include()d from tests/CMakeLists.txt:
 #   - the branchgrpo tool's `tree` subcommand: expected counts, and one-line errors on invalid input;
+#   - its `toy` subcommand: JSON lines, the compare object, the CSV and PNG files, dropped trees, errors;
 #   - every public header (core and backend adapters) compiles on its own;
 #   - the library is consumed through an install (find_package) and through add_subdirectory.
 
 # The report behind `branchgrpo tree` lives with the tool.
 if(TARGET test_tree_report)
   target_include_directories(test_tree_report PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+endif()
+# So do the PNG writer and plotter behind `branchgrpo toy`.
+if(TARGET test_png)
+  target_include_directories(test_png PRIVATE ${PROJECT_SOURCE_DIR}/tools)
 endif()
 
 # --- The command-line tool ------------------------------------------------------------------------------------
@@ -74,6 +79,66 @@ if(TARGET branchgrpo_cli)
   branchgrpo_cli_error_test(shared_root_alone "--shared-root requires --sequential" tree --shared-root false)
   branchgrpo_cli_error_test(sequential_and_branch "excludes" tree --sequential 4 --branch 3)
   branchgrpo_cli_error_test(fast_without_split "--flow-grpo-fast requires --split-step" tree --flow-grpo-fast 4)
+
+  # `branchgrpo toy`: runs that succeed, checked by package/check_toy_cli.cmake (stdout lines and keys, the files
+  # written into --out, which it empties first). "\n" in a quoted argument is a newline; `.` matches one too.
+  function(branchgrpo_toy_test name)
+    cmake_parse_arguments(PARSE_ARGV 1 toy "" "LINES;CSV_HEADER;STDOUT;STDERR" "KEYS;FILES;ARGS")
+    set(out ${CMAKE_CURRENT_BINARY_DIR}/toy_cli/${name})
+    list(JOIN toy_ARGS "|" arguments)
+    list(JOIN toy_KEYS "|" keys)
+    list(JOIN toy_FILES "|" files)
+    set(defines -DTOOL=$<TARGET_FILE:branchgrpo_cli> "-DARGS=${arguments}|--out|${out}" -DOUT=${out})
+    foreach(variable IN ITEMS LINES CSV_HEADER STDOUT STDERR)
+      if(DEFINED toy_${variable})
+        list(APPEND defines "-D${variable}=${toy_${variable}}")
+      endif()
+    endforeach()
+    if(keys)
+      list(APPEND defines "-DKEYS=${keys}")
+    endif()
+    if(files)
+      list(APPEND defines "-DFILES=${files}")
+    endif()
+    add_test(NAME cli_toy_${name} COMMAND ${CMAKE_COMMAND} ${defines} -P
+                                          ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
+    set_tests_properties(cli_toy_${name} PROPERTIES LABELS cli TIMEOUT 300)
+  endfunction()
+
+  branchgrpo_toy_test(json_lines LINES 3 ARGS toy --method branch --iters 3 --json --quiet
+                      KEYS iteration reward_mean evaluations edges_trained seconds trees_dropped
+                      FILES toy_branch.csv reward_vs_time.png samples_before_after.png
+                      CSV_HEADER "^iteration,method,reward_mean,reward_std,evaluations,edges_trained,seconds,cumulative_seconds,loss")
+  branchgrpo_toy_test(json_first_iteration LINES 2 ARGS toy --method dance --iters 2 --prompts 1 --json --quiet
+                      STDOUT [=[^{"clip_fraction":[^}]*"evaluations":305,"iteration":0,"loss"]=])  # 305: dance, G = 16
+  branchgrpo_toy_test(compare LINES 1 ARGS toy --compare --iters 2 --prompts 2 --json
+                      KEYS dance branch branch-widpru branch-deppru branch-mix final_reward reward_gain evaluations
+                           edges_trained seconds_per_iter time_ratio_vs_dance
+                      FILES compare.csv reward_vs_time.png samples_before_after.png
+                      CSV_HEADER "^iteration,method,reward_mean,reward_std,evaluations,edges_trained,seconds,cumulative_seconds,loss"
+                      STDOUT [=["dance":{[^}]*"time_ratio_vs_dance":1\.0[,}]]=])
+  branchgrpo_toy_test(compare_table ARGS toy --compare --iters 1 --prompts 1 --quiet
+                      STDOUT "vs dance.*\nbase model .*\ndance .*\nbranch .*\nbranch-widpru .*\nbranch-deppru .*\nbranch-mix "
+                      FILES compare.csv reward_vs_time.png samples_before_after.png)
+  branchgrpo_toy_test(single_table ARGS toy --method branch-mix --iters 2 --prompts 1
+                      STDOUT "held-out reward .*base .* -> trained" FILES toy_branch-mix.csv)
+  branchgrpo_toy_test(nan_leaf LINES 2 ARGS toy --method branch --iters 2 --prompts 2 --nan-leaf-every 1 --json
+                      KEYS trees_dropped STDOUT [=["iteration":0,[^}]*"trees_dropped":1,.*"iteration":1,[^}]*"trees_dropped":1,]=]
+                      STDERR "^warning: iteration 0: dropped 1 tree with a non-finite reward\nwarning: iteration 1: dropped 1 tree")
+  branchgrpo_toy_test(nan_every_tree LINES 1 ARGS toy --method dance --iters 1 --prompts 1 --nan-leaf-every 1 --json
+                      STDOUT [=["edges_trained":0,.*"reward_mean":null,.*"trees_dropped":1,]=])
+  branchgrpo_cli_test(toy_help "--nan-leaf-every" toy --help)
+
+  branchgrpo_cli_error_test(toy_unknown_method "unknown method 'foo'" toy --method foo)
+  branchgrpo_cli_error_test(toy_iters_zero "--iters must be at least 1, got 0" toy --iters 0)
+  branchgrpo_cli_error_test(toy_compare_iters_zero "--iters must be at least 1, got 0" toy --compare --iters 0)
+  branchgrpo_cli_error_test(toy_prompts_zero "--prompts must be at least 1, got 0" toy --prompts 0)
+  branchgrpo_cli_error_test(toy_max_batch_zero "--max-batch must be at least 1, got 0" toy --max-batch 0)
+  branchgrpo_cli_error_test(toy_nan_every_negative "--nan-leaf-every must be non-negative, got -1" toy
+                            --nan-leaf-every -1)
+  branchgrpo_cli_error_test(toy_steps_too_few "split step 6 is not in \\[0, 5\\)" toy --steps 5)
+  branchgrpo_cli_error_test(toy_method_and_compare "excludes" toy --compare --method dance)
+  branchgrpo_cli_error_test(toy_bad_iters "abc" toy --iters abc)
 endif()
 
 # --- Every public header compiles on its own --------------------------------------------------------------------

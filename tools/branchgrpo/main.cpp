@@ -8,6 +8,7 @@
 #include <string>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/toy_command.hpp"
 #include "branchgrpo/tree_command.hpp"
 
 namespace {
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   CLI::App app{"BranchGRPO: tree-structured GRPO for diffusion and flow-matching models", "branchgrpo"};
   app.require_subcommand(0, 1);  // "none" is reported below; an unknown word is an ExtrasError naming it
   branchgrpo::cli::add_tree_command(app);
+  branchgrpo::cli::add_toy_command(app);
 
   try {
     app.parse(argc, argv);
