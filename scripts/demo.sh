@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up, builds the branchgrpo tool (Release) and runs the main job: the cost of the paper's
-# dense BranchGRPO tree, then the DanceGRPO baseline of 16 sequential chains for comparison.
+# dense BranchGRPO tree against the DanceGRPO baseline of 16 sequential chains, then the alignment of the toy
+# flow model with DanceGRPO and every BranchGRPO variant from the same seed (table, CSV and plots in out/toy).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -13,3 +14,6 @@ build/bin/branchgrpo tree --preset dense
 echo
 echo "== DanceGRPO baseline: branchgrpo tree --sequential 16"
 build/bin/branchgrpo tree --sequential 16
+echo
+echo "== Training every method on the toy flow model: branchgrpo toy --compare --out out/toy"
+build/bin/branchgrpo toy --compare --out out/toy
