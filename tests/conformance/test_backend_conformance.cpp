@@ -36,6 +36,9 @@
 #if defined(BRANCHGRPO_CONFORMANCE_XTENSOR)
 #include <branchgrpo/xtensor/backend.hpp>
 #endif
+#if defined(BRANCHGRPO_CONFORMANCE_TORCH)
+#include <branchgrpo/torch/backend.hpp>
+#endif
 
 using namespace branchgrpo;
 
@@ -48,6 +51,10 @@ using conformance_backends = std::tuple<host_backend
 #if defined(BRANCHGRPO_CONFORMANCE_XTENSOR)
                                         ,
                                         xtensor_backend
+#endif
+#if defined(BRANCHGRPO_CONFORMANCE_TORCH)
+                                        ,
+                                        torch_backend
 #endif
                                         >;
 
@@ -64,6 +71,13 @@ constexpr double tolerance<basic_eigen_backend<float>> = 1e-4;
 template <>
 constexpr double relative_tolerance<basic_eigen_backend<float>> = 1e-5;
 #endif
+#if defined(BRANCHGRPO_CONFORMANCE_TORCH)
+// torch_backend stores float32 (affine in float32, log-probs in float64): 1e-5 absolute or 1e-5 relative.
+template <>
+constexpr double tolerance<torch_backend> = 1e-5;
+template <>
+constexpr double relative_tolerance<torch_backend> = 1e-5;
+#endif
 
 // ---- Static checks: every adapter models Backend; things that are not backends do not. ----------------------
 #if defined(BRANCHGRPO_CONFORMANCE_EIGEN)
@@ -74,6 +88,10 @@ static_assert(!Backend<eigen_tensor>);  // a tensor is not a backend
 #if defined(BRANCHGRPO_CONFORMANCE_XTENSOR)
 static_assert(Backend<xtensor_backend>);
 static_assert(!Backend<xtensor_tensor>);
+#endif
+#if defined(BRANCHGRPO_CONFORMANCE_TORCH)
+static_assert(Backend<torch_backend>);
+static_assert(!Backend<torch::Tensor>);
 #endif
 static_assert(std::tuple_size_v<conformance_backends> >= 1);
 
@@ -103,6 +121,9 @@ static_assert(Denoiser<analytic_denoiser<eigen_backend>, eigen_backend>);
 #endif
 #if defined(BRANCHGRPO_CONFORMANCE_XTENSOR)
 static_assert(Denoiser<analytic_denoiser<xtensor_backend>, xtensor_backend>);
+#endif
+#if defined(BRANCHGRPO_CONFORMANCE_TORCH)
+static_assert(Denoiser<analytic_denoiser<torch_backend>, torch_backend>);
 #endif
 
 /// rows * shape.elements() keyed N(0, 1) values: test data that is the same for every backend.
@@ -360,5 +381,50 @@ TEST_CASE("xtensor_backend keeps the latent's shape and rejects a tensor without
   check_rejects([&] { (void)backend.to_host(scalar); });
   const xtensor_tensor no_latent{.values = xtensor_tensor::array::from_shape(std::vector<std::size_t>{3})};
   check_rejects([&] { (void)backend.rows(backend.slice_rows(no_latent, 0, 1)); });
+}
+#endif
+#if defined(BRANCHGRPO_CONFORMANCE_TORCH)
+TEST_CASE("torch_backend rejects tensors without a batch axis or of another kind", "[conformance][torch]") {
+  torch_backend backend;
+  check_rejects([&] { (void)backend.rows(torch::zeros({3})); });                      // no latent axis
+  check_rejects([&] { (void)backend.to_host(torch::Tensor()); });                     // undefined
+  check_rejects([&] { (void)backend.to_host(torch::zeros({2, 3}, torch::kInt64)); }); // not floating point
+  const std::vector<double> stds{1.0, 1.0};
+  check_rejects([&] { (void)backend.row_log_prob(torch::zeros({2, 3}), torch::zeros({2, 4}), stds); });
+  // A [rows, dims...] tensor made by LibTorch itself is a valid operand.
+  const torch::Tensor ones = torch::ones({2, 3});
+  CHECK(backend.to_host(ones) == std::vector<double>(6, 1.0));
+}
+
+TEST_CASE("torch_backend in bfloat16: round trip and log-probs within bfloat16 rounding", "[conformance][torch]") {
+  torch_backend backend{.device = torch::kCPU, .dtype = torch::kBFloat16};
+  const latent_shape shape{{3, 4}};
+  const std::vector<double> xs = keyed_values(1, 4, shape), vs = keyed_values(2, 4, shape);
+  const auto x = backend.from_host(xs, 4, shape), v = backend.from_host(vs, 4, shape);
+  CHECK(x.scalar_type() == torch::kBFloat16);
+  // bfloat16 keeps 8 significant bits: relative rounding error at most 2^-8.
+  const std::vector<double> round_trip = backend.to_host(x);
+  for (std::size_t i = 0; i < xs.size(); ++i) CHECK(round_trip[i] == Approx(xs[i]).epsilon(0x1p-8).margin(1e-30));
+  // affine in float32, rounded once to bfloat16: within 2^-8 relative of 0.9775 x - 0.5 v (plus the inputs'
+  // own rounding, so 2^-7 of the magnitudes).
+  host_backend host;
+  const auto hx = host.from_host(xs, 4, shape), hv = host.from_host(vs, 4, shape);
+  const std::vector<double> got = backend.to_host(backend.affine(0.9775, x, -0.5, v));
+  const std::vector<double> want = host.to_host(host.affine(0.9775, hx, -0.5, hv));
+  for (std::size_t i = 0; i < got.size(); ++i)
+    CHECK(got[i] == Approx(want[i]).margin(0x1p-7 * (std::abs(xs[i]) + std::abs(vs[i]))));
+  // Log-probs in float64 of the bfloat16 values: equal to the host's on the rounded values (to 1e-12), and
+  // within bfloat16 tolerance of the host's on the exact values (std 1: the log-prob moves by about
+  // |x - v| * |dx| per element, at most ~4 * 2^-8 here).
+  const std::vector<double> stds{0.3, 1.0, 1.0, 2.0};
+  const std::vector<double> log_prob = backend.row_log_prob(x, v, stds);
+  const std::vector<double> rounded =
+      host.row_log_prob(host.from_host(backend.to_host(x), 4, shape), host.from_host(backend.to_host(v), 4, shape), stds);
+  const std::vector<double> exact = host.row_log_prob(hx, hv, stds);
+  for (std::size_t r = 0; r < stds.size(); ++r) {
+    CHECK(log_prob[r] == Approx(rounded[r]).margin(1e-12));
+    CHECK(log_prob[r] == Approx(exact[r]).epsilon(0.02));
+    CHECK(log_prob[r] != exact[r]);  // the rounding is real: bfloat16 is not float64 in disguise
+  }
 }
 #endif

@@ -7,9 +7,11 @@
 #include <iostream>
 #include <string>
 
+#include "branchgrpo/bench_command.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/toy_command.hpp"
 #include "branchgrpo/tree_command.hpp"
+#include "branchgrpo/weights_command.hpp"
 
 namespace {
 
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);  // "none" is reported below; an unknown word is an ExtrasError naming it
   branchgrpo::cli::add_tree_command(app);
   branchgrpo::cli::add_toy_command(app);
+  branchgrpo::cli::add_bench_command(app);
+  branchgrpo::cli::add_weights_command(app);
 
   try {
     app.parse(argc, argv);

@@ -47,9 +47,12 @@ struct parent_top_k {
           require(std::isfinite(value), "parent_top_k fused reward ", c, " is ", value);
           order.push_back(c);
         }
-        // Children are stored in sibling-rank order, so a stable sort breaks ties by lower rank.
-        std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
-          return context.fused[static_cast<std::size_t>(a)] > context.fused[static_cast<std::size_t>(b)];
+        // Children are stored in sibling-rank order: ties go to the lower node index, the lower rank.
+        // (std::sort with the index as tie-break: the order of a stable sort without its temporary buffer.)
+        std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+          const double fa = context.fused[static_cast<std::size_t>(a)];
+          const double fb = context.fused[static_cast<std::size_t>(b)];
+          return fa > fb || (fa == fb && a < b);
         });
         const auto keep = std::min(order.size(), static_cast<std::size_t>(k));
         for (std::size_t i = 0; i < keep; ++i) selected[static_cast<std::size_t>(order[i])] = 1;

@@ -95,8 +95,9 @@ struct host_backend {
     tensor out{.rows = 0, .shape = parts.front().shape, .values = {}};
     for (std::size_t p = 0; p < parts.size(); ++p) {
       check(parts[p], "concat_rows");
-      require(parts[p].shape == out.shape, "concat_rows part ", p, " has rows of shape ",
-              detail::shape_text(parts[p].shape), ", part 0 has ", detail::shape_text(out.shape));
+      if (parts[p].shape != out.shape)  // not require(): its message arguments would be built on every call
+        fail("concat_rows part ", p, " has rows of shape ", detail::shape_text(parts[p].shape), ", part 0 has ",
+             detail::shape_text(out.shape));
       out.rows += parts[p].rows;
       out.values.insert(out.values.end(), parts[p].values.begin(), parts[p].values.end());
     }
@@ -142,8 +143,9 @@ struct host_backend {
   static void check_pair(const tensor& x, const tensor& v, const char* operation) {
     check(x, operation);
     check(v, operation);
-    require(x.rows == v.rows && x.shape == v.shape, operation, " operands differ: ", x.rows, " rows of ",
-            detail::shape_text(x.shape), " vs ", v.rows, " rows of ", detail::shape_text(v.shape));
+    if (x.rows != v.rows || x.shape != v.shape)  // not require(): it would build the shape texts every call
+      fail(operation, " operands differ: ", x.rows, " rows of ", detail::shape_text(x.shape), " vs ", v.rows,
+           " rows of ", detail::shape_text(v.shape));
   }
 };
 

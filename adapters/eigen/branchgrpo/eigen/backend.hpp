@@ -100,8 +100,9 @@ struct basic_eigen_backend {
     Eigen::Index total = 0;
     for (std::size_t p = 0; p < parts.size(); ++p) {
       check(parts[p], "concat_rows");
-      require(parts[p].shape == shape, "concat_rows part ", p, " has rows of shape ",
-              detail::shape_text(parts[p].shape), ", part 0 has ", detail::shape_text(shape));
+      if (parts[p].shape != shape)  // not require(): its message arguments would be built on every call
+        fail("concat_rows part ", p, " has rows of shape ", detail::shape_text(parts[p].shape), ", part 0 has ",
+             detail::shape_text(shape));
       total += parts[p].values.rows();
     }
     tensor out{.values = array(total, static_cast<Eigen::Index>(shape.elements())), .shape = shape};
@@ -145,14 +146,16 @@ struct basic_eigen_backend {
   // A hand-assembled tensor may disagree with its shape; catch it before indexing out of bounds.
   static void check(const tensor& x, const char* operation) {
     validate(x.shape);
-    require(static_cast<std::int64_t>(x.values.cols()) == x.shape.elements(), operation, ": tensor holds rows of ",
-            x.values.cols(), " elements, its shape ", detail::shape_text(x.shape), " has ", x.shape.elements());
+    if (static_cast<std::int64_t>(x.values.cols()) != x.shape.elements())  // message built only on failure
+      fail(operation, ": tensor holds rows of ", x.values.cols(), " elements, its shape ", detail::shape_text(x.shape),
+           " has ", x.shape.elements());
   }
   static void check_pair(const tensor& x, const tensor& v, const char* operation) {
     check(x, operation);
     check(v, operation);
-    require(x.rows() == v.rows() && x.shape == v.shape, operation, " operands differ: ", x.rows(), " rows of ",
-            detail::shape_text(x.shape), " vs ", v.rows(), " rows of ", detail::shape_text(v.shape));
+    if (x.rows() != v.rows() || x.shape != v.shape)  // not require(): it would build the shape texts every call
+      fail(operation, " operands differ: ", x.rows(), " rows of ", detail::shape_text(x.shape), " vs ", v.rows(),
+           " rows of ", detail::shape_text(v.shape));
   }
 };
 

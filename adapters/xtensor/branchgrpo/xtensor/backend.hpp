@@ -104,8 +104,9 @@ struct xtensor_backend {
     std::int64_t total = 0;
     for (std::size_t p = 0; p < parts.size(); ++p) {
       check(parts[p], "concat_rows");
-      require(parts[p].shape() == shape, "concat_rows part ", p, " has rows of shape ",
-              detail::shape_text(parts[p].shape()), ", part 0 has ", detail::shape_text(shape));
+      if (parts[p].shape() != shape)  // not require(): its message arguments would be built on every call
+        fail("concat_rows part ", p, " has rows of shape ", detail::shape_text(parts[p].shape()), ", part 0 has ",
+             detail::shape_text(shape));
       total += parts[p].rows();
     }
     tensor out{.values = empty(total, shape)};
@@ -165,8 +166,9 @@ struct xtensor_backend {
   static void check_pair(const tensor& x, const tensor& v, const char* operation) {
     check(x, operation);
     check(v, operation);
-    require(x.rows() == v.rows() && x.shape() == v.shape(), operation, " operands differ: ", x.rows(), " rows of ",
-            detail::shape_text(x.shape()), " vs ", v.rows(), " rows of ", detail::shape_text(v.shape()));
+    if (x.rows() != v.rows() || x.shape() != v.shape())  // not require(): it would build the shape texts every call
+      fail(operation, " operands differ: ", x.rows(), " rows of ", detail::shape_text(x.shape()), " vs ", v.rows(),
+           " rows of ", detail::shape_text(v.shape()));
   }
 };
 
