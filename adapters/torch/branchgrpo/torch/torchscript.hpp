@@ -1,0 +1,190 @@
+#pragma once
+// TorchScript models exported from Python (torch.jit.script / torch.jit.trace, then .save) as a decoder and as a
+// reward, so models the library does not implement natively (a VAE of another family, HPS-v2.1, PickScore,
+// ImageReward; docs/export_rewards.md) plug into training.
+//
+//   load_torchscript(path, device)         torch::jit::load + eval(), one-line errors naming the file
+//   torchscript_decoder{module, path}      forward(latents) -> images [B, C, H', W']
+//   torchscript_reward{module, path, ...}  forward(images [B, 3, H, W] in [0, 1], prompts int64 [B]) -> scores [B];
+//                                          models the core's Reward concept on torch_backend, its `decode`
+//                                          turning leaf latents into those images first
+//
+// Scores of rows whose image holds a NaN or an infinity are NaN (the trainer drops their trees) whatever the
+// module returns for them: the module sees zeros in their place, so one failed leaf cannot poison the batch.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#pragma push_macro("CHECK")
+#include <torch/script.h>
+#include <torch/torch.h>
+#pragma pop_macro("CHECK")
+
+#include "branchgrpo/core/error.hpp"
+
+namespace branchgrpo {
+
+namespace detail {
+
+/// The first line of an error message.
+inline std::string first_line(const std::string& text) {
+  const auto end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+/// One line of a LibTorch error: the first, except for the TorchScript interpreter's errors, whose first line
+/// is a generic header and whose last line is the Python-side exception (e.g. "RuntimeError: shape ...").
+inline std::string torch_error_line(const std::string& text) {
+  if (text.find("Traceback of TorchScript") == std::string::npos) return first_line(text);
+  const std::size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return first_line(text);
+  const std::size_t newline = text.rfind('\n', end);
+  const std::size_t begin = text.find_first_not_of(" \t", newline == std::string::npos ? 0 : newline + 1);
+  return text.substr(begin, end + 1 - begin);
+}
+
+inline std::string torch_error_line(const c10::Error& e) {
+  return torch_error_line(std::string(e.what_without_backtrace()));
+}
+
+}  // namespace detail
+
+/// A TorchScript module from `path` on `device`, in eval mode, with a forward method.
+/// Example: load_torchscript("missing.pt") throws "TorchScript file 'missing.pt' does not exist"; a file
+///   that is not a TorchScript archive throws "cannot load TorchScript file 'bad.pt': " + LibTorch's first line.
+inline torch::jit::Module load_torchscript(const std::filesystem::path& path, torch::Device device = torch::kCPU) {
+  require(std::filesystem::is_regular_file(path), "TorchScript file '", path.string(), "' does not exist");
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(path.string(), device);
+  } catch (const c10::Error& e) {
+    fail("cannot load TorchScript file '", path.string(), "': ", detail::torch_error_line(e));
+  } catch (const std::exception& e) {
+    fail("cannot load TorchScript file '", path.string(), "': ", detail::torch_error_line(std::string(e.what())));
+  }
+  require(module.find_method("forward").has_value(), "TorchScript file '", path.string(), "' has no forward method");
+  module.eval();
+  return module;
+}
+
+namespace detail {
+
+/// Runs `module.forward(inputs)` without autograd; LibTorch errors become one invalid_input line naming `path`.
+inline torch::Tensor run_torchscript(torch::jit::Module& module, const std::filesystem::path& path,
+                                     std::vector<torch::jit::IValue> inputs, const char* role) {
+  torch::NoGradGuard no_grad;
+  torch::jit::IValue out;
+  try {
+    out = module.forward(std::move(inputs));
+  } catch (const c10::Error& e) {
+    fail("TorchScript ", role, " '", path.string(), "' failed: ", torch_error_line(e));
+  } catch (const std::exception& e) {  // the interpreter's own errors (torch::jit::JITException, ...)
+    fail("TorchScript ", role, " '", path.string(), "' failed: ", torch_error_line(std::string(e.what())));
+  }
+  require(out.isTensor(), "TorchScript ", role, " '", path.string(), "' returned a ", out.tagKind(),
+          " instead of a tensor");
+  return out.toTensor();
+}
+
+}  // namespace detail
+
+/// A TorchScript decoder: latents [B, ...] -> images [B, C, H, W] (whatever range the export produces; the
+/// FLUX decoder's is [-1, 1], see unit_images in autoencoder.hpp).
+/// Example: a module computing tanh(z[:, :3]) upsampled 2x maps [2, 4, 3, 5] to [2, 3, 6, 10].
+/// @pre module loaded by load_torchscript (eval mode, on the device the latents are moved to).
+struct torchscript_decoder {
+  torch::jit::Module module;
+  std::filesystem::path path;          ///< named in error messages
+  torch::Device device = torch::kCPU;  ///< latents are moved here first
+
+  /// @post a 4-D tensor with latents.size(0) rows (else invalid_input naming the file and the shape).
+  torch::Tensor operator()(const torch::Tensor& latents) {
+    require(latents.defined() && latents.dim() >= 1, "TorchScript decoder '", path.string(),
+            "' needs latents [B, ...]");
+    const torch::Tensor images = detail::run_torchscript(module, path, {latents.to(device)}, "decoder");
+    require(images.dim() == 4 && images.size(0) == latents.size(0), "TorchScript decoder '", path.string(),
+            "' returned ", images.sizes(), " for ", latents.size(0), " rows (expected [B, C, H, W])");
+    return images;
+  }
+};
+
+/// load_torchscript(path, device) wrapped as a decoder.
+inline torchscript_decoder load_torchscript_decoder(const std::filesystem::path& path,
+                                                    torch::Device device = torch::kCPU) {
+  return {.module = load_torchscript(path, device), .path = path, .device = device};
+}
+
+/// Leaf latents [rows, ...] -> images [rows, 3, H, W] in [0, 1].
+using image_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
+
+/// A TorchScript reward model behind the core's Reward concept (torch_backend): the leaves are decoded to images
+/// in [0, 1] by `decode` (identity when empty: the leaves are such images already), passed in chunks of `batch`
+/// rows with their prompt indices (int64 [rows]) to forward(images, prompts) -> scores [rows].
+/// Example: forward = mean of the image's channels weighted (1, 2, 3) + prompt; a grey 0.5 image with prompt 2
+///   scores 0.5 * 6 + 2 = 5, the same image holding one NaN pixel scores NaN.
+/// @pre prompts.size() == leaves.size(0); prompt indices non-negative; batch >= 1.
+/// @post one score per leaf, in leaf order; NaN where the image was not finite.
+struct torchscript_reward {
+  torch::jit::Module module;
+  std::filesystem::path path;          ///< named in error messages
+  image_decoder_fn decode;             ///< leaves -> images in [0, 1]; empty: identity
+  std::int64_t batch = 16;             ///< rows per forward call (memory bound of the reward model)
+  torch::Device device = torch::kCPU;  ///< images and prompts are moved here
+  torch::Dtype dtype = torch::kFloat32;  ///< images are converted to this dtype
+
+  std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
+    require(batch >= 1, "torchscript_reward: batch ", batch, " must be at least 1");
+    require(leaves.defined() && leaves.dim() >= 1, "torchscript_reward '", path.string(), "' needs leaves [rows, ...]");
+    const std::int64_t rows = leaves.size(0);
+    require(static_cast<std::int64_t>(prompts.size()) == rows, "torchscript_reward '", path.string(), "': ",
+            prompts.size(), " prompts for ", rows, " leaves");
+    for (std::size_t r = 0; r < prompts.size(); ++r)
+      require(prompts[r] >= 0, "torchscript_reward '", path.string(), "': prompt index ", prompts[r], " at row ", r,
+              " is negative");
+    std::vector<double> scores;
+    scores.reserve(static_cast<std::size_t>(rows));
+    for (std::int64_t begin = 0; begin < rows; begin += batch) {
+      const std::int64_t count = std::min(batch, rows - begin);
+      torch::Tensor images;
+      {
+        torch::NoGradGuard no_grad;
+        const torch::Tensor chunk = leaves.narrow(0, begin, count);
+        images = decode ? decode(chunk) : chunk;
+      }
+      require(images.defined() && images.dim() == 4 && images.size(0) == count && images.size(1) == 3,
+              "torchscript_reward '", path.string(), "': images must be [", count, ", 3, H, W], got ",
+              images.defined() ? images.sizes() : torch::IntArrayRef{});
+      images = images.to(device, dtype);
+      const torch::Tensor finite = torch::isfinite(images).reshape({count, -1}).all(1);
+      const torch::Tensor safe = torch::where(finite.view({count, 1, 1, 1}), images, torch::zeros_like(images));
+      const torch::Tensor prompt_ids =
+          torch::tensor(std::vector<std::int64_t>(prompts.begin() + begin, prompts.begin() + begin + count),
+                        torch::kInt64)
+              .to(device);
+      const torch::Tensor out = detail::run_torchscript(module, path, {safe, prompt_ids}, "reward");
+      require(out.numel() == count, "TorchScript reward '", path.string(), "' returned ", out.sizes(), " for ", count,
+              " images (expected [", count, "])");
+      const torch::Tensor values = out.reshape({count}).to(torch::kCPU, torch::kFloat64).contiguous();
+      const torch::Tensor ok = finite.to(torch::kCPU);
+      for (std::int64_t i = 0; i < count; ++i)
+        scores.push_back(ok[i].item<bool>() ? values[i].item<double>() : std::nan(""));
+    }
+    return scores;
+  }
+};
+
+/// load_torchscript(path, device) wrapped as a reward with the given decoder (empty: leaves are images).
+/// Example: load_torchscript_reward("hps.pt", [&](const torch::Tensor& z) { return ae->decode_images(z); }).
+inline torchscript_reward load_torchscript_reward(const std::filesystem::path& path, image_decoder_fn decode = {},
+                                                  torch::Device device = torch::kCPU) {
+  return {.module = load_torchscript(path, device), .path = path, .decode = std::move(decode), .device = device};
+}
+
+}  // namespace branchgrpo
