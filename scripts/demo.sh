@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up, builds the branchgrpo tool (Release) and runs the main job: the cost of the paper's
-# dense BranchGRPO tree against the DanceGRPO baseline of 16 sequential chains, then the alignment of the toy
-# flow model with DanceGRPO and every BranchGRPO variant from the same seed (table, CSV and plots in out/toy).
+# Sets everything up, builds the branchgrpo tool (Release) and runs the main job: the cost of the paper's dense
+# BranchGRPO tree against the DanceGRPO baseline of 16 sequential chains, then `branchgrpo demo`, which aligns the
+# shipped shapes model (models/shapes-tiny) with DanceGRPO and every BranchGRPO variant from the same seed and
+# writes out/demo/report.md with its plot and image grids.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,5 +16,5 @@ echo
 echo "== DanceGRPO baseline: branchgrpo tree --sequential 16"
 build/bin/branchgrpo tree --sequential 16
 echo
-echo "== Training every method on the toy flow model: branchgrpo toy --compare --out out/toy"
-build/bin/branchgrpo toy --compare --out out/toy
+echo "== Aligning the shipped shapes model with every method: branchgrpo demo --out out/demo"
+build/bin/branchgrpo demo --out out/demo

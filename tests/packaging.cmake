@@ -295,3 +295,135 @@ if(TARGET branchgrpo_cli)
   branchgrpo_cli_error_test(bench_steps_too_few "split step 6 is not in \\[0, 5\\)" bench iteration --steps 5)
   branchgrpo_cli_error_test(bench_no_subcommand "subcommand is required" bench)
 endif()
+
+# --- `branchgrpo train / sample / demo` (issue 6; docs/config.md, docs/cli.md) -------------------------------------
+# The run configuration (adapters/torch/branchgrpo/torch/run_config.hpp) is torch-free but reads TOML with toml++:
+# test_run_config builds only where toml++ is found.
+find_package(tomlplusplus QUIET)
+if(TARGET test_run_config)
+  target_include_directories(test_run_config PRIVATE ${PROJECT_SOURCE_DIR}/adapters/torch)
+  target_compile_definitions(test_run_config PRIVATE BRANCHGRPO_EXAMPLES_DIR="${PROJECT_SOURCE_DIR}/examples")
+  if(tomlplusplus_FOUND)
+    target_link_libraries(test_run_config PRIVATE tomlplusplus::tomlplusplus)
+  else()
+    set_target_properties(test_run_config PROPERTIES EXCLUDE_FROM_ALL ON)
+    set_tests_properties(test_run_config PROPERTIES DISABLED ON)
+  endif()
+endif()
+# tests/torch/test_train_config.cpp (created by tests/CMakeLists.txt after this file is included) reads TOML and
+# builds the JPEG rewards: link toml++ and TurboJPEG once the target exists, or leave it out without them.
+function(branchgrpo_link_train_config_test)
+  if(NOT TARGET test_train_config)
+    return()
+  endif()
+  if(tomlplusplus_FOUND AND TARGET branchgrpo_jpeg)
+    target_link_libraries(test_train_config PRIVATE tomlplusplus::tomlplusplus branchgrpo_jpeg)
+    set_tests_properties(test_train_config PROPERTIES TIMEOUT 900)
+  else()
+    set_target_properties(test_train_config PROPERTIES EXCLUDE_FROM_ALL ON)
+    set_tests_properties(test_train_config PROPERTIES DISABLED ON)
+  endif()
+endfunction()
+cmake_language(DEFER CALL branchgrpo_link_train_config_test)
+
+# --- Shapes data set, prompt file, rewards and the shipped model (issue 6; tests/torch/test_shapes.cpp) ----------
+# test_shapes is made by tests/CMakeLists.txt's torch loop, after this file: link TurboJPEG once the directory is
+# processed (deferred call). Without TurboJPEG the test is not built and reported as disabled.
+function(branchgrpo_link_shapes_test)
+  if(NOT TARGET test_shapes)
+    return()
+  endif()
+  if(TARGET branchgrpo_jpeg)
+    target_link_libraries(test_shapes PRIVATE branchgrpo_jpeg)
+  else()
+    set_target_properties(test_shapes PROPERTIES EXCLUDE_FROM_ALL TRUE)
+    set_tests_properties(test_shapes PROPERTIES DISABLED TRUE)
+  endif()
+endfunction()
+cmake_language(DEFER CALL branchgrpo_link_shapes_test)
+
+# `branchgrpo pretrain` (built with LibTorch and TurboJPEG): a 2-step run writes every file; errors are one line.
+if(TARGET branchgrpo_cli AND TARGET branchgrpo::torch AND TARGET branchgrpo_jpeg)
+  add_test(NAME cli_pretrain_quick
+           COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli> -DOUT=${CMAKE_CURRENT_BINARY_DIR}/pretrain_quick
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_pretrain.cmake)
+  set_tests_properties(cli_pretrain_quick PROPERTIES LABELS "cli;torch" TIMEOUT 300)
+  branchgrpo_cli_error_test(pretrain_steps_zero "--steps must be at least 1, got 0" pretrain --out
+                            ${CMAKE_CURRENT_BINARY_DIR}/pretrain_error --steps 0)
+  branchgrpo_cli_error_test(pretrain_unknown_config_key "unknown or fixed key 'in_channels'" pretrain --out
+                            ${CMAKE_CURRENT_BINARY_DIR}/pretrain_error --config-json [=[{"in_channels":16}]=])
+  branchgrpo_cli_error_test(pretrain_bad_config "rope axes sum to 32, head dim is 48" pretrain --out
+                            ${CMAKE_CURRENT_BINARY_DIR}/pretrain_error --config-json [=[{"hidden":96}]=])
+  branchgrpo_cli_error_test(pretrain_bad_t_sampling "normal" pretrain --out ${CMAKE_CURRENT_BINARY_DIR}/pretrain_error
+                            --t-sampling normal)
+endif()
+
+# `branchgrpo train / sample / demo` end to end on the shipped model (models/shapes-tiny), when the tool has them
+# (same condition as tools/CMakeLists.txt); otherwise their stubs must say what is missing.
+if(TARGET branchgrpo_cli)
+  if(TARGET branchgrpo::torch AND TARGET branchgrpo_jpeg AND tomlplusplus_FOUND)
+    set(shapes_model ${PROJECT_SOURCE_DIR}/models/shapes-tiny)
+    if(EXISTS ${shapes_model}/model.safetensors)
+      # demo --quick: 2 iterations per method (CI); report.md and its PNG files.
+      set(demo_out ${CMAKE_CURRENT_BINARY_DIR}/demo_cli/quick)
+      add_test(NAME demo_quick
+               COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli>
+                       "-DARGS=demo|--quick|--quiet|--model|${shapes_model}|--out|${demo_out}" -DOUT=${demo_out}
+                       "-DFILES=report.md|reward_vs_time.png|before_after.png|demo.csv"
+                       "-DSTDOUT=base model: held-out reward .*\ndance .*\nbranch .*\nbranch-widpru .*\nbranch-deppru .*\nbranch-mix .*held-out reward"
+                       -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
+      set_tests_properties(demo_quick PROPERTIES LABELS "cli;torch" TIMEOUT 1200)
+
+      # train: a 4-step tree, 2 iterations, a checkpoint and a grid after each; then --resume to 3 iterations,
+      # sample from the checkpoint, and the refusals.
+      set(train_dir ${CMAKE_CURRENT_BINARY_DIR}/train_cli)
+      set(train_common "[model]\ndir = \"${shapes_model}\"\n[topology]\nsplit_steps = [0, 2]\n[rollout]\nsteps = 4\n")
+      string(APPEND train_common "[optimizer]\nlr = 1e-3\n[lora]\nrank = 4\nalpha = 4.0\n")
+      string(APPEND train_common "[[rewards]]\nname = \"alignment\"\n[[rewards]]\nname = \"jpeg_compressibility\"\nweight = 0.1\n")
+      file(CONFIGURE OUTPUT ${train_dir}/run2.toml CONTENT
+           "${train_common}[run]\niterations = 2\ncheckpoint_every = 1\ngrid_every = 1\noutput_dir = \"${train_dir}/out\"\n")
+      file(CONFIGURE OUTPUT ${train_dir}/run3.toml CONTENT
+           "${train_common}[run]\niterations = 3\ncheckpoint_every = 1\ngrid_every = 1\noutput_dir = \"${train_dir}/out\"\n")
+      add_test(NAME cli_train
+               COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli>
+                       "-DARGS=train|--config|${train_dir}/run2.toml|--json|--quiet" -DOUT=${train_dir}/out -DLINES=2
+                       "-DKEYS=iteration|reward_mean|reward/alignment|reward/jpeg_compressibility|evaluations|edges_trained|grad_norm"
+                       "-DFILES=metrics.csv|metrics.jsonl|config.toml|grids/iter-000002.png|checkpoints/iter-000002/weights.safetensors|checkpoints/iter-000002/state.safetensors"
+                       "-DCSV_HEADER=^clip_fraction,edges,edges_trained,evaluations,grad_norm,iteration,loss,"
+                       -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
+      set_tests_properties(cli_train PROPERTIES LABELS "cli;torch" TIMEOUT 600 FIXTURES_SETUP train_run)
+      add_test(NAME cli_train_resume COMMAND branchgrpo_cli train --config ${train_dir}/run3.toml --resume --json)
+      set_tests_properties(cli_train_resume PROPERTIES LABELS "cli;torch" TIMEOUT 600 FIXTURES_REQUIRED train_run
+                           PASS_REGULAR_EXPRESSION "resuming from [^\n]*iter-000002 \\(iteration 2\\)\n.*\"iteration\":2,")
+      add_test(NAME cli_sample COMMAND branchgrpo_cli sample --config ${train_dir}/run2.toml
+                                       --checkpoint ${train_dir}/out/checkpoints/iter-000002 --prompts
+                                       "a red circle, a blue square" --samples 2 --out ${train_dir}/grid.png)
+      set_tests_properties(cli_sample PROPERTIES LABELS "cli;torch" TIMEOUT 600 FIXTURES_REQUIRED train_run
+                           PASS_REGULAR_EXPRESSION "a red circle +reward [0-9.-]+\na blue square +reward [0-9.-]+\nwrote ")
+      branchgrpo_cli_error_test(train_existing_checkpoints "out already holds checkpoint iter-00000[23]: pass --resume"
+                                train --config ${train_dir}/run2.toml)
+      set_tests_properties(cli_error_train_existing_checkpoints PROPERTIES FIXTURES_REQUIRED train_run)
+      branchgrpo_cli_error_test(sample_unknown_prompt "--prompts: 'a pink dog' is not in the prompt embeddings"
+                                sample --config ${train_dir}/run2.toml --checkpoint
+                                ${train_dir}/out/checkpoints/iter-000002 --prompts "a pink dog")
+      set_tests_properties(cli_error_sample_unknown_prompt PROPERTIES FIXTURES_REQUIRED train_run)
+    else()
+      message(STATUS "branchgrpo: models/shapes-tiny is missing: skipping the train / sample / demo CLI tests")
+    endif()
+    file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_steps.toml CONTENT "[rollout]\nsteps = 0\n")
+    file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_key.toml CONTENT "[rollout]\nstepz = 3\n")
+    branchgrpo_cli_error_test(train_bad_value "bad_steps.toml: rollout.steps = 0: must be at least 1"
+                              train --config ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_steps.toml)
+    branchgrpo_cli_error_test(train_unknown_key "bad_key.toml: unknown key rollout.stepz \\(rollout has: "
+                              train --config ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_key.toml)
+    branchgrpo_cli_error_test(train_missing_config "absent.toml: cannot read the config file"
+                              train --config ${CMAKE_CURRENT_BINARY_DIR}/absent.toml)
+    branchgrpo_cli_test(demo_help "--quick" demo --help)
+    branchgrpo_cli_error_test(demo_unknown_method "unknown method 'grpo'" demo --methods dance,grpo)
+  else()
+    branchgrpo_cli_error_test(demo_without_torch
+                              "^branchgrpo: branchgrpo demo needs the LibTorch adapter \\(not built\\)" demo --quick)
+    branchgrpo_cli_error_test(train_without_torch
+                              "^branchgrpo: branchgrpo train needs the LibTorch adapter \\(not built\\)" train --config x)
+  endif()
+endif()

@@ -9,6 +9,13 @@
 
 #include "branchgrpo/bench_command.hpp"
 #include "branchgrpo/core/error.hpp"
+#ifdef BRANCHGRPO_CLI_PRETRAIN  // built with LibTorch and TurboJPEG only (tools/CMakeLists.txt)
+#include "branchgrpo/pretrain_command.hpp"
+#endif
+#ifdef BRANCHGRPO_CLI_TRAIN  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
+#include "branchgrpo/demo_command.hpp"
+#include "branchgrpo/train_command.hpp"
+#endif
 #include "branchgrpo/toy_command.hpp"
 #include "branchgrpo/tree_command.hpp"
 #include "branchgrpo/weights_command.hpp"
@@ -21,6 +28,18 @@ int report_error(std::string message, int exit_code) {
   std::cerr << "branchgrpo: " << message << '\n';
   return exit_code;
 }
+
+#ifndef BRANCHGRPO_CLI_TRAIN
+// Without LibTorch the LibTorch subcommands still exist, and say what they need.
+void add_unavailable_command(CLI::App& app, const std::string& name, const std::string& description) {
+  CLI::App* command = app.add_subcommand(name, description + " (needs LibTorch: not built)");
+  command->allow_extras();
+  command->callback([name] {
+    branchgrpo::fail("branchgrpo ", name, " needs the LibTorch adapter (not built): install LibTorch, toml++ and "
+                     "TurboJPEG (scripts/setup.sh) and rebuild");
+  });
+}
+#endif
 
 std::string missing_subcommand(CLI::App& app) {
   std::string names;
@@ -38,6 +57,18 @@ int main(int argc, char** argv) {
   branchgrpo::cli::add_toy_command(app);
   branchgrpo::cli::add_bench_command(app);
   branchgrpo::cli::add_weights_command(app);
+#ifdef BRANCHGRPO_CLI_PRETRAIN
+  branchgrpo::cli::add_pretrain_command(app);
+#endif
+#ifdef BRANCHGRPO_CLI_TRAIN
+  branchgrpo::cli::add_train_command(app);
+  branchgrpo::cli::add_sample_command(app);
+  branchgrpo::cli::add_demo_command(app);
+#else
+  add_unavailable_command(app, "train", "Align a model with the run a TOML config describes");
+  add_unavailable_command(app, "sample", "Render a grid of a checkpoint's samples");
+  add_unavailable_command(app, "demo", "Align the shipped shapes model with every method; write a report");
+#endif
 
   try {
     app.parse(argc, argv);

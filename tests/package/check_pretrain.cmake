@@ -1,0 +1,31 @@
+# Runs `branchgrpo pretrain` for 2 steps; run with `cmake -P` by tests/packaging.cmake (variables TOOL, OUT).
+# Passes when it exits 0, prints one JSON object with the summary keys, and writes every file it documents.
+cmake_minimum_required(VERSION 3.25)
+
+file(REMOVE_RECURSE ${OUT})
+execute_process(COMMAND ${TOOL} pretrain --out ${OUT} --steps 2 --batch 4 --warmup 1 --grid-samples 1 --quiet
+                RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(shown "exit: ${result}\nstdout: ${out}\nstderr: ${err}")
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "pretrain failed\n${shown}")
+endif()
+foreach(key IN ITEMS alignment alignment_per_prompt data_alignment final_loss flux_config jpeg_kb model_bytes
+                     parameters seconds steps)
+  string(JSON value ERROR_VARIABLE missing GET "${out}" ${key})
+  if(missing)
+    message(FATAL_ERROR "the summary has no '${key}'\n${shown}")
+  endif()
+endforeach()
+string(JSON steps GET "${out}" steps)
+if(NOT steps EQUAL 2)
+  message(FATAL_ERROR "the summary says ${steps} steps, expected 2\n${shown}")
+endif()
+foreach(file IN ITEMS model.safetensors prompts.safetensors samples.png data.png pretrain.json)
+  if(NOT EXISTS ${OUT}/${file})
+    message(FATAL_ERROR "pretrain did not write ${OUT}/${file}\n${shown}")
+  endif()
+  file(SIZE ${OUT}/${file} size)
+  if(size EQUAL 0)
+    message(FATAL_ERROR "${OUT}/${file} is empty\n${shown}")
+  endif()
+endforeach()

@@ -1,0 +1,241 @@
+// `branchgrpo train`'s machinery on a small random model in the shipped model's format (3 x 16 x 16 pixels, the
+// shapes FLUX config): a config file loads the model directory and builds the rewards; a run resumed from a
+// checkpoint ends bit-identical to the uninterrupted run (CPU); the AdamW state is what makes it so; a crash
+// between writing a checkpoint and renaming it leaves the previous checkpoint usable. (Parsing every key and
+// rejecting bad ones: tests/unit/test_run_config.cpp.)
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/torch/training_run.hpp"
+
+namespace bg = branchgrpo;
+
+namespace {
+
+// A fresh directory under the system temp dir.
+std::filesystem::path scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("branchgrpo_test_train_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A model directory as `branchgrpo pretrain` writes it, holding random weights (seed 3) of the shapes config
+// and the 12 shapes prompts' word embeddings.
+std::filesystem::path make_model_dir() {
+  const auto dir = scratch("model");
+  const bg::flux_config config = bg::shapes_flux_config();
+  torch::manual_seed(3);
+  bg::flux_transformer model(config);
+  bg::save_safetensors(dir / "model.safetensors", bg::flux_state(model),
+                       {{std::string(bg::flux_config_metadata_key), bg::format_flux_config(config)}});
+  const std::vector<std::string> prompts = bg::shapes_prompts();
+  bg::save_prompt_file(dir / "prompts.safetensors",
+                       bg::shapes_word_embeddings(prompts, config.context_in, config.vec_in), prompts);
+  return dir;
+}
+
+// A config for a short run: 4 steps, a tree splitting at steps 0 and 2, per-prompt running advantages (state
+// to checkpoint), EMA (state to checkpoint), two optimizer steps per iteration, LoRA rank 2.
+std::string run_toml(const std::filesystem::path& model, const std::filesystem::path& out, int iterations) {
+  return "[model]\ndir = \"" + model.string() +
+         "\"\n"
+         "[data]\nprompts_per_iteration = 2\n"
+         "[topology]\nsplit_steps = [0, 2]\nbranching = [2]\n"
+         "[rollout]\nsteps = 4\nmax_batch = 8\n"
+         "[advantage]\nkind = \"per_prompt_running\"\nhistory = 16\n"
+         "[optimizer]\nlr = 1e-3\nema_decay = 0.5\nupdates_per_iteration = 2\n"
+         "[lora]\nrank = 2\nalpha = 2.0\n"
+         "[[rewards]]\nname = \"alignment\"\n"
+         "[[rewards]]\nname = \"jpeg_compressibility\"\nweight = 0.1\nparams = { quality = 90 }\n"
+         "[run]\niterations = " +
+         std::to_string(iterations) + "\nseed = 5\noutput_dir = \"" + out.string() + "\"\n";
+}
+
+bg::run_config config_for(const std::filesystem::path& model, const std::filesystem::path& out, int iterations) {
+  return bg::parse_run_config(run_toml(model, out, iterations), "run.toml");
+}
+
+std::unique_ptr<bg::training_run> make_run(const bg::run_config& config) {
+  bg::run_model model = bg::load_run_model(config);
+  bg::weighted_sum reward = bg::make_run_reward(config, model);
+  return std::make_unique<bg::training_run>(config, std::move(model), std::move(reward));
+}
+
+// Whether two runs' trainable tensors are bit-identical.
+bool same_weights(bg::training_run& a, bg::training_run& b) {
+  const auto x = a.trainable(), y = b.trainable();
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i].first != y[i].first || !torch::equal(x[i].second, y[i].second)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a config file loads the model directory and the rewards, and a run trains its LoRA factors") {
+  const auto model = make_model_dir();
+  const auto out = scratch("load");
+  const auto file = out / "run.toml";
+  std::ofstream(file) << run_toml(model, out / "run", 2);
+  const bg::run_config config = bg::load_run_config(file);
+  const bg::run_model m = bg::load_run_model(config);
+  CHECK(m.prompts.size() == 12);
+  CHECK(m.shape.dims == std::vector<std::int64_t>{3, 16, 16});
+  CHECK(m.embeddings.context.size(2) == 32);
+  auto run = make_run(config);
+  // rank-2 LoRA on the attention and MLP layers only: every trainable tensor is a LoRA factor.
+  for (const auto& [name, tensor] : run->trainable()) CHECK(name.find(".lora_") != std::string::npos);
+  CHECK(run->prompts_of(0) == std::vector<std::int64_t>{0, 1});
+  CHECK(run->prompts_of(7) == std::vector<std::int64_t>{2, 3});  // (7 * 2) mod 12
+  const auto before = run->trainable();
+  std::vector<torch::Tensor> initial;
+  for (const auto& [name, tensor] : before) initial.push_back(tensor.detach().clone());
+  const bg::iteration_stats stats = run->step(/*keep_images=*/true);
+  CHECK(stats.rollout_evaluations == 2 * (1 + 2 + 2 + 4));  // 2 trees of {0, 2} x 2 over 4 steps
+  CHECK(std::isfinite(stats.reward_mean));
+  CHECK(run->last_images().sizes() == torch::IntArrayRef({8, 3, 16, 16}));
+  CHECK(run->last_prompts() == std::vector<std::int64_t>{0, 0, 0, 0, 1, 1, 1, 1});
+  CHECK(run->last_components().count("alignment") == 1);
+  CHECK(run->last_components().count("jpeg_compressibility") == 1);
+  bool changed = false;
+  const auto after = run->trainable();
+  for (std::size_t i = 0; i < after.size(); ++i) changed = changed || !torch::equal(after[i].second, initial[i]);
+  CHECK(changed);
+  CHECK(run->iteration() == 1);
+  const torch::Tensor samples = run->sample(std::vector<std::int64_t>{0, 5, 11}, 9);
+  CHECK(samples.sizes() == torch::IntArrayRef({3, 3, 16, 16}));
+  CHECK(torch::equal(samples, run->sample(std::vector<std::int64_t>{0, 5, 11}, 9)));  // keyed: deterministic
+}
+
+TEST_CASE("reward parameters are checked with one line naming them") {
+  const auto model = make_model_dir();
+  const auto with_reward = [&](const std::string& reward) {
+    const std::string toml = "[model]\ndir = \"" + model.string() + "\"\n" + reward;
+    const bg::run_config config = bg::parse_run_config(toml, "run.toml");
+    const bg::run_model m = bg::load_run_model(config);
+    try {
+      (void)bg::make_run_reward(config, m);
+    } catch (const bg::invalid_input& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  CHECK(with_reward("[[rewards]]\nname = \"jpeg_compressibility\"\nparams = { quality = 101 }\n") ==
+        "run.toml: rewards[0].params.quality = 101: must be an integer in [1, 100]");
+  CHECK(with_reward("[[rewards]]\nname = \"alignment\"\nparams = { colour_weight = 2 }\n") ==
+        "run.toml: rewards[0].params.colour_weight = 2: must be in [0, 1]");
+  CHECK(with_reward("[[rewards]]\nname = \"alignment\"\nparams = { colour = 1 }\n") ==
+        "run.toml: unknown key rewards[0].params.colour (alignment has: colour_weight, colour_width, fill_width)");
+  CHECK(with_reward("[[rewards]]\nname = \"jpeg_compressibility\"\nparams = { quality = \"high\" }\n") ==
+        "run.toml: rewards[0].params.quality = 'high': must be a number");
+  CHECK(with_reward("[[rewards]]\nname = \"torchscript\"\n") ==
+        "run.toml: rewards[0].params.file: the TorchScript reward needs a file");
+  CHECK(with_reward("[[rewards]]\nname = \"jpeg_incompressibility\"\n").empty());
+}
+
+TEST_CASE("resume continues to exactly the uninterrupted run's weights (CPU, bit-identical)") {
+  const auto model = make_model_dir();
+  const auto straight_dir = scratch("straight"), resumed_dir = scratch("resumed");
+
+  auto straight = make_run(config_for(model, straight_dir, 4));
+  while (!straight->done()) (void)straight->step();
+
+  {
+    auto first_half = make_run(config_for(model, resumed_dir, 4));
+    (void)first_half->step();
+    (void)first_half->step();
+    const auto dir = first_half->save_checkpoint();
+    CHECK(dir.filename() == "iter-000002");
+    const bg::checkpoint_contents saved = bg::read_checkpoint(dir);
+    CHECK(saved.iteration == 2);
+    CHECK(saved.seed == 5);
+    // AdamW: 2 iterations x 2 updates = step 4 for every factor; both moments saved; EMA and normalizer too.
+    const std::string some = first_half->trainable().back().first;
+    REQUIRE(saved.state.count("adamw.step." + some) == 1);
+    CHECK(saved.state.at("adamw.step." + some).item<std::int64_t>() == 4);
+    CHECK(saved.state.count("adamw.exp_avg." + some) == 1);
+    CHECK(saved.state.count("adamw.exp_avg_sq." + some) == 1);
+    CHECK(saved.state.count("ema." + some) == 1);
+    CHECK(saved.state.count("normalizer.prompt.0") == 1);       // prompts 0..3 seen in iterations 0 and 1
+    CHECK(saved.state.at("normalizer.prompt.3").numel() == 4);  // 4 leaves per tree
+    CHECK_FALSE(same_weights(*first_half, *straight));
+  }
+
+  auto resumed = make_run(config_for(model, resumed_dir, 4));
+  const auto from = resumed->resume();
+  REQUIRE(from.has_value());
+  CHECK(resumed->iteration() == 2);
+  while (!resumed->done()) (void)resumed->step();
+  CHECK(same_weights(*resumed, *straight));
+  // The EMA shadows agree too.
+  for (std::size_t i = 0; i < straight->policy().ema_parameters().size(); ++i)
+    CHECK(torch::equal(straight->policy().ema_parameters()[i], resumed->policy().ema_parameters()[i]));
+
+  SECTION("without the optimizer state the result differs: the AdamW moments are part of the state") {
+    auto forgetful = make_run(config_for(model, resumed_dir, 4));
+    bg::checkpoint_contents contents = bg::read_checkpoint(*from);
+    for (auto it = contents.state.begin(); it != contents.state.end();)
+      it = it->first.rfind("adamw.", 0) == 0 ? contents.state.erase(it) : std::next(it);
+    forgetful->restore(contents);
+    while (!forgetful->done()) (void)forgetful->step();
+    CHECK_FALSE(same_weights(*forgetful, *straight));
+  }
+}
+
+TEST_CASE("a crash between writing a checkpoint and renaming it leaves the previous one usable") {
+  const auto model = make_model_dir();
+  const auto out = scratch("atomic");
+  auto run = make_run(config_for(model, out, 3));
+  (void)run->step();
+  const auto first = run->save_checkpoint();
+  const bg::checkpoint_contents at_one = run->checkpoint();
+  (void)run->step();
+  // The crash: iteration 2's files are written into iter-000002.tmp, the rename never happens.
+  const auto staged = bg::stage_checkpoint(bg::checkpoint_path(run->checkpoint_root(), 2), run->checkpoint());
+  CHECK(staged.filename() == "iter-000002.tmp");
+  CHECK(std::filesystem::is_regular_file(staged / "weights.safetensors"));
+  // A torn directory from an even earlier crash, and one named like a checkpoint but incomplete.
+  std::filesystem::create_directories(run->checkpoint_root() / "iter-000009.tmp");
+  std::filesystem::create_directories(run->checkpoint_root() / "iter-000008");
+  REQUIRE(bg::latest_checkpoint(run->checkpoint_root()) == first);
+
+  auto resumed = make_run(config_for(model, out, 3));
+  REQUIRE(resumed->resume() == first);
+  CHECK(resumed->iteration() == 1);
+  const auto weights = resumed->trainable();
+  for (const auto& [name, tensor] : weights) CHECK(torch::equal(tensor, at_one.weights.at(name)));
+
+  // The next save of iteration 2 replaces the stale staging directory and commits.
+  (void)resumed->step();
+  const auto second = resumed->save_checkpoint();
+  CHECK(second.filename() == "iter-000002");
+  CHECK_FALSE(std::filesystem::exists(staged));
+  CHECK_FALSE(std::filesystem::exists(run->checkpoint_root() / "iter-000009.tmp"));
+  CHECK(bg::latest_checkpoint(run->checkpoint_root()) == second);
+  CHECK(std::filesystem::exists(first));  // keep_checkpoints = 2 keeps the previous one
+}
+
+TEST_CASE("adamw_state_tensors round-trips through load_adamw_state") {
+  torch::Tensor w = torch::tensor({1.0f, -2.0f}).requires_grad_(true);
+  auto optimizer = bg::make_adamw({w}, {.learning_rate = 0.1});
+  w.mutable_grad() = torch::tensor({0.5f, 0.25f});
+  optimizer->step();
+  const std::vector<std::pair<std::string, torch::Tensor>> named = {{"w", w}};
+  const auto saved = bg::adamw_state_tensors(*optimizer, named);
+  REQUIRE(saved.size() == 3);
+  CHECK(saved.at("adamw.step.w").item<std::int64_t>() == 1);
+  // exp_avg = (1 - 0.9) g, exp_avg_sq = (1 - 0.999) g^2 after one step.
+  CHECK(saved.at("adamw.exp_avg.w")[0].item<float>() == Approx(0.05).margin(1e-7));
+  CHECK(saved.at("adamw.exp_avg_sq.w")[1].item<float>() == Approx(0.001 * 0.0625).margin(1e-9));
+  auto fresh = bg::make_adamw({w}, {.learning_rate = 0.1});
+  bg::load_adamw_state(*fresh, named, saved);
+  const auto again = bg::adamw_state_tensors(*fresh, named);
+  for (const auto& [name, tensor] : saved) CHECK(torch::equal(tensor, again.at(name)));
+  CHECK_THROWS_WITH(bg::load_adamw_state(*fresh, {{"w", torch::zeros({3}).requires_grad_(true)}}, saved),
+                    Catch::Contains("optimizer state of 'w' has shape [2], the parameter [3]"));
+}

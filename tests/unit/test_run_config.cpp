@@ -1,0 +1,418 @@
+// The run configuration of `branchgrpo train` (adapters/torch/branchgrpo/torch/run_config.hpp, torch-free):
+// every documented key is parsed, unknown keys and bad values are rejected with one line naming them, and the
+// run-time recipe behaves like with_preset's.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "branchgrpo/torch/run_config.hpp"
+
+namespace bg = branchgrpo;
+
+namespace {
+
+// The message of the invalid_input thrown by parsing `text` ("" when it parses).
+std::string error_of(const std::string& text) {
+  try {
+    (void)bg::parse_run_config(text, "run.toml");
+  } catch (const bg::invalid_input& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Every key of docs/config.md, each set to a value other than its default.
+const char* const every_key = R"(
+[model]
+dir = ""
+config = "tiny"
+weights = "tiny.safetensors"
+decoder = "ae.safetensors"
+dtype = "bfloat16"
+device = "cuda:1"
+guidance = 4.0
+latent_height = 8
+latent_width = 6
+gradient_checkpointing = true
+
+[data]
+embeddings = "prompts.safetensors"
+prompts_per_iteration = 3
+
+[topology]
+kind = "split"
+split_steps = [0, 2, 4]
+branching = [3, 2, 2]
+
+[rollout]
+steps = 12
+shift = 2.0
+max_batch = 32
+stepper = "dance_sde"
+eta = 0.5
+
+[correlator]
+kind = "correlated"
+s = 2.0
+
+[fusion]
+kind = "path_softmax"
+beta = 0.5
+
+[advantage]
+kind = "depth_wise"
+scope = "per_batch"
+epsilon = 1e-6
+min_std = 1e-5
+
+[pruning]
+active_fraction = 0.5
+[[pruning.pruners]]
+kind = "parent_top_k"
+k = 2
+[[pruning.pruners]]
+kind = "depth_window"
+depths = [1, 2]
+width = 3
+start = 1
+every = 5
+direction = -1
+stop = 2
+keep_window = true
+
+[loss]
+clip_range = 0.01
+advantage_clip = 3.0
+kl_beta = 0.02
+
+[optimizer]
+lr = 3e-4
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-6
+weight_decay = 0.01
+max_grad_norm = 0.5
+ema_decay = 0.9
+updates_per_iteration = 2
+
+[lora]
+enabled = true
+rank = 4
+alpha = 8.0
+targets = ["attention", "modulation"]
+
+[[rewards]]
+name = "alignment"
+weight = 2.0
+params = { colour_weight = 0.5, mode = "strict", soft = true }
+[[rewards]]
+name = "jpeg_compressibility"
+weight = 0.25
+
+[run]
+iterations = 7
+seed = 42
+output_dir = "out/x"
+grid_every = 3
+checkpoint_every = 2
+keep_checkpoints = 3
+)";
+
+}  // namespace
+
+TEST_CASE("an empty config is the documented defaults: shapes-tiny, branch preset, LoRA 16") {
+  const bg::run_config c = bg::parse_run_config("", "run.toml");
+  CHECK(c.model == bg::model_section{});
+  CHECK(c.model.dir == "models/shapes-tiny");
+  CHECK(c.data.prompts_per_iteration == 2);
+  CHECK(c.rollout.steps == 20);
+  CHECK(c.rollout.shift == 3.0);
+  CHECK(c.rollout.max_batch == 64);
+  CHECK(bg::same_recipe(c.recipe, bg::preset_recipe("branch")));
+  CHECK(c.recipe.topology(20).evaluations() == 203);  // the dense tree
+  CHECK(c.loss == bg::ppo_options{});
+  CHECK(c.optimizer.lr == 1e-5);
+  CHECK(c.optimizer.updates_per_iteration == 1);
+  CHECK(c.lora.enabled);
+  CHECK(c.lora.rank == 16);
+  CHECK(c.lora.targets == std::vector<std::string>{"attention", "mlp"});
+  REQUIRE(c.rewards.size() == 1);
+  CHECK(c.rewards[0].name == "alignment");
+  CHECK(c.run.iterations == 100);
+  CHECK(c.run.output_dir == "out/train");
+  CHECK(c.run.checkpoint_every == 10);
+  CHECK(c.source == "run.toml");
+}
+
+TEST_CASE("every documented key is parsed") {
+  const bg::run_config c = bg::parse_run_config(every_key, "run.toml", "/cfg");
+  CHECK(c.model.dir.empty());
+  CHECK(c.model.config == "tiny");
+  CHECK(c.input_path(c.model.weights) == std::filesystem::path("/cfg/tiny.safetensors"));
+  CHECK(c.model.decoder == "ae.safetensors");
+  CHECK(c.model.dtype == "bfloat16");
+  CHECK(c.model.device == "cuda:1");
+  CHECK(c.model.guidance == 4.0);
+  CHECK(c.model.latent_height == 8);
+  CHECK(c.model.latent_width == 6);
+  CHECK(c.model.gradient_checkpointing);
+  CHECK(c.data.embeddings == "prompts.safetensors");
+  CHECK(c.data.prompts_per_iteration == 3);
+  CHECK(c.recipe.topology.policy ==
+        decltype(c.recipe.topology.policy){bg::split_schedule{.split_steps = {0, 2, 4}, .branching = {3, 2, 2}}});
+  CHECK(c.recipe.topology(12).leaves() == 12);  // 3 * 2 * 2
+  CHECK(c.rollout.steps == 12);
+  CHECK(c.rollout.shift == 2.0);
+  CHECK(c.rollout.max_batch == 32);
+  CHECK(std::get<bg::dance_sde>(c.recipe.stepper.policy).eta == 0.5);
+  CHECK(std::get<bg::correlated>(c.recipe.correlator.policy).s == 2.0);
+  CHECK(std::get<bg::path_softmax>(c.recipe.fusion.policy).beta == 0.5);
+  const auto& dw = std::get<bg::depth_wise>(c.recipe.normalizer.policy);
+  CHECK(dw.scope == bg::normalization_scope::per_batch);
+  CHECK(dw.epsilon == 1e-6);
+  CHECK(dw.min_std == 1e-5);
+  CHECK(c.recipe.pruner.active_fraction == 0.5);
+  REQUIRE(c.recipe.pruner.pruners.size() == 2);
+  CHECK(std::get<bg::parent_top_k>(c.recipe.pruner.pruners[0]).k == 2);
+  CHECK(std::get<bg::depth_window>(c.recipe.pruner.pruners[1]) ==
+        bg::depth_window{
+            .depths = {1, 2}, .width = 3, .start = 1, .every = 5, .direction = -1, .stop = 2, .keep_window = true});
+  CHECK(c.loss == bg::ppo_options{.clip_range = 0.01, .advantage_clip = 3.0, .kl_beta = 0.02});
+  CHECK(c.optimizer == bg::optimizer_section{.lr = 3e-4,
+                                             .beta1 = 0.8,
+                                             .beta2 = 0.99,
+                                             .eps = 1e-6,
+                                             .weight_decay = 0.01,
+                                             .max_grad_norm = 0.5,
+                                             .ema_decay = 0.9,
+                                             .updates_per_iteration = 2});
+  CHECK(c.lora == bg::lora_section{.enabled = true, .rank = 4, .alpha = 8.0, .targets = {"attention", "modulation"}});
+  REQUIRE(c.rewards.size() == 2);
+  CHECK(c.rewards[0].name == "alignment");
+  CHECK(c.rewards[0].weight == 2.0);
+  CHECK(std::get<double>(c.rewards[0].params.at("colour_weight")) == 0.5);
+  CHECK(std::get<std::string>(c.rewards[0].params.at("mode")) == "strict");
+  CHECK(std::get<bool>(c.rewards[0].params.at("soft")));
+  CHECK(c.rewards[1].name == "jpeg_compressibility");
+  CHECK(c.rewards[1].weight == 0.25);
+  CHECK(c.run == bg::run_section{.iterations = 7,
+                                 .seed = 42,
+                                 .output_dir = "out/x",
+                                 .grid_every = 3,
+                                 .checkpoint_every = 2,
+                                 .keep_checkpoints = 3});
+  CHECK(c.training().total_iterations == 7);
+  CHECK(c.training().seed == 42);
+  CHECK(c.training().updates_per_iteration == 2);
+}
+
+TEST_CASE("the other kinds of each family and their keys") {
+  const bg::run_config c = bg::parse_run_config(R"(
+[topology]
+kind = "sequential"
+group_size = 4
+shared_root = false
+[rollout]
+stepper = "flow_grpo_sde"
+noise_level = 0.5
+[correlator]
+kind = "scaled"
+scale = 3.0
+[fusion]
+kind = "split_softmax"
+alpha = 2.0
+[advantage]
+kind = "per_prompt_running"
+history = 8
+epsilon = 0.01
+global_std = true
+[[pruning.pruners]]
+kind = "sde_window"
+width = 2
+start = 1
+every = 3
+stride = 2
+train_splits = false
+[[pruning.pruners]]
+kind = "extreme"
+b = 2
+[[pruning.pruners]]
+kind = "keep_all"
+)",
+                                                "run.toml");
+  CHECK(c.recipe.topology(20).evaluations() == 80);  // 4 separate chains of 20 steps
+  CHECK(std::get<bg::flow_grpo_sde>(c.recipe.stepper.policy).noise_level == 0.5);
+  CHECK(std::get<bg::scaled>(c.recipe.correlator.policy).scale == 3.0);
+  CHECK(std::get<bg::split_softmax>(c.recipe.fusion.policy).alpha == 2.0);
+  const auto& running = std::get<bg::per_prompt_running>(c.recipe.normalizer.policy);
+  CHECK(running.history == 8);
+  CHECK(running.epsilon == 0.01);
+  CHECK(running.global_std);
+  REQUIRE(c.recipe.pruner.pruners.size() == 3);
+  CHECK(std::get<bg::sde_window>(c.recipe.pruner.pruners[0]) ==
+        bg::sde_window{.width = 2, .start = 1, .every = 3, .stride = 2, .train_splits = false});
+  CHECK(std::get<bg::extreme>(c.recipe.pruner.pruners[1]).b == 2);
+  CHECK(std::holds_alternative<bg::keep_all>(c.recipe.pruner.pruners[2]));
+
+  const bg::run_config fast = bg::parse_run_config(R"(
+[topology]
+kind = "flow_grpo_fast"
+group_size = 8
+split_step = 2
+sde_steps = 3
+[correlator]
+kind = "antithetic"
+[fusion]
+kind = "max_reward"
+[advantage]
+kind = "leaf_group"
+epsilon = 1e-3
+min_std = 1e-4
+)",
+                                                   "run.toml");
+  CHECK(std::get<bg::flow_grpo_fast>(fast.recipe.topology.policy) ==
+        bg::flow_grpo_fast{.group_size = 8, .split_step = 2, .sde_steps = 3});
+  CHECK(std::holds_alternative<bg::antithetic>(fast.recipe.correlator.policy));
+  CHECK(std::holds_alternative<bg::max_reward>(fast.recipe.fusion.policy));
+  CHECK(std::get<bg::leaf_group>(fast.recipe.normalizer.policy).min_std == 1e-4);
+  CHECK(bg::parse_run_config("[correlator]\nkind = \"independent\"\n", "r").recipe.correlator.policy.index() == 0);
+  CHECK(std::holds_alternative<bg::orthogonal>(
+      bg::parse_run_config("[correlator]\nkind = \"orthogonal\"\n", "r").recipe.correlator.policy));
+}
+
+TEST_CASE("unknown keys are rejected with one line naming them") {
+  CHECK(error_of("[rollout]\nstepz = 3\n") ==
+        "run.toml: unknown key rollout.stepz (rollout has: eta, max_batch, noise_level, shift, stepper, steps)");
+  CHECK(error_of("[rolout]\nsteps = 3\n").rfind("run.toml: unknown key rolout (sections: ", 0) == 0);
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"parent_top_k\"\nkk = 1\n")
+            .rfind("run.toml: unknown key pruning.pruners[0].kk (pruning.pruners[0] has: ", 0) == 0);
+  CHECK(
+      error_of("[[rewards]]\nname = \"alignment\"\nweigth = 1\n").rfind("run.toml: unknown key rewards[0].weigth", 0) ==
+      0);
+  // A key of another kind is named with the kind that does not use it.
+  CHECK(error_of("[correlator]\nkind = \"scaled\"\ns = 2\n") ==
+        "run.toml: correlator.s = 2: is not used by correlator.kind = \"scaled\"");
+  CHECK(error_of("[topology]\nkind = \"split\"\ngroup_size = 4\n") ==
+        "run.toml: topology.group_size = 4: is not used by topology.kind = \"split\"");
+  CHECK(error_of("[rollout]\nstepper = \"flow_grpo_sde\"\neta = 0.3\n") ==
+        "run.toml: rollout.eta = 0.3: is not used by rollout.stepper = \"flow_grpo_sde\"");
+}
+
+TEST_CASE("bad values are rejected with one line naming the key and the value") {
+  CHECK(error_of("[rollout]\nsteps = 0\n") == "run.toml: rollout.steps = 0: must be at least 1");
+  CHECK(error_of("[rollout]\nsteps = \"abc\"\n") == "run.toml: rollout.steps = 'abc': must be an integer");
+  CHECK(error_of("[rollout]\nshift = -1\n") == "run.toml: rollout.shift = -1: must be positive");
+  CHECK(error_of("[rollout]\nmax_batch = 0\n") == "run.toml: rollout.max_batch = 0: must be at least 1");
+  CHECK(error_of("[rollout]\nstepper = \"euler\"\n") ==
+        "run.toml: rollout.stepper = 'euler': must be dance_sde or flow_grpo_sde");
+  CHECK(error_of("[topology]\nkind = \"star\"\n") ==
+        "run.toml: topology.kind = 'star': must be split, sequential or flow_grpo_fast");
+  CHECK(error_of("[topology]\nsplit_steps = [0, 3, 25]\n") ==
+        "run.toml: topology.split_steps = [ 0, 3, 25 ]: split step 25 is not in [0, 20)");
+  CHECK_THAT(error_of("[topology]\nbranching = [0]\n"),
+             Catch::StartsWith("run.toml: topology.branching = [ 0 ]: ") && Catch::Contains("branching factor 0"));
+  CHECK(error_of("[correlator]\nkind = \"scaled\"\nscale = 0\n") == "run.toml: correlator.scale = 0: must be positive");
+  CHECK(error_of("[advantage]\nscope = \"global\"\n") ==
+        "run.toml: advantage.scope = 'global': must be per_tree or per_batch");
+  CHECK(error_of("[pruning]\nactive_fraction = 1.5\n") == "run.toml: pruning.active_fraction = 1.5: must be in [0, 1]");
+  CHECK(error_of("[[pruning.pruners]]\nk = 1\n") ==
+        "run.toml: pruning.pruners[0]: needs a kind (keep_all, parent_top_k, depth_window, sde_window or extreme)");
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"parent_top_k\"\nk = 0\n") ==
+        "run.toml: pruning.pruners[0].k = 0: must be at least 1");
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"sde_window\"\nwidth = 30\n") ==
+        "run.toml: pruning.pruners[0]: sde_window width 30 is not in [1, 20]");
+  CHECK(error_of("[loss]\nclip_range = 0\n") == "run.toml: loss.clip_range = 0: must be in (0, 1)");
+  CHECK(error_of("[loss]\nkl_beta = 0.1\n[lora]\nenabled = false\n") ==
+        "run.toml: loss.kl_beta = 0.1: needs lora.enabled = true (the frozen base without the adapters is the KL "
+        "reference)");
+  CHECK(error_of("[optimizer]\nlr = 0\n") == "run.toml: optimizer.lr = 0: must be positive");
+  CHECK(error_of("[optimizer]\nlr = -1e-3\n") == "run.toml: optimizer.lr = -0.001: must be positive");
+  CHECK(error_of("[rollout]\nsteps = 5\n") == "run.toml: topology (defaults): split step 6 is not in [0, 5)");
+  CHECK(error_of("[optimizer]\nlr = nan\n") == "run.toml: optimizer.lr = nan: must be positive");
+  CHECK(error_of("[optimizer]\nbeta2 = 1.0\n") == "run.toml: optimizer.beta2 = 1.0: must be in [0, 1)");
+  CHECK(error_of("[optimizer]\nupdates_per_iteration = 0\n") ==
+        "run.toml: optimizer.updates_per_iteration = 0: must be at least 1");
+  CHECK(error_of("[lora]\nrank = 0\n") == "run.toml: lora.rank = 0: must be at least 1");
+  CHECK(error_of("[lora]\ntargets = [\"qkv\"]\n") ==
+        "run.toml: lora.targets = [ 'qkv' ]: unknown target \"qkv\" (attention, mlp, modulation or embedding)");
+  CHECK(error_of("[lora]\nenabled = 1\n") == "run.toml: lora.enabled = 1: must be true or false");
+  CHECK(error_of("[[rewards]]\nname = \"hps\"\n") ==
+        "run.toml: rewards[0].name = 'hps': must be alignment, jpeg_compressibility, jpeg_incompressibility or "
+        "torchscript");
+  CHECK(error_of("[[rewards]]\nweight = 1\n").rfind("run.toml: rewards[0]: needs a name (alignment, ", 0) == 0);
+  CHECK(error_of("rewards = []\n") == "run.toml: rewards = []: needs at least one [[rewards]] entry");
+  CHECK(error_of("[run]\niterations = 0\n") == "run.toml: run.iterations = 0: must be at least 1");
+  CHECK(error_of("[run]\nseed = -1\n") == "run.toml: run.seed = -1: must be non-negative");
+  CHECK(error_of("[run]\ncheckpoint_every = -2\n") == "run.toml: run.checkpoint_every = -2: must be at least 0");
+  CHECK(error_of("[model]\ndtype = \"float64\"\n") ==
+        "run.toml: model.dtype = 'float64': must be float32, bfloat16 or float16");
+  CHECK(error_of("[model]\ndevice = \"tpu\"\n") == "run.toml: model.device = 'tpu': must be cpu, cuda or cuda:N");
+  CHECK(error_of("[model]\nconfig = \"tiny\"\n") ==
+        "run.toml: model.config = 'tiny': model.config is for weights without a model directory: set model.dir = "
+        "\"\" to use it");
+  CHECK(error_of("[model]\ndir = \"\"\nconfig = \"dev\"\n") ==
+        "run.toml: model.weights = \"\": model.config = \"dev\" needs its checkpoint");
+  CHECK(error_of("[data]\nprompts_per_iteration = 0\n") ==
+        "run.toml: data.prompts_per_iteration = 0: must be at least 1");
+  // Syntax errors name the line and column.
+  CHECK(error_of("[rollout\n").rfind("run.toml:1:", 0) == 0);
+  // Every message is one line.
+  CHECK(error_of("[lora]\ntargets = [\n\"qkv\",\n]\n").find('\n') == std::string::npos);
+}
+
+TEST_CASE("load_run_config names an unreadable file") {
+  CHECK_THROWS_WITH(bg::load_run_config("/nonexistent/run.toml"), "/nonexistent/run.toml: cannot read the config file");
+}
+
+TEST_CASE("preset_recipe mirrors with_preset") {
+  for (const std::string_view name : bg::preset_names)
+    bg::with_preset(name, [&](auto recipe) {
+      const bg::run_recipe r = bg::preset_recipe(name);
+      CHECK(r.topology(20) == recipe.topology(20));
+      CHECK(r.stepper(bg::shifted_linear_schedule(20), 3) == recipe.stepper(bg::shifted_linear_schedule(20), 3));
+      CHECK(r.pruner.shape(r.topology(20), 7) == bg::shape_plan(recipe.pruner, recipe.topology(20), 7));
+    });
+  CHECK(bg::preset_recipe("dance").topology(20).evaluations() == 305);
+  CHECK(bg::preset_recipe("branch-widpru").pruner.pruners.size() == 1);
+  CHECK(bg::preset_recipe("branch").pruner.pruners.empty());
+  CHECK_THROWS_WITH(bg::preset_recipe("grpo"), Catch::Contains("unknown method 'grpo'"));
+}
+
+TEST_CASE("any_pruner intersects its members and is active for a fraction of the run") {
+  // Tree {steps 4, splits {0, 2}, K 2}: nodes 0 | 1 2 | 3 4 | 5 6 7 8 | 9 10 11 12, leaf rewards
+  // {0.1, 0.5, 0.9, 0.3}: extreme{} keeps {0, 1,1, 1,1, 1,0,1,0, 1,0,1,0} (combinators.hpp's example).
+  const bg::rollout_tree tree(bg::split_schedule{.split_steps = {0, 2}, .branching = {2}}(4),
+                              {bg::tree_info{.key = 0, .prompt = 0}});
+  const std::vector<double> leaves = {0.1, 0.5, 0.9, 0.3};
+  const std::vector<double> fused = bg::uniform_mean{}(tree, leaves);
+  const bg::any_pruner both{.pruners = {bg::extreme{}, bg::depth_window{.depths = {0}}}, .active_fraction = 0.5};
+  const bg::prune_context early{.iteration = 0, .total_iterations = 4, .leaf_rewards = leaves, .fused = fused};
+  const bg::prune_context late{.iteration = 2, .total_iterations = 4, .leaf_rewards = leaves, .fused = fused};
+  CHECK(both(tree, early) == bg::edge_mask{0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0});
+  CHECK(both(tree, late) == bg::trainable_edges(tree));  // 2 >= 0.5 * 4: inactive
+  CHECK(bg::any_pruner{}(tree, early) == bg::trainable_edges(tree));
+  static_assert(bg::RolloutShaper<bg::any_pruner>);
+  static_assert(bg::Topology<bg::any_topology>);
+  static_assert(bg::Stepper<bg::any_stepper>);
+  static_assert(bg::NoiseCorrelator<bg::any_correlator>);
+  static_assert(bg::Fusion<bg::any_fusion>);
+  static_assert(bg::Normalizer<bg::any_normalizer>);
+}
+
+#ifdef BRANCHGRPO_EXAMPLES_DIR
+TEST_CASE("the example configs parse") {
+  const std::filesystem::path dir = BRANCHGRPO_EXAMPLES_DIR;
+  const bg::run_config shapes = bg::load_run_config(dir / "shapes_branch.toml");
+  CHECK(shapes.input_path(shapes.model.dir) == dir / "../models/shapes-tiny");
+  CHECK(shapes.recipe.topology(shapes.rollout.steps).evaluations() == 203);
+  CHECK(shapes.recipe.pruner.pruners.size() == 1);
+  CHECK(shapes.rewards.size() == 2);
+  const bg::run_config dev = bg::load_run_config(dir / "flux_dev_branch.toml");
+  CHECK(dev.model.config == "dev");
+  CHECK(dev.input_path(dev.model.decoder) == dir / "weights/ae.safetensors");
+  CHECK(dev.rewards.front().name == "torchscript");
+}
+#endif
