@@ -54,6 +54,12 @@ if(MODE STREQUAL "install")
     if(NOT run_output MATCHES "\"evaluations\":203[,}]")
       message(FATAL_ERROR "the installed branchgrpo tool printed:\n${run_output}")
     endif()
+    # `branchgrpo demo` run outside the source tree loads the installed copy of the shipped model.
+    foreach(file IN ITEMS model.safetensors prompts.safetensors)
+      if(NOT EXISTS ${prefix}/share/branchgrpo/models/shapes-tiny/${file})
+        message(FATAL_ERROR "the install lacks share/branchgrpo/models/shapes-tiny/${file}")
+      endif()
+    endforeach()
   endif()
 elseif(MODE STREQUAL "subdirectory")
   run(${CMAKE_COMMAND} -S ${package_dir}/subdirectory -B ${build} ${configure_args}

@@ -4,7 +4,6 @@
 // numbers match host_backend (the reference) up to the scalar type and summation order.
 // basic_eigen_backend<float> halves memory and bandwidth and reproduces the reference to about 1e-5 relative.
 #include <Eigen/Core>
-
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -79,8 +78,8 @@ struct basic_eigen_backend {
   [[nodiscard]] tensor gather_rows(const tensor& x, std::span<const std::int64_t> index) const {
     check(x, "gather_rows");
     for (std::size_t i = 0; i < index.size(); ++i)
-      require(index[i] >= 0 && index[i] < x.rows(), "gather_rows index[", i, "] = ", index[i],
-              " is outside [0, ", x.rows(), ")");
+      require(index[i] >= 0 && index[i] < x.rows(), "gather_rows index[", i, "] = ", index[i], " is outside [0, ",
+              x.rows(), ")");
     return {.values = x.values(index, Eigen::all), .shape = x.shape};
   }
 

@@ -36,14 +36,14 @@ namespace branchgrpo {
 /// Example: flux_autoencoder_config::dev().upscale() == 8; tiny().upscale() == 2.
 /// @pre validate(config) passes before a model is built from it.
 struct flux_autoencoder_config {
-  std::int64_t z_channels = 16;                     ///< latent channels
-  std::int64_t ch = 128;                            ///< base width; level i is ch * ch_mult[i] wide
+  std::int64_t z_channels = 16;                      ///< latent channels
+  std::int64_t ch = 128;                             ///< base width; level i is ch * ch_mult[i] wide
   std::vector<std::int64_t> ch_mult = {1, 2, 4, 4};  ///< per resolution level, highest resolution first
-  std::int64_t num_res_blocks = 2;                  ///< the decoder has num_res_blocks + 1 per level
+  std::int64_t num_res_blocks = 2;                   ///< the decoder has num_res_blocks + 1 per level
   std::int64_t out_ch = 3;
-  std::int64_t groups = 32;                         ///< GroupNorm groups; must divide every level's width
-  double eps = 1e-6;                                ///< GroupNorm epsilon
-  double scale_factor = 0.3611;                     ///< latents = scale_factor * (z - shift_factor)
+  std::int64_t groups = 32;      ///< GroupNorm groups; must divide every level's width
+  double eps = 1e-6;             ///< GroupNorm epsilon
+  double scale_factor = 0.3611;  ///< latents = scale_factor * (z - shift_factor)
   double shift_factor = 0.1159;
 
   /// FLUX.1-dev / schnell's ae.safetensors.
@@ -54,9 +54,7 @@ struct flux_autoencoder_config {
   }
 
   /// Output pixels per latent cell along each axis: 2^(levels - 1).
-  [[nodiscard]] std::int64_t upscale() const {
-    return std::int64_t{1} << (ch_mult.empty() ? 0 : ch_mult.size() - 1);
-  }
+  [[nodiscard]] std::int64_t upscale() const { return std::int64_t{1} << (ch_mult.empty() ? 0 : ch_mult.size() - 1); }
 
   friend bool operator==(const flux_autoencoder_config&, const flux_autoencoder_config&) = default;
 };
@@ -69,8 +67,7 @@ inline void validate(const flux_autoencoder_config& c) {
           ", ch ", c.ch, " and out_ch ", c.out_ch, " must be positive");
   require(!c.ch_mult.empty() && c.ch_mult.size() <= 8, "flux_autoencoder_config: ch_mult needs 1 to 8 levels, got ",
           c.ch_mult.size());
-  require(c.num_res_blocks >= 0, "flux_autoencoder_config: num_res_blocks ", c.num_res_blocks,
-          " must be non-negative");
+  require(c.num_res_blocks >= 0, "flux_autoencoder_config: num_res_blocks ", c.num_res_blocks, " must be non-negative");
   require(c.groups >= 1, "flux_autoencoder_config: groups ", c.groups, " must be positive");
   for (std::size_t i = 0; i < c.ch_mult.size(); ++i) {
     require(c.ch_mult[i] >= 1, "flux_autoencoder_config: ch_mult[", i, "] ", c.ch_mult[i], " must be positive");
@@ -80,8 +77,7 @@ inline void validate(const flux_autoencoder_config& c) {
   require(std::isfinite(c.eps) && c.eps > 0, "flux_autoencoder_config: eps ", c.eps, " must be finite and positive");
   require(std::isfinite(c.scale_factor) && c.scale_factor != 0, "flux_autoencoder_config: scale_factor ",
           c.scale_factor, " must be finite and non-zero");
-  require(std::isfinite(c.shift_factor), "flux_autoencoder_config: shift_factor ", c.shift_factor,
-          " must be finite");
+  require(std::isfinite(c.shift_factor), "flux_autoencoder_config: shift_factor ", c.shift_factor, " must be finite");
 }
 
 namespace detail {

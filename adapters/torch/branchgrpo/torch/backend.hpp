@@ -59,8 +59,8 @@ struct torch_backend {
     validate(shape);
     require(rows >= 0, "from_host row count must be non-negative, got ", rows);
     const std::int64_t expected = rows * shape.elements();
-    require(static_cast<std::int64_t>(values.size()) == expected, "from_host got ", values.size(), " values for ",
-            rows, " rows of ", shape.elements(), " elements");
+    require(static_cast<std::int64_t>(values.size()) == expected, "from_host got ", values.size(), " values for ", rows,
+            " rows of ", shape.elements(), " elements");
     std::vector<std::int64_t> sizes{rows};
     sizes.insert(sizes.end(), shape.dims.begin(), shape.dims.end());
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
@@ -90,10 +90,9 @@ struct torch_backend {
       require(index[i] >= 0 && index[i] < rows, "gather_rows index[", i, "] = ", index[i], " is outside [0, ", rows,
               ")");
     const auto sizes = std::vector<std::int64_t>{static_cast<std::int64_t>(index.size())};
-    const torch::Tensor positions =
-        index.empty() ? torch::empty(sizes, torch::TensorOptions().dtype(torch::kInt64))
-                      : torch::from_blob(const_cast<std::int64_t*>(index.data()), sizes,
-                                         torch::TensorOptions().dtype(torch::kInt64));
+    const torch::Tensor positions = index.empty() ? torch::empty(sizes, torch::TensorOptions().dtype(torch::kInt64))
+                                                  : torch::from_blob(const_cast<std::int64_t*>(index.data()), sizes,
+                                                                     torch::TensorOptions().dtype(torch::kInt64));
     return x.index_select(0, positions.to(x.device(), torch::kInt64, false, /*copy=*/true)).to(dtype);
   }
 
@@ -144,8 +143,8 @@ struct torch_backend {
   [[nodiscard]] tensor row_log_prob_tensor(const tensor& next, const tensor& mean, std::span<const double> std) const {
     check_pair(next, mean, "row_log_prob");
     const std::int64_t rows = next.size(0);
-    require(static_cast<std::int64_t>(std.size()) == rows, "row_log_prob got ", std.size(),
-            " standard deviations for ", rows, " rows");
+    require(static_cast<std::int64_t>(std.size()) == rows, "row_log_prob got ", std.size(), " standard deviations for ",
+            rows, " rows");
     for (std::size_t r = 0; r < std.size(); ++r)
       require(std::isfinite(std[r]) && std[r] > 0.0, "row_log_prob std[", r, "] = ", std[r],
               " must be positive and finite");

@@ -56,8 +56,9 @@ inline torch::Tensor unpack_latents(const torch::Tensor& tokens, std::int64_t he
   const std::int64_t b = tokens.size(0), n = tokens.size(1), f = tokens.size(2);
   require(n == (height / 2) * (width / 2) && f % 4 == 0, "unpack_latents: ", n, " tokens of ", f,
           " features do not make a ", height, " x ", width, " latent");
-  return tokens.reshape({b, height / 2, width / 2, f / 4, 2, 2}).permute({0, 3, 1, 4, 2, 5}).reshape(
-      {b, f / 4, height, width});
+  return tokens.reshape({b, height / 2, width / 2, f / 4, 2, 2})
+      .permute({0, 3, 1, 4, 2, 5})
+      .reshape({b, f / 4, height, width});
 }
 
 /// Position ids of the packed image tokens, row-major: token i * cols + j has (0, i, j). Shape [rows*cols, 3].
@@ -89,10 +90,10 @@ inline rope_table flux_rope(const torch::Tensor& ids, const std::array<std::int6
   for (std::int64_t a = 0; a < 3; ++a) {
     const auto d = axes[static_cast<std::size_t>(a)];
     const torch::Tensor exponent = torch::arange(0, d, 2, torch::kFloat64) / static_cast<double>(d);
-    const torch::Tensor omega = torch::pow(theta, -exponent);                     // [d/2]
-    angles.push_back(pos.select(2, a).unsqueeze(-1) * omega);                     // [B, L, d/2]
+    const torch::Tensor omega = torch::pow(theta, -exponent);  // [d/2]
+    angles.push_back(pos.select(2, a).unsqueeze(-1) * omega);  // [B, L, d/2]
   }
-  const torch::Tensor angle = torch::cat(angles, -1).unsqueeze(1);                // [B, 1, L, D/2]
+  const torch::Tensor angle = torch::cat(angles, -1).unsqueeze(1);  // [B, 1, L, D/2]
   return {torch::cos(angle).to(dtype), torch::sin(angle).to(dtype)};
 }
 
@@ -126,8 +127,7 @@ std::shared_ptr<M> flux_child(torch::nn::Module& parent, const std::string& name
   return parent.register_module(name, std::move(module));
 }
 
-inline std::shared_ptr<lora_linear> make_linear(std::int64_t in, std::int64_t out, linear_role role,
-                                                bool bias = true) {
+inline std::shared_ptr<lora_linear> make_linear(std::int64_t in, std::int64_t out, linear_role role, bool bias = true) {
   return std::make_shared<lora_linear>(in, out, bias, role);
 }
 
@@ -164,8 +164,7 @@ class flux_mlp_embedder : public torch::nn::Module {
 class flux_modulation : public torch::nn::Module {
  public:
   flux_modulation(std::int64_t hidden, std::int64_t count)
-      : lin(flux_child(*this, "lin", make_linear(hidden, count * hidden, linear_role::modulation))),
-        count_(count) {}
+      : lin(flux_child(*this, "lin", make_linear(hidden, count * hidden, linear_role::modulation))), count_(count) {}
   std::vector<torch::Tensor> forward(const torch::Tensor& vec) {
     return lin->forward(torch::silu(vec)).unsqueeze(1).chunk(count_, -1);
   }
@@ -193,9 +192,7 @@ class flux_mlp : public torch::nn::Module {
   flux_mlp(std::int64_t hidden, std::int64_t mlp_hidden)
       : fc1(flux_child(*this, "0", make_linear(hidden, mlp_hidden, linear_role::mlp))),
         fc2(flux_child(*this, "2", make_linear(mlp_hidden, hidden, linear_role::mlp))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc2->forward(torch::gelu(fc1->forward(x), "tanh"));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::gelu(fc1->forward(x), "tanh")); }
   std::shared_ptr<lora_linear> fc1, fc2;
 };
 
@@ -225,10 +222,12 @@ class flux_double_block : public torch::nn::Module {
  public:
   explicit flux_double_block(const flux_config& c)
       : img_mod(flux_child(*this, "img_mod", std::make_shared<flux_modulation>(c.hidden, 6))),
-        img_attn(flux_child(*this, "img_attn", std::make_shared<flux_self_attention>(c.hidden, c.head_dim(), c.qkv_bias))),
+        img_attn(
+            flux_child(*this, "img_attn", std::make_shared<flux_self_attention>(c.hidden, c.head_dim(), c.qkv_bias))),
         img_mlp(flux_child(*this, "img_mlp", std::make_shared<flux_mlp>(c.hidden, c.mlp_hidden()))),
         txt_mod(flux_child(*this, "txt_mod", std::make_shared<flux_modulation>(c.hidden, 6))),
-        txt_attn(flux_child(*this, "txt_attn", std::make_shared<flux_self_attention>(c.hidden, c.head_dim(), c.qkv_bias))),
+        txt_attn(
+            flux_child(*this, "txt_attn", std::make_shared<flux_self_attention>(c.hidden, c.head_dim(), c.qkv_bias))),
         txt_mlp(flux_child(*this, "txt_mlp", std::make_shared<flux_mlp>(c.hidden, c.mlp_hidden()))),
         heads_(c.heads) {}
 
@@ -237,8 +236,7 @@ class flux_double_block : public torch::nn::Module {
     const torch::Tensor &img = in[0], &txt = in[1], &vec = in[2];
     const rope_table rope{in[3], in[4]};
     const auto im = img_mod->forward(vec), tm = txt_mod->forward(vec);  // shift, scale, gate x 2
-    const auto prepare = [&](const torch::Tensor& x, const std::vector<torch::Tensor>& mod,
-                             flux_self_attention& attn) {
+    const auto prepare = [&](const torch::Tensor& x, const std::vector<torch::Tensor>& mod, flux_self_attention& attn) {
       const torch::Tensor modulated = (1 + mod[1]) * detail::flux_layer_norm(x) + mod[0];
       auto qkv = detail::split_heads(attn.qkv->forward(modulated), heads_);
       qkv[0] = attn.norm->query_norm->forward(qkv[0]).to(qkv[2].scalar_type());
@@ -272,10 +270,10 @@ class flux_double_block : public torch::nn::Module {
 class flux_single_block : public torch::nn::Module {
  public:
   explicit flux_single_block(const flux_config& c)
-      : linear1(flux_child(*this, "linear1", make_linear(c.hidden, 3 * c.hidden + c.mlp_hidden(),
-                                                          linear_role::attention_mlp))),
-        linear2(flux_child(*this, "linear2", make_linear(c.hidden + c.mlp_hidden(), c.hidden,
-                                                          linear_role::attention_mlp))),
+      : linear1(flux_child(*this, "linear1",
+                           make_linear(c.hidden, 3 * c.hidden + c.mlp_hidden(), linear_role::attention_mlp))),
+        linear2(
+            flux_child(*this, "linear2", make_linear(c.hidden + c.mlp_hidden(), c.hidden, linear_role::attention_mlp))),
         norm(flux_child(*this, "norm", std::make_shared<flux_qk_norm>(c.head_dim()))),
         modulation(flux_child(*this, "modulation", std::make_shared<flux_modulation>(c.hidden, 3))),
         hidden_(c.hidden),
@@ -333,7 +331,8 @@ namespace detail {
 template <class Block>
 struct flux_checkpoint : torch::autograd::Function<flux_checkpoint<Block>> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, Block* block,
-                                                at::TensorList inputs, at::TensorList /*parameters: inputs only for autograd*/) {
+                                                at::TensorList inputs,
+                                                at::TensorList /*parameters: inputs only for autograd*/) {
     ctx->saved_data["block"] = reinterpret_cast<std::int64_t>(block);
     ctx->saved_data["inputs"] = static_cast<std::int64_t>(inputs.size());
     ctx->save_for_backward(inputs.vec());
@@ -425,15 +424,15 @@ class flux_transformer : public torch::nn::Module {
 
   /// Token-level forward -> [B, N, in_channels] (the velocity of the packed tokens).
   torch::Tensor forward(const flux_inputs& in) {
-    require(in.img.dim() == 3 && in.img.size(2) == config_.in_channels, "flux img must be [B, N, ",
-            config_.in_channels, "], got ", in.img.sizes());
-    require(in.txt.dim() == 3 && in.txt.size(2) == config_.context_in, "flux txt must be [B, L, ",
-            config_.context_in, "], got ", in.txt.sizes());
+    require(in.img.dim() == 3 && in.img.size(2) == config_.in_channels, "flux img must be [B, N, ", config_.in_channels,
+            "], got ", in.img.sizes());
+    require(in.txt.dim() == 3 && in.txt.size(2) == config_.context_in, "flux txt must be [B, L, ", config_.context_in,
+            "], got ", in.txt.sizes());
     const std::int64_t b = in.img.size(0);
-    require(in.txt.size(0) == b && in.pooled.dim() == 2 && in.pooled.size(0) == b &&
-                in.pooled.size(1) == config_.vec_in,
-            "flux txt / pooled batch or width mismatch: img ", in.img.sizes(), ", txt ", in.txt.sizes(), ", pooled ",
-            in.pooled.sizes());
+    require(
+        in.txt.size(0) == b && in.pooled.dim() == 2 && in.pooled.size(0) == b && in.pooled.size(1) == config_.vec_in,
+        "flux txt / pooled batch or width mismatch: img ", in.img.sizes(), ", txt ", in.txt.sizes(), ", pooled ",
+        in.pooled.sizes());
     require(in.timesteps.numel() == b, "flux needs one timestep per row: ", in.timesteps.numel(), " for ", b);
     const torch::Tensor& w = img_in->weight;
     const auto dtype = w.scalar_type();
@@ -441,7 +440,8 @@ class flux_transformer : public torch::nn::Module {
 
     torch::Tensor vec = time_in->forward(flux_timestep_embedding(in.timesteps.reshape({b})).to(like));
     if (config_.guidance_embed) {
-      require(in.guidance.defined() && in.guidance.numel() == b, "this FLUX config embeds guidance: pass one "
+      require(in.guidance.defined() && in.guidance.numel() == b,
+              "this FLUX config embeds guidance: pass one "
               "guidance value per row");
       vec = vec + guidance_in->forward(flux_timestep_embedding(in.guidance.reshape({b})).to(like));
     }
@@ -463,8 +463,7 @@ class flux_transformer : public torch::nn::Module {
       txt = out[1];
     }
     torch::Tensor x = torch::cat({txt, img}, 1);
-    for (auto& block : single_blocks)
-      x = detail::run_block(*block, {x, vec, rope.cos, rope.sin}, checkpointing_)[0];
+    for (auto& block : single_blocks) x = detail::run_block(*block, {x, vec, rope.cos, rope.sin}, checkpointing_)[0];
     x = x.narrow(1, txt.size(1), img.size(1));
     return final_layer->forward(x, vec);
   }
@@ -521,8 +520,8 @@ inline std::map<std::string, torch::Tensor> convert_flux_weights(const std::map<
                                                                  const flux_config& config, flux_layout from,
                                                                  flux_layout to) {
   const flux_key_report report = check_flux_tensors(config, from, detail::tensor_shapes(tensors));
-  require(report.ok(), "FLUX checkpoint (", layout_name(from), " layout) does not match the config: ",
-          report.message());
+  require(report.ok(), "FLUX checkpoint (", layout_name(from),
+          " layout) does not match the config: ", report.message());
   if (from == to) return tensors;
   const auto swap = [](const torch::Tensor& t) {
     const auto halves = t.chunk(2, 0);

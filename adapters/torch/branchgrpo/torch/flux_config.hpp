@@ -27,17 +27,23 @@ struct flux_config {
   std::int64_t depth_single = 38;
   std::array<std::int64_t, 3> rope_axes = {16, 56, 56};  ///< per position axis (index, row, column)
   double rope_theta = 10000;
-  std::int64_t vec_in = 768;        ///< pooled text vector (CLIP-L)
-  std::int64_t context_in = 4096;   ///< text token features (T5-XXL)
+  std::int64_t vec_in = 768;       ///< pooled text vector (CLIP-L)
+  std::int64_t context_in = 4096;  ///< text token features (T5-XXL)
   double mlp_ratio = 4.0;
-  bool qkv_bias = true;             ///< bias of the double blocks' fused qkv projections
-  bool guidance_embed = true;       ///< distilled guidance embedding (dev yes, schnell no)
+  bool qkv_bias = true;        ///< bias of the double blocks' fused qkv projections
+  bool guidance_embed = true;  ///< distilled guidance embedding (dev yes, schnell no)
 
   static flux_config dev() { return {}; }
   static flux_config schnell() { return {.guidance_embed = false}; }
   static flux_config tiny() {
-    return {.in_channels = 16, .hidden = 64, .heads = 2, .depth_double = 2, .depth_single = 2,
-            .rope_axes = {8, 12, 12}, .vec_in = 16, .context_in = 32};
+    return {.in_channels = 16,
+            .hidden = 64,
+            .heads = 2,
+            .depth_double = 2,
+            .depth_single = 2,
+            .rope_axes = {8, 12, 12},
+            .vec_in = 16,
+            .context_in = 32};
   }
 
   [[nodiscard]] std::int64_t head_dim() const { return hidden / heads; }
@@ -71,8 +77,8 @@ inline void validate(const flux_config& c) {
           " must be finite and above 1");
   require(c.vec_in >= 1 && c.context_in >= 1, "flux_config: vec_in ", c.vec_in, " and context_in ", c.context_in,
           " must be positive");
-  require(std::isfinite(c.mlp_ratio) && c.mlp_ratio > 0 && c.mlp_hidden() >= 1, "flux_config: mlp_ratio ",
-          c.mlp_ratio, " must give a positive MLP width");
+  require(std::isfinite(c.mlp_ratio) && c.mlp_ratio > 0 && c.mlp_hidden() >= 1, "flux_config: mlp_ratio ", c.mlp_ratio,
+          " must give a positive MLP width");
 }
 
 }  // namespace branchgrpo

@@ -38,8 +38,7 @@ struct flux_denoiser_options {
 ///   batch.prompts.size() == rows; guidance finite.
 class flux_denoiser {
  public:
-  flux_denoiser(std::shared_ptr<flux_transformer> model, prompt_embeddings prompts,
-                flux_denoiser_options options = {})
+  flux_denoiser(std::shared_ptr<flux_transformer> model, prompt_embeddings prompts, flux_denoiser_options options = {})
       : model_(std::move(model)), prompts_(std::move(prompts)), options_(options) {
     require(model_ != nullptr, "flux_denoiser needs a model");
     const flux_config& c = model_->config();

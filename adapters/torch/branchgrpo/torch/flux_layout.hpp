@@ -26,9 +26,7 @@ namespace branchgrpo {
 enum class flux_layout { bfl, diffusers };
 
 /// "bfl" or "diffusers".
-inline std::string_view layout_name(flux_layout layout) {
-  return layout == flux_layout::bfl ? "bfl" : "diffusers";
-}
+inline std::string_view layout_name(flux_layout layout) { return layout == flux_layout::bfl ? "bfl" : "diffusers"; }
 
 /// Example: parse_flux_layout("diffusers") == flux_layout::diffusers; "sd3" -> invalid_input naming it.
 inline flux_layout parse_flux_layout(std::string_view name) {
@@ -128,8 +126,8 @@ inline std::vector<flux_tensor_spec> flux_expected_tensors(const flux_config& co
     const std::string p = detail::indexed("transformer_blocks", i);
     add_linear(out, p + "norm1.linear", h, 6 * h);
     add_linear(out, p + "norm1_context.linear", h, 6 * h);
-    for (const char* name : {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",
-                             "attn.add_v_proj"})
+    for (const char* name :
+         {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"})
       add_linear(out, p + name, h, h, config.qkv_bias);
     for (const char* name : {"attn.norm_q", "attn.norm_k", "attn.norm_added_q", "attn.norm_added_k"})
       out.push_back({p + name + ".weight", {d}});
@@ -161,13 +159,16 @@ inline std::vector<flux_tensor_spec> flux_expected_tensors(const flux_config& co
 /// Example: {"img_in.weight", "double_blocks.0.img_mod.lin.weight"} -> bfl; {"x_embedder.bias"} -> diffusers;
 ///   {"encoder.conv_in.weight"} -> nullopt.
 template <std::ranges::input_range Names>
-  requires std::convertible_to<std::ranges::range_reference_t<Names>, std::string_view>
-std::optional<flux_layout> detect_flux_layout(const Names& names) {
-  constexpr std::string_view bfl_roots[] = {"double_blocks.", "single_blocks.", "img_in.",    "txt_in.",
+requires std::convertible_to<std::ranges::range_reference_t<Names>, std::string_view> std::optional<flux_layout>
+detect_flux_layout(const Names& names) {
+  constexpr std::string_view bfl_roots[] = {"double_blocks.", "single_blocks.", "img_in.",      "txt_in.",
                                             "time_in.",       "vector_in.",     "guidance_in.", "final_layer."};
-  constexpr std::string_view diffusers_roots[] = {"transformer_blocks.", "single_transformer_blocks.",
-                                                  "x_embedder.",         "context_embedder.",
-                                                  "time_text_embed.",    "norm_out.",
+  constexpr std::string_view diffusers_roots[] = {"transformer_blocks.",
+                                                  "single_transformer_blocks.",
+                                                  "x_embedder.",
+                                                  "context_embedder.",
+                                                  "time_text_embed.",
+                                                  "norm_out.",
                                                   "proj_out."};
   std::int64_t bfl = 0, diffusers = 0;
   for (const auto& entry : names) {
@@ -301,7 +302,8 @@ inline std::vector<flux_key_mapping> flux_diffusers_to_bfl(const flux_config& co
   }
   linear("final_layer.linear", "proj_out");
   for (const char* suffix : {".weight", ".bias"})
-    out.push_back({std::string("final_layer.adaLN_modulation.1") + suffix, {std::string("norm_out.linear") + suffix},
+    out.push_back({std::string("final_layer.adaLN_modulation.1") + suffix,
+                   {std::string("norm_out.linear") + suffix},
                    flux_merge::swap_halves});
   return out;
 }

@@ -48,11 +48,16 @@ struct lora_options {
 
   [[nodiscard]] bool targets(linear_role role) const {
     switch (role) {
-      case linear_role::attention: return attention;
-      case linear_role::mlp: return mlp;
-      case linear_role::attention_mlp: return attention || mlp;
-      case linear_role::modulation: return modulation;
-      case linear_role::embedding: return embedding;
+      case linear_role::attention:
+        return attention;
+      case linear_role::mlp:
+        return mlp;
+      case linear_role::attention_mlp:
+        return attention || mlp;
+      case linear_role::modulation:
+        return modulation;
+      case linear_role::embedding:
+        return embedding;
     }
     return false;
   }
@@ -159,8 +164,8 @@ inline std::int64_t add_lora(torch::nn::Module& module, const lora_options& opti
     }
     ++index;
   }
-  require(adapted > 0, "lora_options target no linear layer of this model (attention ", options.attention,
-          ", mlp ", options.mlp, ", modulation ", options.modulation, ", embedding ", options.embedding, ")");
+  require(adapted > 0, "lora_options target no linear layer of this model (attention ", options.attention, ", mlp ",
+          options.mlp, ", modulation ", options.modulation, ", embedding ", options.embedding, ")");
   return adapted;
 }
 

@@ -32,8 +32,8 @@ inline void validate(const adamw_options& options) {
   require(options.beta1 >= 0 && options.beta1 < 1, "AdamW beta1 must be in [0, 1), got ", options.beta1);
   require(options.beta2 >= 0 && options.beta2 < 1, "AdamW beta2 must be in [0, 1), got ", options.beta2);
   require(std::isfinite(options.eps) && options.eps > 0, "AdamW eps must be positive, got ", options.eps);
-  require(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
-          "weight decay must be non-negative, got ", options.weight_decay);
+  require(std::isfinite(options.weight_decay) && options.weight_decay >= 0, "weight decay must be non-negative, got ",
+          options.weight_decay);
 }
 
 /// An AdamW optimizer over `parameters`.

@@ -54,7 +54,9 @@ concept TorchVelocityModel = requires(M& m, const torch::Tensor& x, const denois
 
 /// A model whose adapters can be switched off, giving the frozen base (the KL reference).
 template <class M>
-concept AdapterSwitch = requires(M& m, bool enabled) { m.set_adapters_enabled(enabled); };
+concept AdapterSwitch = requires(M& m, bool enabled) {
+  m.set_adapters_enabled(enabled);
+};
 
 /// The autograd policy's hyperparameters. Defaults: AdamW lr 1e-5, weight decay 1e-4 (DanceGRPO's FLUX
 /// recipe), gradient-norm clip 1.0, no KL (BranchGRPO has none; Flow-GRPO uses 0.01 - 0.04), no EMA.
@@ -70,10 +72,10 @@ struct autograd_policy_options {
 
 /// What one apply_update did.
 struct policy_update_report {
-  std::int64_t rows = 0;    ///< edges accumulated since the previous update (0: no step was taken)
-  double grad_norm = 0;     ///< global gradient norm before clipping (PPO + KL)
-  double kl = 0;            ///< mean KL_r over those rows (0 when kl_beta == 0)
-  int steps = 0;            ///< optimizer steps taken so far
+  std::int64_t rows = 0;  ///< edges accumulated since the previous update (0: no step was taken)
+  double grad_norm = 0;   ///< global gradient norm before clipping (PPO + KL)
+  double kl = 0;          ///< mean KL_r over those rows (0 when kl_beta == 0)
+  int steps = 0;          ///< optimizer steps taken so far
 };
 
 /// A TorchVelocityModel as Policy<torch_backend> (and Denoiser<torch_backend>).
@@ -127,8 +129,7 @@ class autograd_policy {
             " children, ", edges.std.size(), " stds, ", edges.trees.size(), " trees, ", edges.prompts.size(),
             " prompts");
     if (rows == 0) return {};
-    const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees,
-                              .prompts = edges.prompts};
+    const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
     torch::Tensor mean, log_probs;
     {
       const autocast_guard autocast(options_.bf16_autocast, backend_.device);
@@ -196,11 +197,11 @@ class autograd_policy {
   double kl_divergence(const edge_batch<torch::Tensor>& edges) {
     if constexpr (AdapterSwitch<Model>) {
       torch::NoGradGuard no_grad;
-      const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees,
-                                .prompts = edges.prompts};
+      const denoise_batch batch{
+          .step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
       const autocast_guard autocast(options_.bf16_autocast, backend_.device);
-      const torch::Tensor mean = backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff,
-                                                 model_->velocity(edges.x, batch));
+      const torch::Tensor mean =
+          backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, model_->velocity(edges.x, batch));
       const torch::Tensor kl = kl_rows(edges, batch, mean);
       return kl.mean().item<double>();
     } else {
@@ -225,14 +226,13 @@ class autograd_policy {
 
  private:
   // Per row: mean over elements of (mean - mean_ref)^2 / (2 std_r^2), mean_ref from the frozen base.
-  torch::Tensor kl_rows(const edge_batch<torch::Tensor>& edges, const denoise_batch& batch,
-                        const torch::Tensor& mean) {
+  torch::Tensor kl_rows(const edge_batch<torch::Tensor>& edges, const denoise_batch& batch, const torch::Tensor& mean) {
     torch::Tensor reference;
     {
       torch::NoGradGuard no_grad;
       adapters_off off(*model_);
-      reference = backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff,
-                                  model_->velocity(edges.x, batch));
+      reference =
+          backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, model_->velocity(edges.x, batch));
     }
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(mean.device());
     const torch::Tensor std = torch::tensor(edges.std, torch::TensorOptions().dtype(torch::kFloat64)).to(f64);

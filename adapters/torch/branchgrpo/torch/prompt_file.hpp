@@ -28,7 +28,7 @@ namespace branchgrpo {
 
 /// The contents of a prompt-embeddings file.
 struct prompt_file {
-  prompt_embeddings embeddings;     ///< float32, CPU
+  prompt_embeddings embeddings;      ///< float32, CPU
   std::vector<std::string> prompts;  ///< prompts[n] is row n
 };
 

@@ -46,12 +46,11 @@ namespace detail {
 // [rows, 3, H, W] float32 CPU contiguous copy of the leaves, after checking their shape and the prompt count.
 inline torch::Tensor reward_images(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
                                    const char* reward) {
-  require(leaves.defined() && leaves.dim() == 4 && leaves.size(1) == 3, reward,
-          " expects images [rows, 3, H, W], got ", leaves.defined() ? leaves.sizes() : c10::IntArrayRef{});
-  require(leaves.size(2) >= 1 && leaves.size(3) >= 1, reward, ": empty image ", leaves.size(2), " x ",
-          leaves.size(3));
-  require(static_cast<std::int64_t>(prompts.size()) == leaves.size(0), reward, " got ", prompts.size(),
-          " prompts for ", leaves.size(0), " rows");
+  require(leaves.defined() && leaves.dim() == 4 && leaves.size(1) == 3, reward, " expects images [rows, 3, H, W], got ",
+          leaves.defined() ? leaves.sizes() : c10::IntArrayRef{});
+  require(leaves.size(2) >= 1 && leaves.size(3) >= 1, reward, ": empty image ", leaves.size(2), " x ", leaves.size(3));
+  require(static_cast<std::int64_t>(prompts.size()) == leaves.size(0), reward, " got ", prompts.size(), " prompts for ",
+          leaves.size(0), " rows");
   return leaves.detach().to(torch::kCPU, torch::kFloat32).contiguous();
 }
 
@@ -88,8 +87,8 @@ inline std::vector<std::uint8_t> image_to_rgb8(const torch::Tensor& image) {
 /// @pre rgb.size() == width * height * 3, width and height >= 1, quality in [1, 100] (else invalid_input).
 inline std::size_t jpeg_size(std::span<const std::uint8_t> rgb, int width, int height, int quality = 95) {
   require(width >= 1 && height >= 1, "jpeg_size: image of ", width, " x ", height, " pixels");
-  require(rgb.size() == static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3, "jpeg_size: ",
-          rgb.size(), " bytes for a ", width, " x ", height, " RGB image");
+  require(rgb.size() == static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3,
+          "jpeg_size: ", rgb.size(), " bytes for a ", width, " x ", height, " RGB image");
   require(quality >= 1 && quality <= 100, "JPEG quality must be in [1, 100], got ", quality);
   const detail::turbojpeg_handle compressor;
   unsigned char* buffer = nullptr;

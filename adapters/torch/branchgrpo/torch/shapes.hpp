@@ -118,8 +118,8 @@ inline shapes_target parse_shapes_prompt(std::string_view prompt) {
 /// column j) covers [j, j + 1) x [i, i + 1)).
 struct shapes_sample {
   std::int64_t prompt = 0;
-  double radius = 4;       ///< size R in [3, 5]: circle radius R, square half-side 0.85 R, triangle half-extent 1.2 R
-  double cx = 8, cy = 8;   ///< centre
+  double radius = 4;      ///< size R in [3, 5]: circle radius R, square half-side 0.85 R, triangle half-extent 1.2 R
+  double cx = 8, cy = 8;  ///< centre
   std::array<double, 3> colour = shapes_palette[0];
   double background = shapes_background;
 
@@ -133,9 +133,9 @@ inline constexpr std::uint32_t shapes_philox_tag = 0x53485031u;  // "SHP1"
 inline std::array<double, 8> shapes_uniforms(std::uint64_t seed, std::uint64_t index) {
   std::array<double, 8> u{};
   for (std::uint32_t block = 0; block < 2; ++block) {
-    const auto bits = philox4x32_10({static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), block,
-                                     shapes_philox_tag},
-                                    {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+    const auto bits = philox4x32_10(
+        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), block, shapes_philox_tag},
+        {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
     for (std::size_t k = 0; k < 4; ++k) u[4 * block + k] = (static_cast<double>(bits[k]) + 0.5) * 0x1p-32;
   }
   return u;
@@ -169,8 +169,9 @@ inline bool shapes_inside(const shapes_sample& s, int shape, double x, double y)
 inline shapes_sample shapes_draw(std::uint64_t seed, std::uint64_t index, std::optional<std::int64_t> prompt = {}) {
   const std::array<double, 8> u = detail::shapes_uniforms(seed, index);
   shapes_sample s;
-  s.prompt = prompt ? *prompt : std::min<std::int64_t>(static_cast<std::int64_t>(u[7] * shapes_prompt_count),
-                                                       shapes_prompt_count - 1);
+  s.prompt =
+      prompt ? *prompt
+             : std::min<std::int64_t>(static_cast<std::int64_t>(u[7] * shapes_prompt_count), shapes_prompt_count - 1);
   require(s.prompt >= 0 && s.prompt < shapes_prompt_count, "shapes prompt ", s.prompt, " is outside [0, ",
           shapes_prompt_count, ")");
   const int colour = static_cast<int>(s.prompt / 3), shape = static_cast<int>(s.prompt % 3);
@@ -269,9 +270,8 @@ inline std::vector<std::string> prompt_words(std::string_view prompt) {
 ///                          .stream = noise_stream::auxiliary}, j).
 inline std::vector<double> shapes_word_vector(std::string_view word, std::uint32_t table, std::int64_t dim) {
   std::vector<double> v(static_cast<std::size_t>(dim));
-  fill_keyed_normal({.seed = shapes_embedding_seed, .tree = fnv1a32(word), .node = table,
-                     .stream = noise_stream::auxiliary},
-                    v);
+  fill_keyed_normal(
+      {.seed = shapes_embedding_seed, .tree = fnv1a32(word), .node = table, .stream = noise_stream::auxiliary}, v);
   return v;
 }
 
@@ -306,7 +306,8 @@ inline prompt_embeddings shapes_word_embeddings(std::span<const std::string> pro
     for (std::size_t w = 0; w < ws.size(); ++w) {
       const std::vector<double> token = shapes_word_vector(ws[w], 0, context_in);
       const std::vector<double> summary = shapes_word_vector(ws[w], 1, vec_in);
-      for (std::int64_t j = 0; j < context_in; ++j) c[i][static_cast<std::int64_t>(w)][j] = token[static_cast<std::size_t>(j)];
+      for (std::int64_t j = 0; j < context_in; ++j)
+        c[i][static_cast<std::int64_t>(w)][j] = token[static_cast<std::size_t>(j)];
       for (std::int64_t j = 0; j < vec_in; ++j)
         p[i][j] += summary[static_cast<std::size_t>(j)] / std::sqrt(static_cast<double>(ws.size()));
     }
@@ -335,9 +336,8 @@ inline std::string format_flux_config(const flux_config& c) {
   out << "in_channels=" << c.in_channels << ";hidden=" << c.hidden << ";heads=" << c.heads
       << ";depth_double=" << c.depth_double << ";depth_single=" << c.depth_single << ";rope_axes=" << c.rope_axes[0]
       << ',' << c.rope_axes[1] << ',' << c.rope_axes[2] << ";rope_theta=" << detail::shortest_text(c.rope_theta)
-      << ";vec_in=" << c.vec_in << ";context_in=" << c.context_in
-      << ";mlp_ratio=" << detail::shortest_text(c.mlp_ratio) << ";qkv_bias=" << (c.qkv_bias ? 1 : 0)
-      << ";guidance_embed=" << (c.guidance_embed ? 1 : 0);
+      << ";vec_in=" << c.vec_in << ";context_in=" << c.context_in << ";mlp_ratio=" << detail::shortest_text(c.mlp_ratio)
+      << ";qkv_bias=" << (c.qkv_bias ? 1 : 0) << ";guidance_embed=" << (c.guidance_embed ? 1 : 0);
   return out.str();
 }
 
@@ -421,8 +421,15 @@ inline flux_config parse_flux_config(std::string_view text, std::string_view sou
 /// hidden 64 in 2 heads of 32 (RoPE axes 8, 12, 12), 2 double + 2 single blocks, word embeddings of width 32,
 /// no guidance embedding.
 inline flux_config shapes_flux_config() {
-  return {.in_channels = 12, .hidden = 64, .heads = 2, .depth_double = 2, .depth_single = 2,
-          .rope_axes = {8, 12, 12}, .vec_in = 32, .context_in = 32, .guidance_embed = false};
+  return {.in_channels = 12,
+          .hidden = 64,
+          .heads = 2,
+          .depth_double = 2,
+          .depth_single = 2,
+          .rope_axes = {8, 12, 12},
+          .vec_in = 32,
+          .context_in = 32,
+          .guidance_embed = false};
 }
 
 // ---- A pretrained model directory -------------------------------------------------------------------------------
@@ -431,10 +438,10 @@ inline flux_config shapes_flux_config() {
 /// "branchgrpo.flux_config") and prompts.safetensors (prompt_file.hpp).
 struct shapes_model {
   flux_config config;
-  std::map<std::string, torch::Tensor> weights;     ///< bfl names, float32, CPU
-  prompt_embeddings embeddings;                     ///< float32, CPU
+  std::map<std::string, torch::Tensor> weights;  ///< bfl names, float32, CPU
+  prompt_embeddings embeddings;                  ///< float32, CPU
   std::vector<std::string> prompts;
-  std::map<std::string, std::string> metadata;      ///< model.safetensors' __metadata__
+  std::map<std::string, std::string> metadata;  ///< model.safetensors' __metadata__
 };
 
 /// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks that the weights match the config and the
@@ -502,9 +509,9 @@ inline torch::Tensor shapes_sample_ode(flux_transformer& model, const prompt_emb
   const torch::Tensor pooled = embeddings.pooled.index_select(0, rows_index).to(f32);
   for (int i = 0; i < schedule.steps(); ++i) {
     const double sigma = schedule.sigma(i), next = schedule.sigma(i + 1);
-    const torch::Tensor v = model.forward_latents(x, context, pooled, torch::full({rows}, sigma, f32),
-                                                  model.config().guidance_embed ? torch::full({rows}, 1.0, f32)
-                                                                                : torch::Tensor());
+    const torch::Tensor v =
+        model.forward_latents(x, context, pooled, torch::full({rows}, sigma, f32),
+                              model.config().guidance_embed ? torch::full({rows}, 1.0, f32) : torch::Tensor());
     x = x + (next - sigma) * v;
   }
   return x;

@@ -133,18 +133,18 @@ using image_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves
 /// @post one score per leaf, in leaf order; NaN where the image was not finite.
 struct torchscript_reward {
   torch::jit::Module module;
-  std::filesystem::path path;          ///< named in error messages
-  image_decoder_fn decode;             ///< leaves -> images in [0, 1]; empty: identity
-  std::int64_t batch = 16;             ///< rows per forward call (memory bound of the reward model)
-  torch::Device device = torch::kCPU;  ///< images and prompts are moved here
+  std::filesystem::path path;            ///< named in error messages
+  image_decoder_fn decode;               ///< leaves -> images in [0, 1]; empty: identity
+  std::int64_t batch = 16;               ///< rows per forward call (memory bound of the reward model)
+  torch::Device device = torch::kCPU;    ///< images and prompts are moved here
   torch::Dtype dtype = torch::kFloat32;  ///< images are converted to this dtype
 
   std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
     require(batch >= 1, "torchscript_reward: batch ", batch, " must be at least 1");
     require(leaves.defined() && leaves.dim() >= 1, "torchscript_reward '", path.string(), "' needs leaves [rows, ...]");
     const std::int64_t rows = leaves.size(0);
-    require(static_cast<std::int64_t>(prompts.size()) == rows, "torchscript_reward '", path.string(), "': ",
-            prompts.size(), " prompts for ", rows, " leaves");
+    require(static_cast<std::int64_t>(prompts.size()) == rows, "torchscript_reward '", path.string(),
+            "': ", prompts.size(), " prompts for ", rows, " leaves");
     for (std::size_t r = 0; r < prompts.size(); ++r)
       require(prompts[r] >= 0, "torchscript_reward '", path.string(), "': prompt index ", prompts[r], " at row ", r,
               " is negative");
