@@ -8,8 +8,6 @@
 // and the same train_iteration and recipe as the toy examples. It checks that LoRA confines the update to the
 // adapters: every base weight is bit-identical afterwards.
 // Run: build/examples/example_flux_lora models/shapes-tiny   (exit status 1 when a checked fact does not hold)
-#include <torch/torch.h>
-
 #include <branchgrpo/branchgrpo.hpp>
 #include <branchgrpo/torch/backend.hpp>
 #include <branchgrpo/torch/flux_denoiser.hpp>
@@ -17,6 +15,7 @@
 #include <branchgrpo/torch/policy.hpp>
 #include <branchgrpo/torch/rewards.hpp>
 #include <branchgrpo/torch/shapes.hpp>
+#include <torch/torch.h>
 
 #include <cstdint>
 #include <exception>

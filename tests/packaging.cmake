@@ -286,8 +286,48 @@ if(TARGET branchgrpo_cli)
                       bench iteration --iters 1 --warmup 0 --prompts 1 --batching-repeats 1)
   branchgrpo_cli_test(bench_help "--batching-repeats" bench iteration --help)
 
-  branchgrpo_cli_error_test(bench_flux_tiny "^branchgrpo: model flux-tiny needs the LibTorch adapter \\(not built\\)\n$"
-                            bench iteration --model flux-tiny)
+  branchgrpo_cli_error_test(bench_methods_without_dance "--methods must include dance" bench iteration
+                            --methods branch,branch-mix)
+  branchgrpo_cli_error_test(bench_unknown_method "unknown method 'grpo'" bench iteration --methods dance,grpo)
+  # --model flux-tiny / flux (tools/branchgrpo/bench_flux.cpp): built under the same condition as tools/CMakeLists.txt
+  # gives it. One short CPU run each (the JSON keys and the evaluation counts, never the times): flux-tiny on the
+  # shipped model (< 60 s on 2 cores), flux on the tiny config's random weights (the variants share one transformer
+  # and swap their LoRA adapters).
+  find_package(tomlplusplus QUIET)
+  if(TARGET branchgrpo::torch AND TARGET branchgrpo_jpeg AND tomlplusplus_FOUND)
+    set(flux_tiny_quick bench iteration --model flux-tiny --iters 1 --warmup 0 --prompts 1 --batching-repeats 1 --json)
+    # nlohmann sorts the keys: branch-mix's object comes before dance's.
+    set(flux_keys [=["branch-mix":{"batched_denoiser_calls":20,[^}]*"rollout_evaluations":203\.0,.*]=])
+    string(APPEND flux_keys [=["dance":{"batched_denoiser_calls":20,[^}]*"batching_speedup":[^}]*"bf16_peak_fraction":[^}]*]=])
+    string(APPEND flux_keys [=["overhead_fraction":[^}]*"peak_memory_bytes":null,[^}]*"rollout_evaluations":305\.0,]=])
+    string(APPEND flux_keys [=[[^}]*"seconds_per_iter":[^}]*"time_ratio_vs_dance":1\.0[,}]]=])
+    branchgrpo_cli_test(bench_flux_tiny "${flux_keys}" ${flux_tiny_quick})
+    branchgrpo_cli_test(bench_flux_random_tiny
+                        [=[^{"branch":{[^}]*"rollout_evaluations":203\.0,[^}]*},"dance":{[^}]*"rollout_evaluations":305\.0,]=]
+                        bench iteration --model flux --flux-config tiny --height 64 --width 64 --text-tokens 8
+                        --methods dance,branch --iters 1 --warmup 0 --prompts 1 --batching-repeats 1 --json)
+    set_tests_properties(cli_bench_flux_tiny cli_bench_flux_random_tiny PROPERTIES
+                         LABELS "cli;torch;bench" TIMEOUT 300)
+    branchgrpo_cli_test(bench_flux_table "model flux-tiny.*\nvariant .*TFLOP/s .*\ndance .*\nbranch "
+                        bench iteration --model flux-tiny --iters 1 --warmup 0 --prompts 1 --batching-repeats 1
+                        --methods dance,branch)
+    set_tests_properties(cli_bench_flux_table PROPERTIES LABELS "cli;torch;bench" TIMEOUT 300)
+    branchgrpo_cli_error_test(bench_flux_config "--flux-config 'pro' is not dev, schnell or tiny" bench iteration
+                              --model flux --flux-config pro)
+    branchgrpo_cli_error_test(bench_flux_dtype "--dtype 'float16' is not float32 or bfloat16" bench iteration
+                              --model flux-tiny --dtype float16)
+    branchgrpo_cli_error_test(bench_flux_device "--device 'gpu' is not a device" bench iteration --model flux-tiny
+                              --device gpu)
+    branchgrpo_cli_error_test(bench_flux_latent "--latent must be C,H,W with C = 4" bench iteration --model flux
+                              --flux-config tiny --latent 3,8,8)
+    branchgrpo_cli_error_test(bench_flux_missing_dir "nowhere/model.safetensors: no such file" bench iteration
+                              --model flux-tiny --model-dir nowhere)
+  else()
+    branchgrpo_cli_error_test(bench_flux_tiny "^branchgrpo: model flux-tiny needs the LibTorch adapter \\(not built\\)\n$"
+                              bench iteration --model flux-tiny)
+    branchgrpo_cli_error_test(bench_flux "^branchgrpo: model flux needs the LibTorch adapter \\(not built\\)\n$"
+                              bench iteration --model flux --flux-config dev)
+  endif()
   branchgrpo_cli_error_test(bench_unknown_model "unknown model 'foo'" bench iteration --model foo)
   branchgrpo_cli_error_test(bench_iters_zero "--iters must be at least 1, got 0" bench iteration --iters 0)
   branchgrpo_cli_error_test(bench_prompts_zero "--prompts must be at least 1, got 0" bench iteration --prompts 0)
@@ -373,6 +413,8 @@ if(TARGET branchgrpo_cli)
                        "-DSTDOUT=base model: held-out reward .*\ndance .*\nbranch .*\nbranch-widpru .*\nbranch-deppru .*\nbranch-mix .*held-out reward"
                        -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
       set_tests_properties(demo_quick PROPERTIES LABELS "cli;torch" TIMEOUT 1200)
+      branchgrpo_cli_error_test(demo_bad_prompt_row "--prompt-rows: row 12 is not in the model's 12 prompts" demo
+                                --model ${shapes_model} --prompt-rows 1,12 --out ${CMAKE_CURRENT_BINARY_DIR}/demo_cli/bad)
 
       # train: a 4-step tree, 2 iterations, a checkpoint and a grid after each; then --resume to 3 iterations,
       # sample from the checkpoint, and the refusals.
@@ -420,6 +462,8 @@ if(TARGET branchgrpo_cli)
                               train --config ${CMAKE_CURRENT_BINARY_DIR}/absent.toml)
     branchgrpo_cli_test(demo_help "--quick" demo --help)
     branchgrpo_cli_error_test(demo_unknown_method "unknown method 'grpo'" demo --methods dance,grpo)
+    branchgrpo_cli_error_test(demo_updates_zero "--updates must be at least 1, got 0" demo --updates 0)
+    branchgrpo_cli_error_test(demo_eta_negative "--eta must be positive, got -0.5" demo --eta -0.5)
   else()
     branchgrpo_cli_error_test(demo_without_torch
                               "^branchgrpo: branchgrpo demo needs the LibTorch adapter \\(not built\\)" demo --quick)

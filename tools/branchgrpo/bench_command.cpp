@@ -1,369 +1,45 @@
 #include "branchgrpo/bench_command.hpp"
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <array>
-#include <chrono>
 #include <cstdint>
-#include <iomanip>
-#include <iostream>
-#include <limits>
 #include <memory>
-#include <span>
-#include <sstream>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
+#include "branchgrpo/bench_harness.hpp"
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/pruning/combinators.hpp"
-#include "branchgrpo/rollout/engine.hpp"
-#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/concepts.hpp"
-#include "branchgrpo/training/presets.hpp"
-#include "branchgrpo/training/trainer.hpp"
+#ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
+#include "branchgrpo/bench_flux.hpp"
+#endif
 
 namespace branchgrpo::cli {
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
-
-struct bench_options {
-  std::string model = "toy";
-  int iters = 5;
-  int warmup = 1;
-  int prompts = 8;
-  std::int64_t max_batch = 64;
-  int steps = 20;
-  int batching_repeats = 5;
-  std::uint64_t seed = 7;
-  bool json = false;
-};
-
-// --- Timing decorators ----------------------------------------------------------------------------------------
-
-/// Seconds spent inside the model and the reward during one iteration.
-struct model_clock {
-  double denoiser = 0;       ///< policy(x, batch): the rollout's forwards
-  double update = 0;         ///< policy.accumulate (minus the trainer's loss callback) + policy.apply_update
-  double loss_callback = 0;  ///< the trainer's PPO loss gradient, called from inside accumulate: library time
-  double reward = 0;         ///< reward(leaves, prompts)
-  std::int64_t denoiser_calls = 0;
-};
-
-/// Wraps a policy: forwards every call and adds the time spent inside it to a model_clock. Models Policy<B>
-/// when P does, so the trainer runs it unchanged.
-template <Backend B, Policy<B> P>
-class timed_policy {
- public:
-  timed_policy(P& inner, model_clock& clock) : inner_(&inner), clock_(&clock) {}
-
-  typename B::tensor operator()(const typename B::tensor& x, const denoise_batch& batch) {
-    const auto start = clock_type::now();
-    typename B::tensor v = (*inner_)(x, batch);
-    clock_->denoiser += seconds_since(start);
-    ++clock_->denoiser_calls;
-    return v;
-  }
-
-  std::vector<double> accumulate(const edge_batch<typename B::tensor>& edges, const loss_gradient_fn& gradient) {
-    double inside = 0;  // the trainer's callback is library code: not model time
-    const loss_gradient_fn timed = [&](std::span<const double> log_probs) {
-      const auto start = clock_type::now();
-      std::vector<double> weights = gradient(log_probs);
-      inside += seconds_since(start);
-      return weights;
-    };
-    const auto start = clock_type::now();
-    std::vector<double> log_probs = inner_->accumulate(edges, timed);
-    clock_->update += seconds_since(start) - inside;
-    clock_->loss_callback += inside;
-    return log_probs;
-  }
-
-  void apply_update() {
-    const auto start = clock_type::now();
-    inner_->apply_update();
-    clock_->update += seconds_since(start);
-  }
-
- private:
-  P* inner_;
-  model_clock* clock_;
-};
-
-/// Wraps a reward the same way.
-template <Backend B, Reward<B> R>
-class timed_reward {
- public:
-  timed_reward(R& inner, model_clock& clock) : inner_(&inner), clock_(&clock) {}
-
-  std::vector<double> operator()(const typename B::tensor& leaves, std::span<const std::int64_t> prompts) {
-    const auto start = clock_type::now();
-    std::vector<double> scores = (*inner_)(leaves, prompts);
-    clock_->reward += seconds_since(start);
-    return scores;
-  }
-
- private:
-  R* inner_;
-  model_clock* clock_;
-};
-
 static_assert(Policy<timed_policy<host_backend, fourier_policy<host_backend>>, host_backend>);
 static_assert(Reward<timed_reward<host_backend, mode_reward<>>, host_backend>);
 
-// --- Statistics -----------------------------------------------------------------------------------------------
-
-/// Linear-interpolation quantile of `values` (q in [0, 1]); values not empty.
-double quantile(std::vector<double> values, double q) {
-  std::sort(values.begin(), values.end());
-  const double at = q * static_cast<double>(values.size() - 1);
-  const auto low = static_cast<std::size_t>(at);
-  const std::size_t high = std::min(low + 1, values.size() - 1);
-  return values[low] + (at - static_cast<double>(low)) * (values[high] - values[low]);
-}
-
-double median(const std::vector<double>& values) { return quantile(values, 0.5); }
-
-double sum(const std::vector<double>& values) {
-  double total = 0;
-  for (double v : values) total += v;
-  return total;
-}
-
-/// The paper's seconds per iteration on FLUX.1-dev (method.md), as a ratio to DanceGRPO's 698 s.
-double paper_ratio(std::string_view variant) {
-  if (variant == "dance") return 1.0;
-  if (variant == "branch") return 493.0 / 698.0;
-  if (variant == "branch-widpru" || variant == "branch-deppru") return 314.0 / 698.0;
-  if (variant == "branch-mix") return 148.0 / 698.0;
-  return std::numeric_limits<double>::quiet_NaN();
-}
-
-/// What the measured iterations of one variant gave.
-struct variant_run {
-  std::string name;
-  std::vector<double> seconds, rollout, reward_phase, update_phase;    // trainer's phases
-  std::vector<double> denoiser, model_update, reward_model, overhead;  // model / library split
-  std::int64_t evaluations = 0, update_evaluations = 0, edges = 0, edges_trained = 0;
-  std::int64_t denoiser_calls = 0;
-  double batched_seconds = 0, unbatched_seconds = 0;  // one rollout of the same tree, medians
-  std::int64_t batched_calls = 0, unbatched_calls = 0;
-};
-
-// --- The harness, generic over the model ------------------------------------------------------------------------
-
-/// Runs the variants alternately on copies of `base`, then times the frontier batching. Model must be a
-/// copyable Policy<B>; Score a copyable Reward<B>. A new model (e.g. LibTorch's flux-tiny) only needs its own
-/// call of this function.
-template <Backend B, Policy<B> Model, Reward<B> Score>
-std::vector<variant_run> run_harness(const bench_options& options, const Model& base, const Score& score,
-                                     const latent_shape& shape) {
-  const sigma_schedule schedule = shifted_linear_schedule(options.steps);
-  std::vector<variant_run> runs;
-  std::vector<Model> policies;
-  for (const std::string_view name : preset_names) {
-    runs.emplace_back();
-    runs.back().name = std::string(name);
-    policies.push_back(base);
-  }
-  std::vector<std::int64_t> prompts(static_cast<std::size_t>(options.prompts));
-  const int rounds = options.warmup + options.iters;
-  for (int i = 0; i < rounds; ++i) {
-    // Prompts cycle through the toy's 8 modes, as `branchgrpo toy` does; every variant sees the same ones.
-    for (int t = 0; t < options.prompts; ++t)
-      prompts[static_cast<std::size_t>(t)] = (static_cast<std::int64_t>(i) * options.prompts + t) % 8;
-    for (std::size_t v = 0; v < runs.size(); ++v) {
-      variant_run& run = runs[v];
-      with_preset(run.name, [&](auto recipe) {
-        B backend;
-        Score inner_score = score;
-        model_clock clock;
-        timed_policy<B, Model> policy(policies[v], clock);
-        timed_reward<B, Score> reward(inner_score, clock);
-        const iteration_stats stats = train_iteration(backend, policy, reward, recipe, schedule, shape, prompts, i,
-                                                      training_options{.max_batch = options.max_batch,
-                                                                       .seed = options.seed,
-                                                                       .updates_per_iteration = 1,
-                                                                       .total_iterations = rounds,
-                                                                       .loss = {}});
-        if (i < options.warmup) return;
-        run.seconds.push_back(stats.seconds);
-        run.rollout.push_back(stats.rollout_seconds);
-        run.reward_phase.push_back(stats.reward_seconds);
-        run.update_phase.push_back(stats.update_seconds);
-        run.denoiser.push_back(clock.denoiser);
-        run.model_update.push_back(clock.update);
-        run.reward_model.push_back(clock.reward);
-        run.overhead.push_back(stats.seconds - clock.denoiser - clock.update - clock.reward);
-        run.evaluations += stats.rollout_evaluations;
-        run.update_evaluations += stats.update_evaluations;
-        run.edges += stats.edges;
-        run.edges_trained += stats.edges_trained;
-        run.denoiser_calls += clock.denoiser_calls;
-      });
-    }
-  }
-
-  // Frontier batching: the iteration-0 tree of each variant, rolled out by the base model with every
-  // frontier in one call vs one node per call (max_batch 1), alternately.
-  for (variant_run& run : runs) {
-    with_preset(run.name, [&](auto recipe) {
-      const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(options.steps), 0);
-      std::vector<tree_info> infos(static_cast<std::size_t>(options.prompts));
-      for (int t = 0; t < options.prompts; ++t)
-        infos[static_cast<std::size_t>(t)] = {.key = static_cast<std::uint32_t>(t), .prompt = t % 8};
-      const rollout_tree tree(plan, std::move(infos));
-      std::vector<double> batched, unbatched;
-      for (int r = 0; r < options.batching_repeats; ++r)
-        for (const std::int64_t max_batch : {std::numeric_limits<std::int64_t>::max(), std::int64_t{1}}) {
-          B backend;
-          Model model = base;
-          const auto start = clock_type::now();
-          const auto result = rollout(backend, model, recipe.stepper, recipe.correlator, schedule, tree, shape,
-                                      {.max_batch = max_batch, .seed = options.seed, .iteration = 0});
-          (max_batch == 1 ? unbatched : batched).push_back(seconds_since(start));
-          (max_batch == 1 ? run.unbatched_calls : run.batched_calls) = result.denoiser_calls;
-        }
-      run.batched_seconds = median(batched);
-      run.unbatched_seconds = median(unbatched);
-    });
-  }
-  return runs;
-}
-
-// --- Reports --------------------------------------------------------------------------------------------------
-
-struct variant_summary {
-  double seconds = 0, seconds_min = 0, seconds_max = 0, seconds_q1 = 0, seconds_q3 = 0;
-  double ratio = 0, overhead_fraction = 0, batching_speedup = 0;
-  double rollout_fraction = 0, reward_fraction = 0, update_fraction = 0;  // model time, of the iteration
-  double evaluations = 0, update_evaluations = 0, edges = 0, edges_trained = 0, denoiser_calls = 0;
-};
-
-variant_summary summarize(const variant_run& run, double dance_seconds) {
-  const double total = sum(run.seconds);
-  const auto n = static_cast<double>(run.seconds.size());
-  variant_summary s;
-  s.seconds = median(run.seconds);
-  s.seconds_min = quantile(run.seconds, 0.0);
-  s.seconds_max = quantile(run.seconds, 1.0);
-  s.seconds_q1 = quantile(run.seconds, 0.25);
-  s.seconds_q3 = quantile(run.seconds, 0.75);
-  s.ratio = s.seconds / dance_seconds;
-  // Fractions of the summed iteration time, so the four add up to 1.
-  s.rollout_fraction = sum(run.denoiser) / total;
-  s.update_fraction = sum(run.model_update) / total;
-  s.reward_fraction = sum(run.reward_model) / total;
-  s.overhead_fraction = sum(run.overhead) / total;
-  s.batching_speedup = run.unbatched_seconds / run.batched_seconds;
-  s.evaluations = static_cast<double>(run.evaluations) / n;
-  s.update_evaluations = static_cast<double>(run.update_evaluations) / n;
-  s.edges = static_cast<double>(run.edges) / n;
-  s.edges_trained = static_cast<double>(run.edges_trained) / n;
-  s.denoiser_calls = static_cast<double>(run.denoiser_calls) / n;
-  return s;
-}
-
-nlohmann::json variant_json(const variant_run& run, const variant_summary& s, const bench_options& options) {
-  return {{"seconds_per_iter", s.seconds},
-          {"seconds_min", s.seconds_min},
-          {"seconds_max", s.seconds_max},
-          {"seconds_q1", s.seconds_q1},
-          {"seconds_q3", s.seconds_q3},
-          {"time_ratio_vs_dance", s.ratio},
-          {"paper_time_ratio_vs_dance", paper_ratio(run.name)},
-          {"overhead_fraction", s.overhead_fraction},
-          {"rollout_model_fraction", s.rollout_fraction},
-          {"reward_fraction", s.reward_fraction},
-          {"update_model_fraction", s.update_fraction},
-          {"rollout_seconds", median(run.rollout)},
-          {"reward_seconds", median(run.reward_phase)},
-          {"update_seconds", median(run.update_phase)},
-          {"overhead_seconds", median(run.overhead)},
-          {"rollout_evaluations", s.evaluations},
-          {"rollout_evaluations_per_tree", s.evaluations / options.prompts},
-          {"update_evaluations", s.update_evaluations},
-          {"edges", s.edges},
-          {"edges_trained", s.edges_trained},
-          {"denoiser_calls", s.denoiser_calls},
-          {"batching_speedup", s.batching_speedup},
-          {"batched_rollout_seconds", run.batched_seconds},
-          {"unbatched_rollout_seconds", run.unbatched_seconds},
-          {"batched_denoiser_calls", run.batched_calls},
-          {"unbatched_denoiser_calls", run.unbatched_calls},
-          {"iterations", options.iters},
-          {"prompts", options.prompts},
-          {"max_batch", options.max_batch},
-          {"model", options.model}};
-}
-
-void print_table(const std::vector<variant_run>& runs, const std::vector<variant_summary>& summaries,
-                 const bench_options& options) {
-  std::ostringstream out;
-  out << "model " << options.model << ", " << options.prompts << " prompts, " << options.steps << " steps, "
-      << options.iters << " measured iterations per variant (+" << options.warmup
-      << " warm-up), run alternately; max_batch " << options.max_batch << "\n";
-  out << std::left << std::setw(15) << "variant" << std::right << std::setw(11) << "s/iter" << std::setw(11) << "min"
-      << std::setw(11) << "max" << std::setw(9) << "vs dance" << std::setw(8) << "paper" << std::setw(8) << "evals"
-      << std::setw(9) << "trained" << std::setw(9) << "rollout" << std::setw(8) << "reward" << std::setw(8) << "update"
-      << std::setw(10) << "overhead" << std::setw(10) << "batching" << '\n';
-  for (std::size_t v = 0; v < runs.size(); ++v) {
-    const variant_summary& s = summaries[v];
-    out << std::left << std::setw(15) << runs[v].name << std::right << std::scientific << std::setprecision(3)
-        << std::setw(11) << s.seconds << std::setw(11) << s.seconds_min << std::setw(11) << s.seconds_max << std::fixed
-        << std::setprecision(3) << std::setw(9) << s.ratio << std::setw(8) << paper_ratio(runs[v].name)
-        << std::setprecision(0) << std::setw(8) << s.evaluations << std::setw(9) << s.edges_trained
-        << std::setprecision(1) << std::setw(8) << 100 * s.rollout_fraction << '%' << std::setw(7)
-        << 100 * s.reward_fraction << '%' << std::setw(7) << 100 * s.update_fraction << '%' << std::setw(9)
-        << 100 * s.overhead_fraction << '%' << std::setprecision(2) << std::setw(9) << s.batching_speedup << "x\n";
-  }
-  out << "rollout / reward / update: time inside the model's forwards, the reward, the model's update; overhead:\n"
-         "the rest of the iteration (library). paper: s/iter vs DanceGRPO on FLUX.1-dev (698, 493, 314, 314, 148 s).\n"
-         "batching: one rollout of the same tree, one node per call (max_batch 1) vs whole frontiers.\n";
-  std::cout << out.str();
-}
-
-void validate(const bench_options& options) {
-  require(options.iters >= 1, "--iters must be at least 1, got ", options.iters);
-  require(options.warmup >= 0, "--warmup must be non-negative, got ", options.warmup);
-  require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
-  require(options.max_batch >= 1, "--max-batch must be at least 1, got ", options.max_batch);
-  require(options.steps >= 1, "--steps must be at least 1, got ", options.steps);
-  require(options.batching_repeats >= 1, "--batching-repeats must be at least 1, got ", options.batching_repeats);
-  // Every preset's topology must fit the steps (dense splits at 0, 3, 6, 9): fail before any work.
-  for (const std::string_view name : preset_names)
-    with_preset(name, [&](auto recipe) { (void)recipe.topology(options.steps); });
-}
-
 void run_iteration_bench(const bench_options& options) {
-  // Models: the toy on the host backend. flux-tiny (LibTorch, adapters/torch) plugs in here with its own
-  // run_harness<torch_backend>(options, policy, reward, shape) once that adapter is built.
-  if (options.model == "flux-tiny") fail("model flux-tiny needs the LibTorch adapter (not built)");
-  require(options.model == "toy", "unknown model '", options.model, "' (expected toy or flux-tiny)");
-  validate(options);
-  const std::vector<variant_run> runs =
-      run_harness<host_backend>(options, make_toy_policy(options.seed), mode_reward<>{}, toy_latent_shape());
-
-  const double dance_seconds = median(runs.front().seconds);  // preset_names starts with dance
-  std::vector<variant_summary> summaries;
-  for (const variant_run& run : runs) summaries.push_back(summarize(run, dance_seconds));
-  if (options.json) {
-    nlohmann::json out = nlohmann::json::object();
-    for (std::size_t v = 0; v < runs.size(); ++v) out[runs[v].name] = variant_json(runs[v], summaries[v], options);
-    std::cout << out.dump() << '\n';
-  } else {
-    print_table(runs, summaries, options);
+  // Models: the toy on the host backend here; flux-tiny (the shipped shapes model) and flux (a random FLUX
+  // transformer of a config's size) on LibTorch in bench_flux.cpp.
+  if (options.model == "flux-tiny" || options.model == "flux") {
+#ifdef BRANCHGRPO_CLI_BENCH_FLUX
+    run_flux_iteration_bench(options);
+    return;
+#else
+    fail("model ", options.model, " needs the LibTorch adapter (not built)");
+#endif
   }
+  require(options.model == "toy", "unknown model '", options.model, "' (expected toy, flux-tiny or flux)");
+  validate_bench_options(options);
+  const fourier_policy<host_backend> base = make_toy_policy(options.seed);
+  // Each variant trains its own copy of the toy; prompts cycle through its 8 modes, as `branchgrpo toy` does.
+  const std::vector<variant_run> runs = run_harness<host_backend>(
+      options, [&](std::size_t) { return base; }, mode_reward<>{}, toy_latent_shape(), 8);
+  report_runs(runs, options);
 }
 
 }  // namespace
@@ -374,7 +50,10 @@ void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<bench_options>();
   CLI::App* iteration = bench->add_subcommand(
       "iteration", "Seconds per iteration of dance and the BranchGRPO variants, run alternately on one model");
-  iteration->add_option("--model", options->model, "toy, or flux-tiny (needs the LibTorch adapter)")
+  iteration
+      ->add_option("--model", options->model,
+                   "toy; flux-tiny (the shipped shapes model) or flux (random weights of --flux-config) need "
+                   "the LibTorch adapter")
       ->type_name("NAME")
       ->capture_default_str();
   iteration->add_option("--iters", options->iters, "Measured iterations per variant")
@@ -398,7 +77,50 @@ void add_bench_command(CLI::App& app) {
   iteration->add_option("--seed", options->seed, "Seed of the model and the rollout noise")
       ->type_name("S")
       ->capture_default_str();
+  iteration
+      ->add_option("--methods", options->methods,
+                   "Comma-separated subset of dance, branch, branch-widpru, branch-deppru, branch-mix "
+                   "(default: all; must include dance)")
+      ->delimiter(',')
+      ->type_name("LIST");
   iteration->add_flag("--json", options->json, "One JSON object keyed by variant");
+  iteration->add_option("--json-file", options->json_file, "Also write the JSON object to this file")
+      ->type_name("FILE");
+  // FLUX models (bench_flux.cpp).
+  iteration->add_option("--model-dir", options->model_dir, "flux-tiny: model directory (default models/shapes-tiny)")
+      ->type_name("DIR");
+  iteration->add_option("--flux-config", options->flux_config, "flux: dev, schnell or tiny (random weights)")
+      ->type_name("NAME")
+      ->capture_default_str();
+  iteration->add_option("--device", options->device, "flux models: cpu, cuda, cuda:N")
+      ->type_name("DEV")
+      ->capture_default_str();
+  iteration->add_option("--dtype", options->dtype, "flux models: weights in float32 or bfloat16")
+      ->type_name("T")
+      ->capture_default_str();
+  iteration->add_option("--latent", options->latent, "flux: latent C,H,W (default: C of the config, pixels / 8)")
+      ->delimiter(',')
+      ->expected(3)
+      ->type_name("C,H,W");
+  iteration->add_option("--height", options->height, "flux: image height in pixels (latent H = height / 8)")
+      ->type_name("PX")
+      ->capture_default_str();
+  iteration->add_option("--width", options->width, "flux: image width in pixels (latent W = width / 8)")
+      ->type_name("PX")
+      ->capture_default_str();
+  iteration->add_option("--text-tokens", options->text_tokens, "flux: text tokens per prompt (random embeddings)")
+      ->type_name("L")
+      ->capture_default_str();
+  iteration->add_option("--rank", options->lora_rank, "flux models: LoRA rank (attention and MLP layers)")
+      ->type_name("R")
+      ->capture_default_str();
+  iteration->add_flag("--gradient-checkpointing", options->gradient_checkpointing,
+                      "flux models: recompute each block in the backward (less memory)");
+  iteration
+      ->add_option("--peak-tflops", options->peak_tflops,
+                   "flux models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
+      ->type_name("TF")
+      ->capture_default_str();
   iteration->callback([options] { run_iteration_bench(*options); });
 }
 

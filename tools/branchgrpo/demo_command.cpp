@@ -19,6 +19,7 @@
 #include "branchgrpo/plot.hpp"
 #include "branchgrpo/png.hpp"
 #include "branchgrpo/run_support.hpp"
+#include "branchgrpo/shipped_model.hpp"
 #include "branchgrpo/torch/training_run.hpp"
 #include "branchgrpo/training/presets.hpp"
 
@@ -32,26 +33,21 @@ struct demo_options {
   int iters = 0;  // 0 = 16, or 2 with --quick
   int prompts = 2;
   int steps = 20;
-  int eval_samples = 4;
+  int eval_samples = 8;
   int eval_every = 0;  // 0 = a quarter of the run
   double lr = 3e-3;
+  double eta = 0.3;  // dance_sde's noise scale, the presets' (every preset uses dance_sde)
+  int updates = 4;   // optimizer steps per iteration (the kept edges split into this many groups)
   std::int64_t rank = 8;
   std::uint64_t seed = 0;
+  // The prompts trained and evaluated (rows of the model's prompt table); empty = all. The default: one prompt
+  // per colour, the shapes mixed, so 16 iterations x 2 prompts see each prompt 8 times.
+  std::vector<std::int64_t> prompt_rows = {1, 5, 6, 11};
   std::vector<std::string> methods;  // empty = every preset, dance first
   bool quiet = false;
 };
 
-// The shipped model: ./models/shapes-tiny, else the source tree's (the tool run from a build directory).
-std::filesystem::path model_dir(const demo_options& options) {
-  if (!options.model.empty()) return options.model;
-  const std::filesystem::path here = "models/shapes-tiny";
-  if (std::filesystem::is_directory(here)) return here;
-#ifdef BRANCHGRPO_SOURCE_DIR
-  const std::filesystem::path source = std::filesystem::path(BRANCHGRPO_SOURCE_DIR) / "models/shapes-tiny";
-  if (std::filesystem::is_directory(source)) return source;
-#endif
-  return here;  // load_shapes_model names it in its error
-}
+std::filesystem::path model_dir(const demo_options& options) { return shipped_model_dir(options.model); }
 
 // Every method runs this configuration with its preset's components.
 run_config demo_config(const demo_options& options, int iterations, std::string_view method) {
@@ -61,8 +57,10 @@ run_config demo_config(const demo_options& options, int iterations, std::string_
   config.data.prompts_per_iteration = options.prompts;
   config.rollout.steps = options.steps;
   config.recipe = preset_recipe(method);
+  config.recipe.stepper.policy = dance_sde{.eta = options.eta};
   config.optimizer.lr = options.lr;
   config.optimizer.weight_decay = 0;
+  config.optimizer.updates_per_iteration = options.updates;
   config.lora.rank = options.rank;
   config.lora.alpha = static_cast<double>(options.rank);
   config.rewards = {{.name = "alignment", .weight = 1.0, .params = {}},
@@ -73,8 +71,24 @@ run_config demo_config(const demo_options& options, int iterations, std::string_
   return config;
 }
 
-std::unique_ptr<training_run> make_run(const run_config& config) {
+// Keeps the prompt table's `rows` (in that order), so prompt index i of the run is rows[i] of the table.
+void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& rows) {
+  if (rows.empty()) return;
+  const auto table = static_cast<std::int64_t>(model.prompts.size());
+  std::vector<std::string> prompts;
+  for (const std::int64_t row : rows) {
+    require(row >= 0 && row < table, "--prompt-rows: row ", row, " is not in the model's ", table, " prompts");
+    prompts.push_back(model.prompts[static_cast<std::size_t>(row)]);
+  }
+  const torch::Tensor index = torch::tensor(rows, torch::kLong);
+  model.embeddings = {.context = model.embeddings.context.index_select(0, index),
+                      .pooled = model.embeddings.pooled.index_select(0, index)};
+  model.prompts = std::move(prompts);
+}
+
+std::unique_ptr<training_run> make_run(const run_config& config, const demo_options& options) {
   run_model model = load_run_model(config);
+  keep_prompt_rows(model, options.prompt_rows);
   weighted_sum reward = make_run_reward(config, model);
   return std::make_unique<training_run>(config, std::move(model), std::move(reward));
 }
@@ -213,6 +227,9 @@ void run_demo(demo_options options) {
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
   require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
   require(options.eval_samples >= 1, "--eval-samples must be at least 1, got ", options.eval_samples);
+  require(options.updates >= 1, "--updates must be at least 1, got ", options.updates);
+  require(options.lr > 0 && std::isfinite(options.lr), "--lr must be positive, got ", options.lr);
+  require(options.eta > 0 && std::isfinite(options.eta), "--eta must be positive, got ", options.eta);
   if (options.quick) options.eval_samples = 1;
   const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
   if (options.methods.empty()) options.methods.assign(preset_names.begin(), preset_names.end());
@@ -227,7 +244,7 @@ void run_demo(demo_options options) {
   std::vector<method_result> results;
   for (std::size_t m = 0; m < options.methods.size(); ++m) {
     const std::string name = options.methods[m];
-    auto run = make_run(demo_config(options, iterations, name));
+    auto run = make_run(demo_config(options, iterations, name), options);
     if (m == 0) {  // the base model (LoRA B = 0), also the warm-up before any timing
       before = evaluate(*run, options);
       prompts = run->model().prompts;
@@ -293,6 +310,12 @@ void add_demo_command(CLI::App& app) {
       ->type_name("N")
       ->check(CLI::PositiveNumber);
   demo->add_option("--model", options->model, "Model directory (default models/shapes-tiny)")->type_name("DIR");
+  demo->add_option("--prompt-rows", options->prompt_rows,
+                   "Rows of the model's prompt table to train and evaluate on (empty: all)")
+      ->type_name("ROW,...")
+      ->delimiter(',')
+      ->expected(0, -1)
+      ->capture_default_str();
   demo->add_option("--prompts", options->prompts, "Prompts (trees) per iteration")
       ->type_name("P")
       ->capture_default_str();
@@ -302,6 +325,12 @@ void add_demo_command(CLI::App& app) {
       ->capture_default_str();
   demo->add_option("--lr", options->lr, "AdamW learning rate of the LoRA factors")
       ->type_name("LR")
+      ->capture_default_str();
+  demo->add_option("--eta", options->eta, "SDE noise scale of every method (dance_sde)")
+      ->type_name("ETA")
+      ->capture_default_str();
+  demo->add_option("--updates", options->updates, "Optimizer steps per iteration (PPO-clipped after the first)")
+      ->type_name("N")
       ->capture_default_str();
   demo->add_option("--rank", options->rank, "LoRA rank")->type_name("R")->capture_default_str();
   demo->add_option("--seed", options->seed, "Seed of every method's rollouts and of the held-out set")

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# bench/gpu.sh: the GPU section of docs/performance.md in one run. Builds `branchgrpo` against the machine's
+# PyTorch (its LibTorch, CMake prefix and C++ ABI) and runs the iteration harness on a FLUX.1-dev-size
+# transformer (random weights: the GPU machine has no network) in bfloat16 on CUDA:
+#
+#   branchgrpo bench iteration --model flux --flux-config dev --dtype bfloat16 --device cuda ...
+#
+# and writes into $OUT (else ./out/gpu): bench_flux_dev.txt (the table), bench_flux_dev.json (one object keyed by
+# variant: seconds_per_iter, time_ratio_vs_dance, overhead_fraction, batching_speedup, peak_memory_bytes,
+# bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log.
+#
+# Usage, on the GPU machine from the repository root:
+#   bench/gpu.sh                     # the default size (below), ~10 minutes including the build
+#   BENCH_ARGS="--height 512 --width 512" bench/gpu.sh     # extra / overriding harness options
+# The machine may lack the tool's C++ dependencies (CLI11, nlohmann-json, toml++, TurboJPEG, Random123). Stage them
+# first on a Debian machine that has them (scripts/setup.sh) and take the folder along:
+#   bench/gpu.sh --stage-deps build-gpu-deps      # here: copies headers, libraries and CMake files
+#   BRANCHGRPO_DEPS=build-gpu-deps bench/gpu.sh   # there (default: build-gpu-deps when it exists)
+#
+# Exit status: 0 done; 2 no PyTorch (or no CUDA) on this machine; other: the build or the run failed (see the logs).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+if [[ "${1:-}" == "--stage-deps" ]]; then
+  dest=${2:?usage: bench/gpu.sh --stage-deps DIR}
+  mkdir -p "$dest"
+  dest=$(cd "$dest" && pwd)
+  # Headers and CMake package files keep /usr's layout, so the packages' relative prefixes resolve under $dest.
+  copy() {
+    for path in "$@"; do
+      if [[ -e "$path" ]]; then cp -a --parents "$path" "$dest/stage" && echo "staged $path"; else echo "missing $path" >&2; fi
+    done
+  }
+  rm -rf "$dest/stage" && mkdir -p "$dest/stage"
+  copy /usr/include/Random123 /usr/include/CLI /usr/share/cmake/CLI11 /usr/include/nlohmann /usr/share/cmake/nlohmann_json \
+       /usr/include/toml++ /usr/lib/x86_64-linux-gnu/cmake/tomlplusplus /usr/include/turbojpeg.h
+  copy /usr/lib/x86_64-linux-gnu/libtomlplusplus.so* /usr/lib/x86_64-linux-gnu/libturbojpeg.so*
+  rm -rf "$dest/usr" && mv "$dest/stage/usr" "$dest/usr" && rmdir "$dest/stage"
+  du -sh "$dest"
+  exit 0
+fi
+
+out=${OUT:-$repo/out/gpu}
+build=${BUILD_DIR:-$repo/build-gpu}
+mkdir -p "$out"
+
+if ! python3 -c 'import torch' 2>/dev/null; then
+  echo "bench/gpu.sh: PyTorch is not installed here (python3 -c 'import torch' failed): no LibTorch to build against" >&2
+  exit 2
+fi
+read -r torch_prefix torch_abi torch_version cuda_ok < <(python3 -c '
+import torch
+print(torch.utils.cmake_prefix_path, int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__version__, int(torch.cuda.is_available()))')
+if [[ "$cuda_ok" != 1 ]]; then
+  echo "bench/gpu.sh: torch $torch_version sees no CUDA device" >&2
+  exit 2
+fi
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "torch: $torch_version (cmake prefix $torch_prefix, _GLIBCXX_USE_CXX11_ABI=$torch_abi)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
+  echo "cpu: $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo || true)"
+  echo "cmake: $(cmake --version | head -1); compiler: $(${CXX:-c++} --version | head -1)"
+} > "$out/environment.txt"
+cat "$out/environment.txt"
+
+deps=${BRANCHGRPO_DEPS:-$repo/build-gpu-deps}
+prefix_path="$torch_prefix"
+if [[ -d "$deps/usr" ]]; then
+  deps=$(cd "$deps" && pwd)
+  prefix_path="$torch_prefix;$deps/usr"
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$deps/usr/include${CPATH:+:$CPATH}"  # find_path of Random123 / turbojpeg fall back to it too
+  echo "using the staged dependencies in $deps"
+fi
+
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+# The pip wheel's ABI must match everything linked with LibTorch (toml++ is a shared library in Debian: ABI 1).
+echo "configuring and building branchgrpo_cli in $build (log: $out/build.log)"
+if ! { cmake -S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix_path" \
+         "-DCMAKE_INCLUDE_PATH=${deps}/usr/include" "-DCMAKE_LIBRARY_PATH=${deps}/usr/lib/x86_64-linux-gnu" \
+         "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$torch_abi" -DBRANCHGRPO_BUILD_TESTS=OFF \
+         -DBRANCHGRPO_BUILD_EXAMPLES=OFF -DBRANCHGRPO_BUILD_BENCHMARKS=OFF &&
+       cmake --build "$build" --target branchgrpo_cli -j "$(nproc)"; } > "$out/build.log" 2>&1; then
+  tail -40 "$out/build.log" >&2
+  echo "bench/gpu.sh: the build failed (see $out/build.log)" >&2
+  exit 1
+fi
+grep -E "branchgrpo: |LibTorch" "$out/build.log" | head -20 || true
+
+# The default size fits ~10 minutes on an H100 / H200 with the build: FLUX.1-dev (12 B parameters, bf16 weights,
+# LoRA rank 8 on attention and MLP), 256 x 256 pixels (latent 16 x 32 x 32 = 256 image tokens) + 256 text tokens,
+# one prompt (one tree of 16 leaves per variant), 20 steps, 1 warm-up + 1 measured iteration per variant, the
+# batching speedup from one rollout each way. BENCH_ARGS comes last and overrides any of these.
+args=(bench iteration --model flux --flux-config dev --dtype bfloat16 --device cuda --height 256 --width 256
+      --text-tokens 256 --prompts 1 --steps 20 --iters 1 --warmup 1 --batching-repeats 1 --max-batch 16
+      --peak-tflops "${PEAK_TFLOPS:-989}" --json-file "$out/bench_flux_dev.json")
+read -r -a extra <<< "${BENCH_ARGS:-}"
+echo "running: branchgrpo ${args[*]} ${extra[*]}"
+set -o pipefail
+"$build/bin/branchgrpo" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/bench_flux_dev.txt"
+echo "wrote $out/bench_flux_dev.txt and $out/bench_flux_dev.json"
