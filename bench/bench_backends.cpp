@@ -5,8 +5,10 @@
 //   host          std::vector<double> reference (rollout/host_backend.hpp)
 //   eigen         Eigen, double and float (branchgrpo::eigen), when built
 //   xtensor       xtensor, double (branchgrpo::xtensor), when built
-// A LibTorch CPU row goes here once branchgrpo::torch lands: add BRANCHGRPO_BENCH_TORCH in bench/CMakeLists.txt
-// and one BACKEND_BENCHMARKS(torch_backend) line below (its tensors convert from the host in from_host).
+//   torch         LibTorch CPU, float32 storage (branchgrpo::torch), when built
+#if defined(BRANCHGRPO_BENCH_TORCH)
+#include "branchgrpo/torch/backend.hpp"  // before Google Benchmark: LibTorch's logging macros come first
+#endif
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -110,6 +112,9 @@ BACKEND_BENCHMARKS(basic_eigen_backend<float>);
 #endif
 #if defined(BRANCHGRPO_BENCH_XTENSOR)
 BACKEND_BENCHMARKS(xtensor_backend);
+#endif
+#if defined(BRANCHGRPO_BENCH_TORCH)
+BACKEND_BENCHMARKS(torch_backend);
 #endif
 
 }  // namespace
