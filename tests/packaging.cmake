@@ -463,6 +463,7 @@ if(TARGET branchgrpo_cli)
     branchgrpo_cli_test(demo_help "--quick" demo --help)
     branchgrpo_cli_error_test(demo_unknown_method "unknown method 'grpo'" demo --methods dance,grpo)
     branchgrpo_cli_error_test(demo_updates_zero "--updates must be at least 1, got 0" demo --updates 0)
+    branchgrpo_cli_error_test(demo_bad_prompt_rows "--prompt-rows: 'x' is not a row number" demo --prompt-rows 1,x)
     branchgrpo_cli_error_test(demo_eta_negative "--eta must be positive, got -0.5" demo --eta -0.5)
   else()
     branchgrpo_cli_error_test(demo_without_torch

@@ -11,30 +11,11 @@ Usage: flux_reference.py DIR
 Writes DIR/out.bin: the velocity [B, C, H, W] as raw little-endian float64.
 """
 import math
-import os
 import sys
 
 import numpy as np
 
-
-def load(directory):
-    config = {}
-    with open(os.path.join(directory, "config.txt")) as f:
-        for line in f:
-            parts = line.split()
-            if parts:
-                config[parts[0]] = parts[1:]
-    tensors = {}
-    with open(os.path.join(directory, "manifest.txt")) as f:
-        for line in f:
-            parts = line.split()
-            if not parts:
-                continue
-            name, file, ndim = parts[0], parts[1], int(parts[2])
-            shape = tuple(int(d) for d in parts[3:3 + ndim])
-            data = np.fromfile(os.path.join(directory, file), dtype="<f4").astype(np.float64)
-            tensors[name] = data.reshape(shape)
-    return config, tensors
+from reference_io import load, save
 
 
 def linear(w, name, x):
@@ -198,7 +179,7 @@ def main():
     directory = sys.argv[1]
     config, tensors = load(directory)
     out = forward(config, tensors)
-    out.astype("<f8").tofile(os.path.join(directory, "out.bin"))
+    save(directory, out)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ struct gaussian_denoiser {
   // Bookkeeping, for tests of the engine's batching.
   std::int64_t calls = 0;
   std::int64_t rows = 0;
-  std::vector<int> call_steps{};            ///< step of each call
-  std::vector<std::int64_t> call_rows{};    ///< rows of each call
-  std::vector<std::int64_t> seen_prompts{}; ///< prompt of every row, in call order
-  std::vector<std::uint32_t> seen_trees{};  ///< tree key of every row, in call order
+  std::vector<int> call_steps{};             ///< step of each call
+  std::vector<std::int64_t> call_rows{};     ///< rows of each call
+  std::vector<std::int64_t> seen_prompts{};  ///< prompt of every row, in call order
+  std::vector<std::uint32_t> seen_trees{};   ///< tree key of every row, in call order
 
   /// The closed-form velocity above for one element.
   [[nodiscard]] static double velocity(double x, double t, double m, double s0) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,25 +18,19 @@
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
 #include "branchgrpo/training/concepts.hpp"
+#include "error_text.hpp"
+#include "numpy_reference.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
 #undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace branchgrpo;
+using branchgrpo::testing::error_of;
 
 static_assert(Reward<torchscript_reward, torch_backend>);
 
 namespace {
-
-std::string error_of(const auto& body) {
-  try {
-    body();
-  } catch (const invalid_input& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::filesystem::path source_root() {
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
@@ -53,8 +48,8 @@ void randomize(flux_autoencoder& model, std::uint64_t seed) {
   torch::manual_seed(seed);
   torch::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
-    const bool norm_scale = item.value().dim() == 1 && item.key().find("norm") != std::string::npos &&
-                            item.key().ends_with(".weight");
+    const bool norm_scale =
+        item.value().dim() == 1 && item.key().find("norm") != std::string::npos && item.key().ends_with(".weight");
     item.value().copy_(torch::randn(item.value().sizes()) * 0.2 + (norm_scale ? 1.0 : 0.0));
   }
 }
@@ -64,42 +59,17 @@ torch::Tensor decode(flux_autoencoder& model, const torch::Tensor& latents) {
   return model.decode(latents);
 }
 
-/// Writes weights + latents for ae_reference.py, runs it, returns its output as a float64 tensor.
+/// Runs ae_reference.py on the model's weights and `latents`; returns its output as a float64 tensor.
 torch::Tensor numpy_reference(flux_autoencoder& model, const torch::Tensor& latents, std::vector<std::int64_t> shape) {
-  const auto dir = fresh_dir("reference");
   const flux_autoencoder_config& c = model.config();
-  {
-    std::ofstream config(dir / "config.txt");
-    config << "z_channels " << c.z_channels << "\nch " << c.ch << "\nch_mult";
-    for (auto m : c.ch_mult) config << " " << m;
-    config << "\nnum_res_blocks " << c.num_res_blocks << "\nout_ch " << c.out_ch << "\ngroups " << c.groups
-           << "\neps " << c.eps << "\nscale_factor " << c.scale_factor << "\nshift_factor " << c.shift_factor << "\n";
-  }
+  std::ostringstream config;
+  config << "z_channels " << c.z_channels << "\nch " << c.ch << "\nch_mult";
+  for (auto m : c.ch_mult) config << " " << m;
+  config << "\nnum_res_blocks " << c.num_res_blocks << "\nout_ch " << c.out_ch << "\ngroups " << c.groups << "\neps "
+         << c.eps << "\nscale_factor " << c.scale_factor << "\nshift_factor " << c.shift_factor << "\n";
   std::map<std::string, torch::Tensor> tensors = flux_autoencoder_state(model);
   tensors["input.latents"] = latents;
-  std::ofstream manifest(dir / "manifest.txt");
-  int index = 0;
-  for (const auto& [name, tensor] : tensors) {
-    const std::string file = std::to_string(index++) + ".bin";
-    const torch::Tensor data = tensor.to(torch::kFloat32).contiguous();
-    std::ofstream out(dir / file, std::ios::binary);
-    out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.numel() * 4));
-    manifest << name << " " << file << " " << data.dim();
-    for (auto d : data.sizes()) manifest << " " << d;
-    manifest << "\n";
-  }
-  manifest.close();
-  const auto script = source_root() / "tests" / "reference" / "ae_reference.py";
-  const std::string command = "python3 " + script.string() + " " + dir.string();
-  REQUIRE(std::system(command.c_str()) == 0);
-  std::int64_t count = 1;
-  for (auto d : shape) count *= d;
-  std::vector<double> values(static_cast<std::size_t>(count));
-  std::ifstream result(dir / "out.bin", std::ios::binary);
-  result.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * 8));
-  REQUIRE(result.gcount() == static_cast<std::streamsize>(values.size() * 8));
-  std::filesystem::remove_all(dir);
-  return torch::tensor(values, torch::kFloat64).reshape(shape);
+  return testing::run_numpy_reference("ae_reference.py", "ae", config.str(), tensors, shape);
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -134,8 +104,9 @@ TEST_CASE("flux_autoencoder_config presets and validation") {
         "flux_autoencoder_config: ch_mult needs 1 to 8 levels, got 0");
   CHECK(error_of([] { validate(flux_autoencoder_config{.scale_factor = 0}); }) ==
         "flux_autoencoder_config: scale_factor 0 must be finite and non-zero");
-  CHECK(error_of([] { flux_autoencoder model(flux_autoencoder_config{.ch_mult = {1, -2}}); }) ==
-        "flux_autoencoder_config: ch_mult[1] -2 must be positive");
+  CHECK(error_of([] {
+          flux_autoencoder model(flux_autoencoder_config{.ch_mult = {1, -2}});
+        }) == "flux_autoencoder_config: ch_mult[1] -2 must be positive");
 }
 
 TEST_CASE("ae.safetensors decoder names and shapes") {
@@ -155,7 +126,7 @@ TEST_CASE("ae.safetensors decoder names and shapes") {
   CHECK(find_shape(dev, "decoder.up.0.block.2.conv1.weight") == std::vector<std::int64_t>{128, 128, 3, 3});
   CHECK(find_shape(dev, "decoder.norm_out.weight") == std::vector<std::int64_t>{128});
   CHECK(find_shape(dev, "decoder.conv_out.weight") == std::vector<std::int64_t>{3, 128, 3, 3});
-  CHECK(find_shape(dev, "decoder.up.0.upsample.conv.weight").empty());  // the highest level does not upsample
+  CHECK(find_shape(dev, "decoder.up.0.upsample.conv.weight").empty());         // the highest level does not upsample
   CHECK(find_shape(dev, "decoder.up.2.block.0.nin_shortcut.weight").empty());  // 512 -> 512
 
   // The module's parameters are exactly the expected list (names and shapes), for the tiny config.
@@ -195,8 +166,9 @@ TEST_CASE("flux_autoencoder decode: shapes, clamp, unit images") {
   const torch::Tensor unit = unit_images(torch::tensor({-2.0, -1.0, 0.0, 0.5, 3.0}, torch::kFloat64));
   CHECK(torch::equal(unit, torch::tensor({0.0, 0.0, 0.5, 0.75, 1.0}, torch::kFloat64)));
   CHECK(std::isnan(unit_images(torch::tensor({std::nan("")})).item<double>()));
-  CHECK(error_of([&] { model.decode(torch::zeros({1, 3, 4, 4})); }) ==
-        "flux_autoencoder::decode expects latents [B, 4, h, w], got [1, 3, 4, 4]");
+  CHECK(error_of([&] {
+          model.decode(torch::zeros({1, 3, 4, 4}));
+        }) == "flux_autoencoder::decode expects latents [B, 4, h, w], got [1, 3, 4, 4]");
 }
 
 TEST_CASE("flux_autoencoder decode agrees with the numpy reference") {
@@ -211,8 +183,13 @@ TEST_CASE("flux_autoencoder decode agrees with the numpy reference") {
     CHECK(max_abs_diff(ours, reference) < 1e-4);
   }
   SECTION("three levels, two blocks, 16 latent channels, other latent normalization") {
-    const flux_autoencoder_config config{.z_channels = 16, .ch = 16, .ch_mult = {1, 2, 2}, .num_res_blocks = 2,
-                                         .groups = 4, .scale_factor = 0.5, .shift_factor = -0.25};
+    const flux_autoencoder_config config{.z_channels = 16,
+                                         .ch = 16,
+                                         .ch_mult = {1, 2, 2},
+                                         .num_res_blocks = 2,
+                                         .groups = 4,
+                                         .scale_factor = 0.5,
+                                         .shift_factor = -0.25};
     flux_autoencoder model(config);
     randomize(model, 5);
     torch::manual_seed(6);
@@ -340,8 +317,8 @@ TEST_CASE("TorchScript reward: save, load, score, NaN rows, chunks, errors") {
   }
   const torch::Tensor means = expected_images.mean({2, 3});
   for (std::int64_t r = 0; r < 2; ++r) {
-    const double want = means[r][0].item<double>() + 2 * means[r][1].item<double>() +
-                        3 * means[r][2].item<double>() + static_cast<double>(r);
+    const double want = means[r][0].item<double>() + 2 * means[r][1].item<double>() + 3 * means[r][2].item<double>() +
+                        static_cast<double>(r);
     CHECK(decoded[static_cast<std::size_t>(r)] == Approx(want).margin(1e-5));
   }
   leaves[1][0][0][0] = std::nan("");  // a NaN latent decodes to a NaN image: that leaf's score is NaN
@@ -352,12 +329,15 @@ TEST_CASE("TorchScript reward: save, load, score, NaN rows, chunks, errors") {
   // Errors are one line naming the file.
   reward.decode = {};
   const std::string name = path.string();
-  CHECK(error_of([&] { reward(images, std::vector<std::int64_t>{0, 1}); }) ==
-        "torchscript_reward '" + name + "': 2 prompts for 3 leaves");
-  CHECK(error_of([&] { reward(images, std::vector<std::int64_t>{0, -1, 0}); }) ==
-        "torchscript_reward '" + name + "': prompt index -1 at row 1 is negative");
-  CHECK(error_of([&] { reward(torch::zeros({2, 1, 4, 4}), std::vector<std::int64_t>{0, 0}); }) ==
-        "torchscript_reward '" + name + "': images must be [2, 3, H, W], got [2, 1, 4, 4]");
+  CHECK(error_of([&] {
+          reward(images, std::vector<std::int64_t>{0, 1});
+        }) == "torchscript_reward '" + name + "': 2 prompts for 3 leaves");
+  CHECK(error_of([&] {
+          reward(images, std::vector<std::int64_t>{0, -1, 0});
+        }) == "torchscript_reward '" + name + "': prompt index -1 at row 1 is negative");
+  CHECK(error_of([&] {
+          reward(torch::zeros({2, 1, 4, 4}), std::vector<std::int64_t>{0, 0});
+        }) == "torchscript_reward '" + name + "': images must be [2, 3, H, W], got [2, 1, 4, 4]");
   reward.batch = 0;
   CHECK(error_of([&] { reward(images, prompts); }) == "torchscript_reward: batch 0 must be at least 1");
 
@@ -452,9 +432,10 @@ TEST_CASE("docs/export_prompt_embeddings.py is valid Python") {
   const auto script = source_root() / "docs" / "export_prompt_embeddings.py";
   REQUIRE(std::filesystem::exists(script));
   const auto dir = fresh_dir("py_compile");
-  const std::string command = "python3 -c \"import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], "
-                              "doraise=True)\" " +
-                              script.string() + " " + (dir / "out.pyc").string();
+  const std::string command =
+      "python3 -c \"import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], "
+      "doraise=True)\" " +
+      script.string() + " " + (dir / "out.pyc").string();
   CHECK(std::system(command.c_str()) == 0);
   std::filesystem::remove_all(dir);
 }

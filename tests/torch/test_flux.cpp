@@ -3,35 +3,26 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "branchgrpo/torch/flux.hpp"
 #include "branchgrpo/torch/flux_config.hpp"
 #include "branchgrpo/torch/flux_layout.hpp"
+#include "error_text.hpp"
+#include "numpy_reference.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
 #undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace branchgrpo;
+using branchgrpo::testing::error_of;
 
 namespace {
-
-std::string error_of(const auto& body) {
-  try {
-    body();
-  } catch (const invalid_input& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 /// Random weights: linear weights and biases N(0, 0.2^2), norm scales 1 + N(0, 0.2^2).
 void randomize(flux_transformer& model, std::uint64_t seed) {
@@ -50,8 +41,8 @@ struct case_inputs {
 case_inputs make_inputs(const flux_config& c, std::int64_t b, std::int64_t h, std::int64_t w, std::int64_t l,
                         std::uint64_t seed) {
   torch::manual_seed(seed);
-  return {torch::randn({b, c.latent_channels(), h, w}), torch::randn({b, l, c.context_in}),
-          torch::randn({b, c.vec_in}), torch::rand({b}), torch::full({b}, 3.5)};
+  return {torch::randn({b, c.latent_channels(), h, w}), torch::randn({b, l, c.context_in}), torch::randn({b, c.vec_in}),
+          torch::rand({b}), torch::full({b}, 3.5)};
 }
 
 torch::Tensor run(flux_transformer& model, const case_inputs& in) {
@@ -59,49 +50,20 @@ torch::Tensor run(flux_transformer& model, const case_inputs& in) {
   return model.forward_latents(in.x, in.txt, in.pooled, in.t, model.config().guidance_embed ? in.g : torch::Tensor());
 }
 
-std::filesystem::path reference_script() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path() / "reference" / "flux_reference.py";
-}
-
-/// Writes weights + inputs for flux_reference.py, runs it, returns its output as a float64 tensor.
+/// Runs flux_reference.py on the model's weights and `in`; returns its output as a float64 tensor.
 torch::Tensor numpy_reference(flux_transformer& model, const case_inputs& in, const std::string& tag) {
-  const auto dir = std::filesystem::temp_directory_path() / ("branchgrpo_flux_ref_" + tag);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
   const flux_config& c = model.config();
-  {
-    std::ofstream config(dir / "config.txt");
-    config << "hidden " << c.hidden << "\nheads " << c.heads << "\ndepth_double " << c.depth_double
-           << "\ndepth_single " << c.depth_single << "\naxes " << c.rope_axes[0] << " " << c.rope_axes[1] << " "
-           << c.rope_axes[2] << "\ntheta " << c.rope_theta << "\nguidance_embed " << c.guidance_embed << "\n";
-  }
+  std::ostringstream config;
+  config << "hidden " << c.hidden << "\nheads " << c.heads << "\ndepth_double " << c.depth_double << "\ndepth_single "
+         << c.depth_single << "\naxes " << c.rope_axes[0] << " " << c.rope_axes[1] << " " << c.rope_axes[2]
+         << "\ntheta " << c.rope_theta << "\nguidance_embed " << c.guidance_embed << "\n";
   std::map<std::string, torch::Tensor> tensors = flux_state(model);
   tensors["input.x"] = in.x;
   tensors["input.txt"] = in.txt;
   tensors["input.pooled"] = in.pooled;
   tensors["input.t"] = in.t;
   tensors["input.g"] = in.g;
-  std::ofstream manifest(dir / "manifest.txt");
-  int index = 0;
-  for (const auto& [name, tensor] : tensors) {
-    const std::string file = std::to_string(index++) + ".bin";
-    const torch::Tensor data = tensor.to(torch::kFloat32).contiguous();
-    std::ofstream out(dir / file, std::ios::binary);
-    out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.numel() * 4));
-    manifest << name << " " << file << " " << data.dim();
-    for (auto d : data.sizes()) manifest << " " << d;
-    manifest << "\n";
-  }
-  manifest.close();
-  const std::string command = "python3 " + reference_script().string() + " " + dir.string();
-  const int status = std::system(command.c_str());
-  REQUIRE(status == 0);
-  std::ifstream result(dir / "out.bin", std::ios::binary);
-  std::vector<double> values(static_cast<std::size_t>(in.x.numel()));
-  result.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * 8));
-  REQUIRE(result.gcount() == static_cast<std::streamsize>(values.size() * 8));
-  std::filesystem::remove_all(dir);
-  return torch::tensor(values, torch::kFloat64).reshape(in.x.sizes());
+  return testing::run_numpy_reference("flux_reference.py", "flux_" + tag, config.str(), tensors, in.x.sizes().vec());
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -124,10 +86,12 @@ TEST_CASE("flux_config presets and validation") {
   CHECK_NOTHROW(validate(dev));
   CHECK_NOTHROW(validate(tiny));
   CHECK(error_of([] { validate(flux_config{.heads = 5}); }) == "flux_config: hidden 3072 is not divisible by heads 5");
-  CHECK(error_of([] { validate(flux_config{.rope_axes = {16, 56, 54}}); }) ==
-        "flux_config: rope axes sum to 126, head dim is 128");
-  CHECK(error_of([] { validate(flux_config{.rope_axes = {15, 57, 56}}); }) ==
-        "flux_config: rope axis 0 has odd or empty dim 15");
+  CHECK(error_of([] {
+          validate(flux_config{.rope_axes = {16, 56, 54}});
+        }) == "flux_config: rope axes sum to 126, head dim is 128");
+  CHECK(error_of([] {
+          validate(flux_config{.rope_axes = {15, 57, 56}});
+        }) == "flux_config: rope axis 0 has odd or empty dim 15");
   CHECK(error_of([] { validate(flux_config{.in_channels = 6}); }) ==
         "flux_config: in_channels 6 is not a positive multiple of 4 (2x2 packing)");
 }
@@ -236,13 +200,13 @@ TEST_CASE("packing, position ids, RoPE and the timestep embedding against hand v
   CHECK(torch::equal(unpack_latents(packed, 2, 4), y));
   CHECK(error_of([] { pack_latents(torch::zeros({1, 1, 3, 2})); }) == "pack_latents needs even H and W, got 3 x 2");
 
-  CHECK(torch::equal(flux_image_ids(2, 2), torch::tensor({0., 0., 0., 0., 0., 1., 0., 1., 0., 0., 1., 1.},
-                                                         torch::kFloat64).reshape({4, 3})));
+  CHECK(torch::equal(flux_image_ids(2, 2),
+                     torch::tensor({0., 0., 0., 0., 0., 1., 0., 1., 0., 0., 1., 1.}, torch::kFloat64).reshape({4, 3})));
   CHECK(torch::equal(flux_text_ids(2), torch::zeros({2, 3}, torch::kFloat64)));
 
   // axes {2, 2, 4}, theta 10000, ids (0, 1, 2): angles {0 * 1, 1 * 1, 2 * 1, 2 * 10000^(-2/4) = 0.02}.
-  const rope_table rope = flux_rope(torch::tensor({0.0, 1.0, 2.0}, torch::kFloat64).reshape({1, 3}),
-                                    {2, 2, 4}, 10000.0, torch::kFloat64);
+  const rope_table rope =
+      flux_rope(torch::tensor({0.0, 1.0, 2.0}, torch::kFloat64).reshape({1, 3}), {2, 2, 4}, 10000.0, torch::kFloat64);
   const std::vector<double> angles = {0.0, 1.0, 2.0, 0.02};
   REQUIRE(rope.cos.sizes() == torch::IntArrayRef({1, 1, 1, 4}));
   for (int i = 0; i < 4; ++i) {
@@ -250,7 +214,8 @@ TEST_CASE("packing, position ids, RoPE and the timestep embedding against hand v
     CHECK(rope.sin[0][0][0][i].item<double>() == Approx(std::sin(angles[static_cast<std::size_t>(i)])).margin(1e-15));
   }
   // Rotating pair (x0, x1) = (1, 2) by angle 1: (cos 1 - 2 sin 1, sin 1 + 2 cos 1) = (-1.1426, 1.9220).
-  const torch::Tensor q = torch::tensor({0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 3.0, 0.0}, torch::kFloat64).reshape({1, 1, 1, 8});
+  const torch::Tensor q =
+      torch::tensor({0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 3.0, 0.0}, torch::kFloat64).reshape({1, 1, 1, 8});
   const torch::Tensor r = apply_rope(q, rope);
   CHECK(r[0][0][0][2].item<double>() == Approx(std::cos(1.0) - 2 * std::sin(1.0)).margin(1e-12));
   CHECK(r[0][0][0][3].item<double>() == Approx(std::sin(1.0) + 2 * std::cos(1.0)).margin(1e-12));
@@ -271,15 +236,17 @@ TEST_CASE("packing, position ids, RoPE and the timestep embedding against hand v
 TEST_CASE("flux forward shapes for even and odd latent sizes") {
   torch::manual_seed(0);
   flux_transformer model(flux_config::tiny());
-  for (const auto& [h, w] : std::vector<std::pair<std::int64_t, std::int64_t>>{{6, 6}, {4, 8}, {5, 7}, {1, 1}, {3, 4}}) {
+  for (const auto& [h, w] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{6, 6}, {4, 8}, {5, 7}, {1, 1}, {3, 4}}) {
     const case_inputs in = make_inputs(model.config(), 2, h, w, 5, 1);
     const torch::Tensor v = run(model, in);
     CHECK(v.sizes() == torch::IntArrayRef({2, 4, h, w}));
     CHECK(torch::isfinite(v).all().item<bool>());
   }
   const case_inputs in = make_inputs(model.config(), 2, 4, 4, 5, 1);
-  CHECK(error_of([&] { model.forward_latents(torch::zeros({2, 3, 4, 4}), in.txt, in.pooled, in.t, in.g); })
-            .starts_with("flux latents must be [B, 4, H, W]"));
+  CHECK(error_of([&] {
+          model.forward_latents(torch::zeros({2, 3, 4, 4}), in.txt, in.pooled, in.t, in.g);
+        }).starts_with("flux latents must be [B, 4, H, W]"));
   CHECK(error_of([&] { model.forward_latents(in.x, in.txt, in.pooled, in.t, torch::Tensor()); }) ==
         "this FLUX config embeds guidance: pass one guidance value per row");
   // schnell-style config: no guidance embedding needed.
@@ -305,8 +272,8 @@ TEST_CASE("the model's parameters are exactly the bfl layout") {
 TEST_CASE("flux forward agrees with the independent numpy reference to 1e-4") {
   flux_transformer model(flux_config::tiny());
   randomize(model, 7);
-  for (const auto& [h, w, tag] : std::vector<std::tuple<std::int64_t, std::int64_t, std::string>>{
-           {4, 6, "even"}, {5, 3, "odd"}}) {
+  for (const auto& [h, w, tag] :
+       std::vector<std::tuple<std::int64_t, std::int64_t, std::string>>{{4, 6, "even"}, {5, 3, "odd"}}) {
     const case_inputs in = make_inputs(model.config(), 2, h, w, 3, 11);
     const torch::Tensor ours = run(model, in);
     const torch::Tensor reference = numpy_reference(model, in, tag);
@@ -396,8 +363,8 @@ TEST_CASE("gradient checkpointing gives the same loss and gradients") {
   CHECK(torch::allclose(plain[0], checkpointed[0]));
   double worst = 0;
   for (std::size_t i = 1; i < plain.size(); ++i)  // relative to the gradient's size (fp32 rounding only)
-    worst = std::max(worst, max_abs_diff(plain[i], checkpointed[i]) /
-                                std::max(1.0, plain[i].abs().max().item<double>()));
+    worst =
+        std::max(worst, max_abs_diff(plain[i], checkpointed[i]) / std::max(1.0, plain[i].abs().max().item<double>()));
   CHECK(worst < 1e-5);
   CHECK(plain[1].abs().sum().item<double>() > 0);
 }

@@ -15,23 +15,16 @@
 #include "branchgrpo/torch/policy.hpp"
 #include "branchgrpo/training/presets.hpp"
 #include "branchgrpo/training/trainer.hpp"
+#include "error_text.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
 #undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace branchgrpo;
+using branchgrpo::testing::error_of;
 
 namespace {
-
-std::string error_of(const auto& body) {
-  try {
-    body();
-  } catch (const invalid_input& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 void randomize(torch::nn::Module& model, std::uint64_t seed) {
   torch::manual_seed(seed);
@@ -219,14 +212,15 @@ TEST_CASE("flux_denoiser: prompt lookup, sigma as time, shapes, errors") {
   CHECK_FALSE(v.requires_grad());
   // Row r is the transformer at t = sigma on prompt rows[r], guidance 3.5.
   const torch::Tensor index = torch::tensor({0, 1, 1}, torch::kInt64);
-  const torch::Tensor direct = run(*model, {x, prompts.context.index_select(0, index),
-                                            prompts.pooled.index_select(0, index), torch::full({3}, 0.7),
-                                            torch::full({3}, 3.5)});
+  const torch::Tensor direct =
+      run(*model, {x, prompts.context.index_select(0, index), prompts.pooled.index_select(0, index),
+                   torch::full({3}, 0.7), torch::full({3}, 3.5)});
   CHECK(torch::allclose(v, direct, 1e-5, 1e-6));
   CHECK(denoiser.velocity(x, batch).requires_grad());  // the base is trainable (no adapters)
   // Rows 1 and 2 share a prompt and latent rows differ: outputs differ; same latent gives the same output.
-  const torch::Tensor same = denoiser(torch::cat({x.narrow(0, 1, 1), x.narrow(0, 1, 1)}), {
-      .step = 2, .sigma = 0.7, .trees = std::span(trees).subspan(1), .prompts = std::span(rows).subspan(1)});
+  const torch::Tensor same =
+      denoiser(torch::cat({x.narrow(0, 1, 1), x.narrow(0, 1, 1)}),
+               {.step = 2, .sigma = 0.7, .trees = std::span(trees).subspan(1), .prompts = std::span(rows).subspan(1)});
   CHECK(torch::allclose(same[0], same[1]));
 
   const std::vector<std::int64_t> bad = {0, 2, 1};
@@ -235,8 +229,9 @@ TEST_CASE("flux_denoiser: prompt lookup, sigma as time, shapes, errors") {
   const std::vector<std::int64_t> short_rows = {0};
   CHECK(error_of([&] { denoiser(x, {.sigma = 0.5, .trees = trees, .prompts = short_rows}); }) ==
         "denoise batch has 1 prompts for 3 rows");
-  CHECK(error_of([&] { flux_denoiser(model, {torch::zeros({2, 3, 7}), torch::zeros({2, 16})}); }) ==
-        "prompt context must be [N, L, 32]");
+  CHECK(error_of([&] {
+          flux_denoiser(model, {torch::zeros({2, 3, 7}), torch::zeros({2, 16})});
+        }) == "prompt context must be [N, L, 32]");
   static_assert(TorchVelocityModel<flux_denoiser>);
   static_assert(AdapterSwitch<flux_denoiser>);
   static_assert(Denoiser<flux_denoiser, torch_backend>);
@@ -298,8 +293,12 @@ TEST_CASE("a short BranchGRPO run on the tiny FLUX with LoRA raises an analytic 
   autograd_policy policy(denoiser, backend, {.adamw = {.learning_rate = 1e-2, .weight_decay = 0}});
   channel_mean_reward reward{torch::tensor({{1.0, -1.0, 0.5, 0.0}, {-1.0, 0.5, 0.0, 1.0}}, torch::kFloat64)};
   // 4 steps, splits at 0 and 2 (K = 2): 4 leaves per prompt, 12 trained edges per tree.
-  auto recipe = method{split_schedule{.split_steps = {0, 2}, .branching = {2}}, dance_sde{}, correlated{.s = 4.0},
-                       uniform_mean{}, depth_wise{}, keep_all{}};
+  auto recipe = method{split_schedule{.split_steps = {0, 2}, .branching = {2}},
+                       dance_sde{},
+                       correlated{.s = 4.0},
+                       uniform_mean{},
+                       depth_wise{},
+                       keep_all{}};
   const sigma_schedule schedule = shifted_linear_schedule(4);
   const std::vector<std::int64_t> prompts = {0, 1, 0, 1};
   const latent_shape shape{{4, 4, 4}};

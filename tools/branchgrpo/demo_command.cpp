@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
@@ -40,9 +42,9 @@ struct demo_options {
   int updates = 4;   // optimizer steps per iteration (the kept edges split into this many groups)
   std::int64_t rank = 8;
   std::uint64_t seed = 0;
-  // The prompts trained and evaluated (rows of the model's prompt table); empty = all. The default: one prompt
+  // The prompts trained and evaluated: "all", or rows of the model's prompt table. The default: one prompt
   // per colour, the shapes mixed, so 16 iterations x 2 prompts see each prompt 8 times.
-  std::vector<std::int64_t> prompt_rows = {1, 5, 6, 11};
+  std::string prompt_rows = "1,5,6,11";
   std::vector<std::string> methods;  // empty = every preset, dance first
   bool quiet = false;
 };
@@ -71,7 +73,24 @@ run_config demo_config(const demo_options& options, int iterations, std::string_
   return config;
 }
 
-// Keeps the prompt table's `rows` (in that order), so prompt index i of the run is rows[i] of the table.
+// "all" -> {} (every row); "1,5" -> {1, 5}. Anything else is one line naming the bad entry.
+std::vector<std::int64_t> parse_prompt_rows(const std::string& text) {
+  if (text == "all") return {};
+  std::vector<std::int64_t> rows;
+  std::istringstream in(text);
+  for (std::string entry; std::getline(in, entry, ',');) {
+    std::int64_t row = 0;
+    const auto [end, error] = std::from_chars(entry.data(), entry.data() + entry.size(), row);
+    require(error == std::errc() && end == entry.data() + entry.size(), "--prompt-rows: '", entry,
+            "' is not a row number (expected all or rows like 1,5,6,11)");
+    rows.push_back(row);
+  }
+  require(!rows.empty(), "--prompt-rows is empty (expected all or rows like 1,5,6,11)");
+  return rows;
+}
+
+// Keeps the prompt table's `rows` (in that order), so prompt index i of the run is rows[i] of the table;
+// no rows: the whole table.
 void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& rows) {
   if (rows.empty()) return;
   const auto table = static_cast<std::int64_t>(model.prompts.size());
@@ -88,7 +107,7 @@ void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& rows) {
 
 std::unique_ptr<training_run> make_run(const run_config& config, const demo_options& options) {
   run_model model = load_run_model(config);
-  keep_prompt_rows(model, options.prompt_rows);
+  keep_prompt_rows(model, parse_prompt_rows(options.prompt_rows));
   weighted_sum reward = make_run_reward(config, model);
   return std::make_unique<training_run>(config, std::move(model), std::move(reward));
 }
@@ -131,7 +150,8 @@ std::string fixed(double value, int digits) {
 std::string signed_fixed(double value, int digits) { return (value >= 0 ? "+" : "") + fixed(value, digits); }
 
 void write_report(const std::filesystem::path& path, const demo_options& options, int iterations,
-                  const evaluation& before, const std::vector<method_result>& results, double total_seconds) {
+                  const std::vector<std::string>& prompts, const evaluation& before,
+                  const std::vector<method_result>& results, double total_seconds) {
   double dance = 0;  // the ratio column needs dance among the methods
   for (const method_result& r : results)
     if (r.name == "dance") dance = r.seconds_per_iter;
@@ -142,7 +162,11 @@ void write_report(const std::filesystem::path& path, const demo_options& options
       << "Reward: prompt alignment (colour and shape of the image against \"a <colour> <shape>\", in [0, 1]) + 0.1 x "
       << "JPEG compressibility (-kB at quality 95).\n"
       << "Each method: " << iterations << " iterations x " << options.prompts << " prompts, " << options.steps
-      << " denoising steps, seed " << options.seed << ", from the same base model.\n"
+      << " denoising steps, seed " << options.seed << ", from the same base model, " << options.updates
+      << " optimizer steps per iteration.\n"
+      << "Prompts (trained and held out): ";
+  for (std::size_t p = 0; p < prompts.size(); ++p) out << (p > 0 ? ", " : "") << '"' << prompts[p] << '"';
+  out << ".\n"
       << "Held-out reward: deterministic ODE samples, every prompt x " << options.eval_samples
       << " keyed noises never used in training.\n\n";
   out << "| method | reward before | reward after | gain | alignment after | evaluations / iter | edges / iter | "
@@ -227,6 +251,7 @@ void run_demo(demo_options options) {
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
   require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
   require(options.eval_samples >= 1, "--eval-samples must be at least 1, got ", options.eval_samples);
+  (void)parse_prompt_rows(options.prompt_rows);  // a bad list fails here, before any work
   require(options.updates >= 1, "--updates must be at least 1, got ", options.updates);
   require(options.lr > 0 && std::isfinite(options.lr), "--lr must be positive, got ", options.lr);
   require(options.eta > 0 && std::isfinite(options.eta), "--eta must be positive, got ", options.eta);
@@ -288,7 +313,7 @@ void run_demo(demo_options options) {
   }
   bar.clear();
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  write_report(out / "report.md", options, iterations, before, results, total);
+  write_report(out / "report.md", options, iterations, prompts, before, results, total);
   write_csv(out / "demo.csv", results);
   write_plot(out / "reward_vs_time.png", results);
   write_grid(out / "before_after.png", prompts, options, before, results);
@@ -311,10 +336,8 @@ void add_demo_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   demo->add_option("--model", options->model, "Model directory (default models/shapes-tiny)")->type_name("DIR");
   demo->add_option("--prompt-rows", options->prompt_rows,
-                   "Rows of the model's prompt table to train and evaluate on (empty: all)")
-      ->type_name("ROW,...")
-      ->delimiter(',')
-      ->expected(0, -1)
+                   "Rows of the model's prompt table to train and evaluate on, or all")
+      ->type_name("ROW,...|all")
       ->capture_default_str();
   demo->add_option("--prompts", options->prompts, "Prompts (trees) per iteration")
       ->type_name("P")
