@@ -124,8 +124,8 @@ void synchronize(const torch::Device& device) {
 }
 
 /// One variant's Policy<torch_backend>: a FLUX transformer with LoRA, its denoiser and an autograd policy
-/// (AdamW lr 1e-3 without weight decay, clipping at 1, as `branchgrpo demo`). Movable; the policy keeps a
-/// reference to the denoiser, which lives behind a shared_ptr.
+/// (AdamW lr 1e-3 without weight decay, clipping at 1; the rate does not change the timing). Movable; the policy keeps
+/// a reference to the denoiser, which lives behind a shared_ptr.
 class flux_bench_model {
  public:
   flux_bench_model(std::shared_ptr<flux_transformer> transformer, std::shared_ptr<flux_denoiser> denoiser,

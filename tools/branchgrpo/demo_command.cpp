@@ -37,7 +37,7 @@ struct demo_options {
   int steps = 20;
   int eval_samples = 8;
   int eval_every = 0;  // 0 = a quarter of the run
-  double lr = 3e-3;
+  double lr = 2e-3;
   double eta = 0.3;  // dance_sde's noise scale, the presets' (every preset uses dance_sde)
   int updates = 4;   // optimizer steps per iteration (the kept edges split into this many groups)
   std::int64_t rank = 8;
