@@ -9,6 +9,8 @@
 #include "branchgrpo/torch/shapes.hpp"
 #include "branchgrpo/training/concepts.hpp"
 
+// Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
+#undef CHECK
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -51,7 +53,8 @@ std::filesystem::path models_dir() {
 // (values in [0, 1]), as [3, 16, 16] in [-1, 1].
 torch::Tensor rectangle(std::array<double, 3> rgb, int r0, int r1, int c0, int c1, double background = 0.92) {
   torch::Tensor image = torch::full({3, 16, 16}, 2 * background - 1, torch::kFloat32);
-  for (int k = 0; k < 3; ++k) image[k].slice(0, r0, r1).slice(1, c0, c1).fill_(2 * rgb[static_cast<std::size_t>(k)] - 1);
+  for (int k = 0; k < 3; ++k)
+    image[k].slice(0, r0, r1).slice(1, c0, c1).fill_(2 * rgb[static_cast<std::size_t>(k)] - 1);
   return image;
 }
 
@@ -60,8 +63,8 @@ unsigned long reference_jpeg_size(std::vector<unsigned char> rgb, int width, int
   tjhandle handle = tjInitCompress();
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
-  const int status =
-      tjCompress2(handle, rgb.data(), width, 0, height, TJPF_RGB, &buffer, &size, TJSAMP_420, quality, TJFLAG_ACCURATEDCT);
+  const int status = tjCompress2(handle, rgb.data(), width, 0, height, TJPF_RGB, &buffer, &size, TJSAMP_420, quality,
+                                 TJFLAG_ACCURATEDCT);
   tjFree(buffer);
   tjDestroy(handle);
   REQUIRE(status == 0);
@@ -81,10 +84,10 @@ TEST_CASE("shapes prompts: 4 colours x 3 shapes in index order 3 colour + shape"
   CHECK(prompts[4] == "a green square");
   CHECK(prompts[11] == "a yellow triangle");
   for (std::size_t p = 0; p < prompts.size(); ++p)
-    CHECK((parse_shapes_prompt(prompts[p]) == shapes_target{.colour = static_cast<int>(p / 3), .shape = static_cast<int>(p % 3)}));
+    CHECK((parse_shapes_prompt(prompts[p]) ==
+           shapes_target{.colour = static_cast<int>(p / 3), .shape = static_cast<int>(p % 3)}));
   CHECK((parse_shapes_prompt("A Blue triangle") == shapes_target{.colour = 2, .shape = 2}));
-  CHECK_THROWS_WITH(parse_shapes_prompt("a red dog"),
-                    "prompt 'a red dog' names no shape (circle, square, triangle)");
+  CHECK_THROWS_WITH(parse_shapes_prompt("a red dog"), "prompt 'a red dog' names no shape (circle, square, triangle)");
   CHECK_THROWS_WITH(parse_shapes_prompt("a square"), Contains("names no colour"));
 }
 
@@ -120,7 +123,8 @@ TEST_CASE("shapes_draw is a pure function of (seed, index) within the documented
 
 TEST_CASE("shapes_render: the doc example, value ranges and batches") {
   // A red circle of radius 4 at (8, 8), no jitter: the centre pixel is all shape, a corner all background.
-  const shapes_sample circle{.prompt = 0, .radius = 4, .cx = 8, .cy = 8, .colour = shapes_palette[0], .background = 0.92};
+  const shapes_sample circle{
+      .prompt = 0, .radius = 4, .cx = 8, .cy = 8, .colour = shapes_palette[0], .background = 0.92};
   const torch::Tensor image = shapes_render(circle);
   REQUIRE(image.sizes() == c10::IntArrayRef({3, 16, 16}));
   CHECK(image[0][8][8].item<double>() == Approx(0.8).margin(1e-6));
@@ -166,11 +170,12 @@ TEST_CASE("word embeddings: fixed keyed vectors per word") {
   REQUIRE(e.pooled.sizes() == c10::IntArrayRef({12, 16}));
   // "red" is word 1 of prompts 0, 1, 2: one vector, keyed_normal of its FNV hash, table 0.
   const std::vector<double> red = shapes_word_vector("red", 0, 32);
-  CHECK(red[0] == keyed_normal({.seed = shapes_embedding_seed, .tree = fnv1a32("red"), .node = 0,
-                                .stream = noise_stream::auxiliary},
-                               0));
+  CHECK(red[0] ==
+        keyed_normal(
+            {.seed = shapes_embedding_seed, .tree = fnv1a32("red"), .node = 0, .stream = noise_stream::auxiliary}, 0));
   for (int p = 0; p < 3; ++p)
-    for (int j = 0; j < 32; ++j) REQUIRE(e.context[p][1][j].item<float>() == static_cast<float>(red[static_cast<std::size_t>(j)]));
+    for (int j = 0; j < 32; ++j)
+      REQUIRE(e.context[p][1][j].item<float>() == static_cast<float>(red[static_cast<std::size_t>(j)]));
   // pooled = (u_a + u_red + u_circle) / sqrt(3), table 1.
   const auto a = shapes_word_vector("a", 1, 16), r = shapes_word_vector("red", 1, 16),
              c = shapes_word_vector("circle", 1, 16);
@@ -183,8 +188,10 @@ TEST_CASE("word embeddings: fixed keyed vectors per word") {
   CHECK(m.context.size(1) == 3);
   CHECK(m.context[0][1].abs().sum().item<double>() == 0.0);
   CHECK(shapes_word_embeddings(mixed, 8, 8, 5).context.size(1) == 5);
-  CHECK_THROWS_WITH(shapes_word_embeddings(mixed, 8, 8, 2), "word embedding length 2 is below the longest prompt's 3 words");
-  CHECK_THROWS_WITH(shapes_word_embeddings(std::vector<std::string>{}, 8, 8), "word embeddings need at least one prompt");
+  CHECK_THROWS_WITH(shapes_word_embeddings(mixed, 8, 8, 2),
+                    "word embedding length 2 is below the longest prompt's 3 words");
+  CHECK_THROWS_WITH(shapes_word_embeddings(std::vector<std::string>{}, 8, 8),
+                    "word embeddings need at least one prompt");
 }
 
 TEST_CASE("flux_config metadata text round-trips and rejects bad text") {
@@ -254,8 +261,7 @@ TEST_CASE("prompt file: every rejection names the file") {
     save_safetensors(path, tensors, meta);
     return load_prompt_file(path);
   };
-  CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}},
-                                   {{"prompts", "a red circle"}}),
+  CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}}, {{"prompts", "a red circle"}}),
                     name + ": 1 prompt strings for 2 embedding rows");
   CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}}, {}),
                     name + ": no __metadata__ key 'prompts' (the prompt strings)");
@@ -375,13 +381,14 @@ TEST_CASE("shape_alignment: a perfect red circle beats a blue square for 'a red 
       shapes_render({.prompt = 6, .radius = 4.5, .cx = 8, .cy = 8, .colour = shapes_palette[2], .background = 0.92});
   const torch::Tensor images = torch::stack({circle, blue_square, red_square, blue_circle});
   const std::vector<double> r = shape_alignment{}(images, zeros(4));  // all "a red circle"
-  CHECK(r[0] > 0.95);           // measured fill 0.79 vs pi/4: s_shape ~ 1, colour exact
-  CHECK(r[1] < 0.05);           // wrong colour and shape: 0.5 s_shape(fill 1 vs 0.785) ~ 0.014
+  CHECK(r[0] > 0.95);  // measured fill 0.79 vs pi/4: s_shape ~ 1, colour exact
+  CHECK(r[1] < 0.05);  // wrong colour and shape: 0.5 s_shape(fill 1 vs 0.785) ~ 0.014
   CHECK(r[0] - r[1] > 0.9);
-  CHECK(r[2] == Approx(0.5 + 0.5 * std::exp(-std::pow(measure_shape(red_square).fill - std::numbers::pi / 4, 2) / 0.0128))
-                    .margin(1e-9));
-  CHECK(r[2] < 0.6);            // right colour only
-  CHECK(r[3] > 0.45);           // right shape only
+  CHECK(r[2] ==
+        Approx(0.5 + 0.5 * std::exp(-std::pow(measure_shape(red_square).fill - std::numbers::pi / 4, 2) / 0.0128))
+            .margin(1e-9));
+  CHECK(r[2] < 0.6);   // right colour only
+  CHECK(r[3] > 0.45);  // right shape only
   CHECK(r[3] < 0.55);
 
   // The data set agrees with its own prompts far more than with a wrong colour or a wrong shape.
@@ -432,9 +439,9 @@ TEST_CASE("weighted_sum: total, components, NaN and validation") {
   };
   weighted_sum total({{"a", 1.0, constant({1, 2, 3})}, {"b", 0.5, constant({10, not_a_number, 30})}});
   const std::vector<double> r = total(images, prompts);
-  CHECK(r[0] == 6.0);   // 1 + 0.5 * 10
+  CHECK(r[0] == 6.0);  // 1 + 0.5 * 10
   CHECK(std::isnan(r[1]));
-  CHECK(r[2] == 18.0);  // 3 + 0.5 * 30
+  CHECK(r[2] == 18.0);                             // 3 + 0.5 * 30
   CHECK(total.last_components().at("a") == 2.0);   // (1 + 2 + 3) / 3
   CHECK(total.last_components().at("b") == 20.0);  // (10 + 30) / 2, the NaN row left out
   CHECK((total.last_rows().at("a") == std::vector<double>{1, 2, 3}));

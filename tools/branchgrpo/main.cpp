@@ -35,7 +35,8 @@ void add_unavailable_command(CLI::App& app, const std::string& name, const std::
   CLI::App* command = app.add_subcommand(name, description + " (needs LibTorch: not built)");
   command->allow_extras();
   command->callback([name] {
-    branchgrpo::fail("branchgrpo ", name, " needs the LibTorch adapter (not built): install LibTorch, toml++ and "
+    branchgrpo::fail("branchgrpo ", name,
+                     " needs the LibTorch adapter (not built): install LibTorch, toml++ and "
                      "TurboJPEG (scripts/setup.sh) and rebuild");
   });
 }

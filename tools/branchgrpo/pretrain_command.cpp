@@ -3,12 +3,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "branchgrpo/torch/optim.hpp"
-#include "branchgrpo/torch/prompt_file.hpp"
-#include "branchgrpo/torch/rewards.hpp"
-#include "branchgrpo/torch/safetensors.hpp"
-#include "branchgrpo/torch/shapes.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,6 +21,11 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/png.hpp"
+#include "branchgrpo/torch/optim.hpp"
+#include "branchgrpo/torch/prompt_file.hpp"
+#include "branchgrpo/torch/rewards.hpp"
+#include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/torch/shapes.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -91,7 +90,8 @@ flux_config config_from_json(const std::string& text) {
       require(value.is_boolean(), "--config-json 'qkv_bias' must be true or false, got ", value.dump());
       config.qkv_bias = value.get<bool>();
     } else if (key == "rope_axes") {
-      require(value.is_array() && value.size() == 3, "--config-json 'rope_axes' must be 3 integers, got ", value.dump());
+      require(value.is_array() && value.size() == 3, "--config-json 'rope_axes' must be 3 integers, got ",
+              value.dump());
       for (std::size_t a = 0; a < 3; ++a) config.rope_axes[a] = integer(value[a], key);
     } else {
       fail("--config-json: unknown or fixed key '", key,
@@ -136,12 +136,16 @@ step_noise draw_noise(const pretrain_options& o, int step) {
   std::vector<double> eps(static_cast<std::size_t>(o.batch * per_row));
   std::vector<double> t(static_cast<std::size_t>(o.batch));
   for (std::int64_t r = 0; r < o.batch; ++r) {
-    const noise_key key{.seed = o.seed, .iteration = static_cast<std::uint32_t>(step),
-                        .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::edge};
-    fill_keyed_normal(key, std::span<double>(eps).subspan(static_cast<std::size_t>(r * per_row),
-                                                          static_cast<std::size_t>(per_row)));
-    const double n = keyed_normal({.seed = o.seed, .iteration = static_cast<std::uint32_t>(step),
-                                   .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::auxiliary},
+    const noise_key key{.seed = o.seed,
+                        .iteration = static_cast<std::uint32_t>(step),
+                        .tree = static_cast<std::uint32_t>(r),
+                        .stream = noise_stream::edge};
+    fill_keyed_normal(
+        key, std::span<double>(eps).subspan(static_cast<std::size_t>(r * per_row), static_cast<std::size_t>(per_row)));
+    const double n = keyed_normal({.seed = o.seed,
+                                   .iteration = static_cast<std::uint32_t>(step),
+                                   .tree = static_cast<std::uint32_t>(r),
+                                   .stream = noise_stream::auxiliary},
                                   0);
     t[static_cast<std::size_t>(r)] =
         o.t_sampling == "uniform" ? 0.5 * std::erfc(-n / std::numbers::sqrt2) : 1.0 / (1.0 + std::exp(-n));
@@ -168,9 +172,13 @@ rgb_image image_grid(const torch::Tensor& images, int columns, int scale = 4) {
       for (int x = 0; x < w * scale; ++x)
         for (int k = 0; k < 3; ++k)
           grid.pixels[(static_cast<std::size_t>(y0 + y) * static_cast<std::size_t>(grid.width) +
-                       static_cast<std::size_t>(x0 + x)) * 3 + static_cast<std::size_t>(k)] =
+                       static_cast<std::size_t>(x0 + x)) *
+                          3 +
+                      static_cast<std::size_t>(k)] =
               rgb[(static_cast<std::size_t>(y / scale) * static_cast<std::size_t>(w) +
-                   static_cast<std::size_t>(x / scale)) * 3 + static_cast<std::size_t>(k)];
+                   static_cast<std::size_t>(x / scale)) *
+                      3 +
+                  static_cast<std::size_t>(k)];
   }
   return grid;
 }
@@ -329,8 +337,9 @@ void add_pretrain_command(CLI::App& app) {
       ->type_name("logit-normal|uniform")
       ->capture_default_str();
   pretrain
-      ->add_option("--config-json", options->config_json,
-                   "FLUX config fields replacing the shapes config's, e.g. '{\"hidden\": 96, \"rope_axes\": [16, 16, 16]}'")
+      ->add_option(
+          "--config-json", options->config_json,
+          "FLUX config fields replacing the shapes config's, e.g. '{\"hidden\": 96, \"rope_axes\": [16, 16, 16]}'")
       ->type_name("JSON");
   pretrain->add_option("--grid-samples", options->grid_samples, "Samples per prompt in samples.png")
       ->type_name("N")
