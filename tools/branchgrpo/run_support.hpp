@@ -1,14 +1,11 @@
 #pragma once
-// Shared by the LibTorch subcommands (`train`, `sample`, `demo`): images to PNG cells, a progress bar, and the
-// per-iteration metrics (JSON lines and CSV).
+// Shared by the LibTorch subcommands (`train`, `sample`, `demo`): images to PNG cells, the progress bar
+// (progress_bar.hpp), and the per-iteration metrics (JSON lines and CSV).
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -21,6 +18,7 @@
 
 #include "branchgrpo/image_grid.hpp"
 #include "branchgrpo/png.hpp"
+#include "branchgrpo/progress_bar.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
@@ -76,38 +74,6 @@ inline std::filesystem::path make_directory(const std::filesystem::path& dir) {
     throw std::runtime_error("cannot create the directory " + dir.string() + (error ? ": " + error.message() : ""));
   return dir;
 }
-
-/// One line on stderr, redrawn in place; only on a terminal, and only once the run has taken a second.
-class run_progress {
- public:
-  run_progress(bool enabled, int total) : enabled_(enabled && isatty(STDERR_FILENO) != 0), total_(total) {}
-  run_progress(const run_progress&) = delete;
-  run_progress& operator=(const run_progress&) = delete;
-  ~run_progress() { clear(); }
-
-  void update(int done, const std::string& label, double reward, double seconds_per_iter) {
-    if (!enabled_ || std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() < 1.0) return;
-    constexpr int width = 24;
-    const int filled = total_ > 0 ? std::min(width, done * width / total_) : width;
-    char numbers[96];
-    std::snprintf(numbers, sizeof numbers, "  reward %.4f  %.2f s/iter", reward, seconds_per_iter);
-    std::cerr << "\r[" << std::string(static_cast<std::size_t>(filled), '#')
-              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << label << numbers << "\033[K"
-              << std::flush;
-    drawn_ = true;
-  }
-  void clear() {
-    if (!drawn_) return;
-    std::cerr << "\r\033[K" << std::flush;
-    drawn_ = false;
-  }
-
- private:
-  bool enabled_;
-  int total_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  bool drawn_ = false;
-};
 
 /// The metrics of one iteration as a JSON object (keys sorted by nlohmann): the trainer's stats, the optimizer's
 /// gradient norm and each reward's mean unweighted score ("reward/<name>").

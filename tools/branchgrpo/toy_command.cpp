@@ -2,11 +2,9 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +25,7 @@
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/plot.hpp"
 #include "branchgrpo/png.hpp"
+#include "branchgrpo/progress_bar.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/presets.hpp"
@@ -34,8 +33,6 @@
 
 namespace branchgrpo::cli {
 namespace {
-
-using clock_type = std::chrono::steady_clock;
 
 struct toy_options {
   std::string method = "branch";
@@ -122,42 +119,6 @@ struct toy_reward {
 };
 static_assert(Reward<toy_reward, host_backend>);
 
-// --- Progress bar ---------------------------------------------------------------------------------------------
-
-// One line on stderr, redrawn in place; only on a terminal, and only once the run has taken a second.
-class progress_bar {
- public:
-  progress_bar(bool enabled, int total) : enabled_(enabled && isatty(STDERR_FILENO) != 0), total_(total) {}
-  progress_bar(const progress_bar&) = delete;
-  progress_bar& operator=(const progress_bar&) = delete;
-  ~progress_bar() { clear(); }
-
-  void update(int done, const std::string& label, double reward, double seconds_per_iter) {
-    if (!enabled_ || std::chrono::duration<double>(clock_type::now() - start_).count() < 1.0) return;
-    constexpr int width = 24;
-    const int filled = total_ > 0 ? done * width / total_ : width;
-    char numbers[96];
-    std::snprintf(numbers, sizeof numbers, "  reward %.3f  %.3f s/iter", reward, seconds_per_iter);
-    std::cerr << "\r[" << std::string(static_cast<std::size_t>(filled), '#')
-              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << label << numbers << "\033[K"
-              << std::flush;
-    drawn_ = true;
-  }
-
-  // Erases the bar (before other output, and at the end).
-  void clear() {
-    if (!drawn_) return;
-    std::cerr << "\r\033[K" << std::flush;
-    drawn_ = false;
-  }
-
- private:
-  bool enabled_;
-  int total_;
-  clock_type::time_point start_ = clock_type::now();
-  bool drawn_ = false;
-};
-
 // --- One training run -----------------------------------------------------------------------------------------
 
 struct method_run {
@@ -209,7 +170,7 @@ void print_iteration_row(std::ostream& out, const iteration_stats& s) {
 // Trains a copy of `base` with the recipe named `name`. With `stream` set (single-method runs) each
 // iteration is printed as it ends.
 method_run train_method(const std::string& name, const fourier_policy<host_backend>& base, const toy_options& options,
-                        const sigma_schedule& schedule, progress_bar& bar, int done_before,
+                        const sigma_schedule& schedule, run_progress& bar, int done_before,
                         const std::string& bar_prefix, bool stream) {
   method_run run{.name = name, .stats = {}, .trained = {}, .trees_dropped = 0};
   fourier_policy<host_backend> policy = base;
@@ -392,7 +353,7 @@ void print_files(const std::vector<std::filesystem::path>& files) {
 void run_single(const toy_options& options) {
   const std::filesystem::path out = prepare_out(options);
   const sigma_schedule schedule = shifted_linear_schedule(options.steps);
-  progress_bar bar(!options.quiet, options.iters);
+  run_progress bar(!options.quiet, options.iters);
   fourier_policy<host_backend> base = make_toy_policy(options.seed);
   const evaluation before = evaluate(base, schedule, options.seed);
   if (!options.json) print_iteration_header(std::cout);
@@ -422,7 +383,7 @@ void run_single(const toy_options& options) {
 void run_compare(const toy_options& options) {
   const std::filesystem::path out = prepare_out(options);
   const sigma_schedule schedule = shifted_linear_schedule(options.steps);
-  progress_bar bar(!options.quiet, static_cast<int>(preset_names.size()) * options.iters);
+  run_progress bar(!options.quiet, static_cast<int>(preset_names.size()) * options.iters);
   fourier_policy<host_backend> base = make_toy_policy(options.seed);  // fitted once, copied per method
   const evaluation before = evaluate(base, schedule, options.seed);
   std::vector<method_run> runs;

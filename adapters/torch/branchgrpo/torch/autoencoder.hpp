@@ -1,7 +1,7 @@
 #pragma once
 // The FLUX.1 autoencoder's DECODER as torch::nn modules, with the parameter names of BFL's `ae.safetensors`
-// (decoder.*), so leaf latents of a FLUX model become RGB images for rewards. The encoder is not implemented
-// (training never encodes: rollouts start from noise); its encoder.* tensors are skipped when loading.
+// (decoder.*), so leaf latents of a FLUX model become RGB images for rewards. Decoder only, by design: training
+// never encodes (rollouts start from noise), so a full ae.safetensors' encoder.* tensors are skipped when loading.
 //
 //   z = latents / scale_factor + shift_factor                       (undo the latent normalization)
 //   h = conv_in(z)                                                  3x3, z_channels -> ch * ch_mult.back()
@@ -21,7 +21,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -147,20 +146,8 @@ inline std::vector<flux_tensor_spec> flux_decoder_expected_tensors(const flux_au
 ///   "extra" -> missing {"decoder.conv_in.bias"}, unexpected {"extra"}.
 inline flux_key_report check_flux_decoder_tensors(const flux_autoencoder_config& config,
                                                   const std::map<std::string, std::vector<std::int64_t>>& shapes) {
-  flux_key_report report;
-  std::set<std::string> wanted;
-  for (const flux_tensor_spec& spec : flux_decoder_expected_tensors(config)) {
-    wanted.insert(spec.name);
-    const auto found = shapes.find(spec.name);
-    if (found == shapes.end())
-      report.missing.push_back(spec.name);
-    else if (found->second != spec.shape)
-      report.mismatched.push_back(spec.name + " " + detail::shape_text(found->second) + " (expected " +
-                                  detail::shape_text(spec.shape) + ")");
-  }
-  for (const auto& [name, shape] : shapes)
-    if (!wanted.contains(name) && !name.starts_with("encoder.")) report.unexpected.push_back(name);
-  return report;
+  return compare_tensors(flux_decoder_expected_tensors(config), shapes,
+                         [](const std::string& name) { return name.starts_with("encoder."); });
 }
 
 // ---- Modules ------------------------------------------------------------------------------------------------

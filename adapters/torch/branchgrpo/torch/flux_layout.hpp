@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <ranges>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -204,18 +205,18 @@ struct flux_key_report {
   }
 };
 
-/// Compares a checkpoint's names and shapes with flux_expected_tensors(config, layout).
-/// Example: tiny config, bfl, every expected tensor but img_in.bias, and img_in.weight as [64, 8] ->
-///   missing {"img_in.bias"}, mismatched {"img_in.weight [64, 8] (expected [64, 16])"}.
+/// Compares a checkpoint's names and shapes with an expected tensor list; names for which ignored(name) holds
+/// are neither expected nor unexpected (e.g. the encoder half of an autoencoder file).
+/// Example: expected {a [2]}, checkpoint {a [3], b [1]} -> mismatched {"a [3] (expected [2])"}, unexpected {"b"}.
 /// @post names in the report are in the order of the expected list (missing, mismatched) and of the
 ///   checkpoint map (unexpected, sorted by name).
-inline flux_key_report check_flux_tensors(const flux_config& config, flux_layout layout,
-                                          const std::map<std::string, std::vector<std::int64_t>>& shapes) {
+template <class Ignored>
+flux_key_report compare_tensors(const std::vector<flux_tensor_spec>& expected,
+                                const std::map<std::string, std::vector<std::int64_t>>& shapes, Ignored ignored) {
   flux_key_report report;
-  const auto expected = flux_expected_tensors(config, layout);
-  std::map<std::string, const flux_tensor_spec*> wanted;
-  for (const auto& spec : expected) {
-    wanted.emplace(spec.name, &spec);
+  std::set<std::string> wanted;
+  for (const flux_tensor_spec& spec : expected) {
+    wanted.insert(spec.name);
     const auto found = shapes.find(spec.name);
     if (found == shapes.end())
       report.missing.push_back(spec.name);
@@ -224,8 +225,17 @@ inline flux_key_report check_flux_tensors(const flux_config& config, flux_layout
                                   detail::shape_text(spec.shape) + ")");
   }
   for (const auto& [name, shape] : shapes)
-    if (!wanted.contains(name)) report.unexpected.push_back(name);
+    if (!wanted.contains(name) && !ignored(name)) report.unexpected.push_back(name);
   return report;
+}
+
+/// Compares a checkpoint's names and shapes with flux_expected_tensors(config, layout).
+/// Example: tiny config, bfl, every expected tensor but img_in.bias, and img_in.weight as [64, 8] ->
+///   missing {"img_in.bias"}, mismatched {"img_in.weight [64, 8] (expected [64, 16])"}.
+/// @post as compare_tensors.
+inline flux_key_report check_flux_tensors(const flux_config& config, flux_layout layout,
+                                          const std::map<std::string, std::vector<std::int64_t>>& shapes) {
+  return compare_tensors(flux_expected_tensors(config, layout), shapes, [](const std::string&) { return false; });
 }
 
 /// How one bfl tensor is built from diffusers tensors.
