@@ -1,6 +1,6 @@
 // Micro-benchmarks of every component family on the host (docs/performance.md):
 //   topology build, each noise correlator, each fusion, each normalizer, each pruner, one SDE step with its
-//   log-prob, keyed noise fill, and the preset path "fusion + normalization + pruning" of 64 x 16 x 20
+//   log-prob, keyed noise fill, and the method path "fusion + normalization + pruning" of 64 x 16 x 20
 //   (target <= 50 us).
 // Tree sizes: T trees x L leaves x 20 steps, T in {1, 8, 64}, L = 16 (K = 2) or 81 (K = 3), dense splits.
 // Items are nodes (tree policies), elements (noise, SDE step); bytes are the doubles read and written once.
@@ -142,11 +142,11 @@ BENCHMARK_TEMPLATE(BM_pruner, parent_top_k)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_pruner, extreme)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_pruner, sde_window)->Apply(tree_sizes);
 
-// --- The preset path: fusion + normalization + pruning (target <= 50 us at 64 x 16 x 20) -----------------------
+// --- The method path: fusion + normalization + pruning (target <= 50 us at 64 x 16 x 20) -----------------------
 
 // What train_iteration does between the rewards and the update for branch-widpru: uniform_mean, depth_wise
 // (per tree), parent_top_k{.k = 1}.
-void BM_preset_path(benchmark::State& state) {
+void BM_method_path(benchmark::State& state) {
   const rollout_tree tree = forest(static_cast<std::int32_t>(state.range(0)), static_cast<int>(state.range(1)));
   const std::vector<double> rewards = leaf_rewards(tree);
   const uniform_mean fusion{};
@@ -163,9 +163,9 @@ void BM_preset_path(benchmark::State& state) {
     benchmark::DoNotOptimize(mask.data());
   }
   tree_counters(state, tree);
-  state.counters["target_us"] = 50;  // issue 5, at 64 x 16 x 20; compare with the reported time
+  state.counters["target_us"] = 50;  // the component target at 64 x 16 x 20 (docs/performance.md)
 }
-BENCHMARK(BM_preset_path)->Apply(tree_sizes)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_method_path)->Apply(tree_sizes)->Unit(benchmark::kMicrosecond);
 
 // --- SDE step + log-prob on the host backend ---------------------------------------------------------------------
 

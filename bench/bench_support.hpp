@@ -16,7 +16,7 @@ namespace branchgrpo::bench {
 
 inline constexpr int steps = 20;
 
-/// The tree sizes of issue 5, {trees, branching}: 1 x 16 x 20 up to 64 x 81 x 20.
+/// The benchmarked tree sizes, {trees, branching}: 1 x 16 x 20 up to 64 x 81 x 20 (docs/performance.md).
 inline void tree_sizes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"trees", "K"});
   for (int k : {2, 3})

@@ -29,7 +29,7 @@ struct outcome {
 template <bg::Backend B>
 outcome run(B backend) {
   auto policy = bg::make_toy_policy<B>(7, {}, backend);  // the toy computes its velocities through B
-  auto recipe = bg::branch_preset();
+  auto recipe = bg::branch_method();
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(20);
   const std::vector<std::int64_t> prompts = {0, 3, 5};
 

@@ -8,13 +8,13 @@
 // and the same train_iteration and recipe as the toy examples. It checks that LoRA confines the update to the
 // adapters: every base weight is bit-identical afterwards.
 // Run: build/examples/example_flux_lora models/shapes-tiny   (exit status 1 when a checked fact does not hold)
+#include <branchgrpo/app/rewards.hpp>
+#include <branchgrpo/app/shapes.hpp>
 #include <branchgrpo/branchgrpo.hpp>
 #include <branchgrpo/torch/backend.hpp>
-#include <branchgrpo/torch/flux_denoiser.hpp>
+#include <branchgrpo/torch/flux/denoiser.hpp>
 #include <branchgrpo/torch/lora.hpp>
 #include <branchgrpo/torch/policy.hpp>
-#include <branchgrpo/torch/rewards.hpp>
-#include <branchgrpo/torch/shapes.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -42,10 +42,10 @@ int main(int argc, char** argv) try {
   bg::torch_backend backend{.device = torch::kCPU, .dtype = torch::kFloat32};
   // lr 1e-3 suits LoRA on a tiny model (FLUX-size models want ~1e-5); no weight decay, so a tensor with a zero
   // gradient stays exactly where it was.
-  bg::autograd_policy policy(denoiser, backend, {.adamw = {.learning_rate = 1e-3, .weight_decay = 0.0}});
+  bg::autograd_policy policy(denoiser, backend, {.optimizer = {.lr = 1e-3, .weight_decay = 0.0}});
   bg::shape_alignment reward{.prompts = model.prompts};
 
-  auto recipe = bg::branch_preset(bg::parent_top_k{.k = 1});  // BranchGRPO-WidPru, as for the toy
+  auto recipe = bg::branch_method(bg::parent_top_k{.k = 1});  // BranchGRPO-WidPru, as for the toy
   const std::vector<std::int64_t> prompts = {0, 4};           // one dense tree per prompt
   // Two optimizer steps: at the first, B = 0 makes A's gradient zero, so only the second moves A.
   const bg::iteration_stats s = bg::train_iteration(

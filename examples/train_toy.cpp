@@ -15,7 +15,7 @@ int main() {
   auto policy = bg::make_toy_policy(7);                       // a 2-D flow model with exact gradients
   bg::mode_reward<> reward;                                   // prompt p asks for ring mode p
   bg::host_backend backend;                                   // std::vector tensors
-  auto recipe = bg::branch_preset(bg::parent_top_k{.k = 1});  // dense tree, Parent-Top1 after the last split
+  auto recipe = bg::branch_method(bg::parent_top_k{.k = 1});  // dense tree, Parent-Top1 after the last split
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(20);
   const std::vector<std::int64_t> prompts = {0, 1, 2, 3, 4, 5, 6, 7};  // one tree (16 leaves) per prompt
   constexpr int iterations = 30;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/torch/safetensors_format.hpp"
+#include "branchgrpo/safetensors.hpp"
 
 namespace branchgrpo::fuzz {
 

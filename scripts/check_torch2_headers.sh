@@ -21,7 +21,7 @@ include=(-isystem "$work/torch/include" -isystem "$work/torch/include/torch/csrc
 status=0
 for test in tests/torch/test_*.cpp; do
   if g++ -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -Wno-restrict -D_GLIBCXX_USE_CXX11_ABI=0 \
-       -Iinclude -Iadapters/torch -Itests/support "${include[@]}" "$test"; then
+       -Iinclude -Iadapters/torch -Iadapters/safetensors -Iadapters/model_specs -Iadapters/config -Itools/app -Itests/support "${include[@]}" "$test"; then
     echo "ok     $test (torch ${version} headers)"
   else
     echo "FAILED $test (torch ${version} headers)"

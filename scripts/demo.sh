@@ -10,8 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build --target branchgrpo_cli -j"$(nproc)"
 
-echo "== BranchGRPO, dense preset: branchgrpo tree --preset dense"
-build/bin/branchgrpo tree --preset dense
+echo "== BranchGRPO, dense schedule: branchgrpo tree --schedule dense"
+build/bin/branchgrpo tree --schedule dense
 echo
 echo "== DanceGRPO baseline: branchgrpo tree --sequential 16"
 build/bin/branchgrpo tree --sequential 16

@@ -1,8 +1,9 @@
 # Packaging tests, include()d from tests/CMakeLists.txt:
 #   - the branchgrpo tool's `tree` subcommand: expected counts, and one-line errors on invalid input;
 #   - its `toy` subcommand: JSON lines, the compare object, the CSV and PNG files, dropped trees, errors;
-#   - every public header (core and backend adapters) compiles on its own;
-#   - the library is consumed through an install (find_package) and through add_subdirectory.
+#   - every public header (core and torch-free adapters) compiles on its own;
+#   - the install holds every target's files, each target is consumed alone through it (find_package), and the
+#     core through add_subdirectory.
 
 # The report behind `branchgrpo tree` lives with the tool.
 if(TARGET test_tree_report)
@@ -39,45 +40,46 @@ if(TARGET branchgrpo_cli)
                       tree --json)
   branchgrpo_cli_test(dense_nodes_per_depth [=["nodes_per_depth":\[1,2,2,2,4,4,4,8,8,8,16,16,]=] tree --json)
   branchgrpo_cli_test(dense_topology [=["topology":"split_schedule{.split_steps = {0, 3, 6, 9}, .branching = {2}}"]=]
-                      tree --preset dense --json)
+                      tree --schedule dense --json)
   branchgrpo_cli_test(dense_table "evaluations +203\n" tree)
   branchgrpo_cli_test(sequential_evaluations [=["evaluations":305[,}]]=] tree --sequential 16 --json)
   branchgrpo_cli_test(sequential_separate_roots [=["evaluations":320[,}]]=] tree --sequential 16 --shared-root false
                       --json)
-  branchgrpo_cli_test(branch3_leaves [=["leaves":81[,}]]=] tree --branch 3 --json)
-  branchgrpo_cli_test(branch_per_split [=["leaves":16[,}]]=] tree --branch 4,2,2,1 --json)  # 4*2*2*1
-  branchgrpo_cli_test(mixed_evaluations [=["evaluations":169[,}]]=] tree --preset mixed --json)
-  branchgrpo_cli_test(sparse_evaluations [=["evaluations":135[,}]]=] tree --preset sparse --json)
+  branchgrpo_cli_test(branching3_leaves [=["leaves":81[,}]]=] tree --branching 3 --json)
+  branchgrpo_cli_test(branching_per_split [=["leaves":16[,}]]=] tree --branching 4,2,2,1 --json)  # 4*2*2*1
+  branchgrpo_cli_test(mixed_evaluations [=["evaluations":169[,}]]=] tree --schedule mixed --json)
+  branchgrpo_cli_test(sparse_evaluations [=["evaluations":135[,}]]=] tree --schedule sparse --json)
   branchgrpo_cli_test(flow_grpo_fast [=["evaluations":11,.*"ode_edges":6,.*"sde_edges":8,]=] tree --steps 5
                       --flow-grpo-fast 4 --split-step 2 --sde-steps 2 --json)
-  branchgrpo_cli_test(user_sigmas [=["sigmas":\[1.0,0.5,0.0\]]=] tree --steps 2 --split-points 0 --sigmas 1,0.5,0
+  branchgrpo_cli_test(user_sigmas [=["sigmas":\[1.0,0.5,0.0\]]=] tree --steps 2 --split-steps 0 --sigmas 1,0.5,0
                       --json)
-  branchgrpo_cli_test(help "--split-points" tree --help)
+  branchgrpo_cli_test(help "--split-steps" tree --help)
 
-  branchgrpo_cli_error_test(split_step_past_steps "split step 20 is not in" tree --split-points 0,3,20)
-  branchgrpo_cli_error_test(branch_zero "branching factor 0 " tree --branch 0)
-  branchgrpo_cli_error_test(branch_negative "branching factor -1 " tree --branch -1)
-  branchgrpo_cli_error_test(duplicate_split "split step 3 is given more than once" tree --split-points 0,3,3)
-  branchgrpo_cli_error_test(too_many_leaves "exceeds 2\\^24 leaves" tree --branch 100)
+  branchgrpo_cli_error_test(split_step_past_steps "split step 20 is not in" tree --split-steps 0,3,20)
+  branchgrpo_cli_error_test(branching_zero "branching factor 0 " tree --branching 0)
+  branchgrpo_cli_error_test(branching_negative "branching factor -1 " tree --branching -1)
+  branchgrpo_cli_error_test(duplicate_split "split step 3 is given more than once" tree --split-steps 0,3,3)
+  branchgrpo_cli_error_test(too_many_leaves "exceeds 2\\^24 leaves" tree --branching 100)
   branchgrpo_cli_error_test(too_many_chains "20000000 roots exceeds 2\\^24" tree --sequential 20000000
                             --shared-root false)
-  branchgrpo_cli_error_test(branch_count "2 branching factors for 4 split steps" tree --branch 2,2)
+  branchgrpo_cli_error_test(branching_count "2 branching factors for 4 split steps" tree --branching 2,2)
   branchgrpo_cli_error_test(group_zero "group size 0 is below 1" tree --sequential 0)
   branchgrpo_cli_error_test(steps_zero "steps must be at least 1, got 0" tree --steps 0)
+  branchgrpo_cli_error_test(steps_too_many "at most 255 steps are supported, got 256" tree --steps 256)
   branchgrpo_cli_error_test(fast_split_past_steps "split step 20 is not in" tree --flow-grpo-fast 4 --split-step 20)
   branchgrpo_cli_error_test(sigmas_increase "does not decrease at index 2: 0.5 then 0.7" tree --steps 2
-                            --split-points 0 --sigmas 1,0.5,0.7)
-  branchgrpo_cli_error_test(sigmas_nan "sigma\\[1\\] = nan" tree --steps 2 --split-points 0 --sigmas 1,nan,0)
+                            --split-steps 0 --sigmas 1,0.5,0.7)
+  branchgrpo_cli_error_test(sigmas_nan "sigma\\[1\\] = nan" tree --steps 2 --split-steps 0 --sigmas 1,nan,0)
   branchgrpo_cli_error_test(sigmas_size "--sigmas has 3 values for 20 steps" tree --sigmas 1,0.5,0)
   branchgrpo_cli_error_test(shift_negative "time shift must be positive and finite, got -1" tree --shift -1)
   branchgrpo_cli_error_test(unknown_option "--frobnicate" tree --frobnicate)
   branchgrpo_cli_error_test(unknown_subcommand "bogus" bogus)
   branchgrpo_cli_error_test(no_subcommand "a subcommand is required")
-  branchgrpo_cli_error_test(bad_preset "foo" tree --preset foo)
+  branchgrpo_cli_error_test(bad_schedule "foo" tree --schedule foo)
   branchgrpo_cli_error_test(bad_number "abc" tree --steps abc)
   branchgrpo_cli_error_test(bad_bool "maybe" tree --sequential 4 --shared-root maybe)
   branchgrpo_cli_error_test(shared_root_alone "--shared-root requires --sequential" tree --shared-root false)
-  branchgrpo_cli_error_test(sequential_and_branch "excludes" tree --sequential 4 --branch 3)
+  branchgrpo_cli_error_test(sequential_and_branching "excludes" tree --sequential 4 --branching 3)
   branchgrpo_cli_error_test(fast_without_split "--flow-grpo-fast requires --split-step" tree --flow-grpo-fast 4)
 
   # `branchgrpo toy`: runs that succeed, checked by package/check_toy_cli.cmake (stdout lines and keys, the files
@@ -143,7 +145,7 @@ endif()
 
 # --- Every public header compiles on its own --------------------------------------------------------------------
 # One generated .cpp per header, holding only its #include, in an OBJECT library per include root: the core
-# (include/) and each backend adapter whose target exists (adapters/<name>/, with its third-party library).
+# (include/) and each torch-free adapter whose target exists (adapters/<name>/, with its third-party library).
 function(branchgrpo_self_containment target root link)
   file(GLOB_RECURSE headers CONFIGURE_DEPENDS ${root}/branchgrpo/*.hpp)
   set(sources "")
@@ -162,37 +164,85 @@ function(branchgrpo_self_containment target root link)
 endfunction()
 
 branchgrpo_self_containment(header_self_containment ${PROJECT_SOURCE_DIR}/include branchgrpo::branchgrpo)
-set(installed_adapters "")
-foreach(adapter IN ITEMS eigen xtensor)
+# The torch-free adapters too; not torch or app, where every header would be a ~40 s LibTorch translation unit
+# (their consumers below compile one TU each).
+foreach(adapter IN ITEMS eigen xtensor safetensors model_specs config)
   if(TARGET branchgrpo::${adapter})
     branchgrpo_self_containment(header_self_containment_${adapter} ${PROJECT_SOURCE_DIR}/adapters/${adapter}
                                 branchgrpo::${adapter})
-    list(APPEND installed_adapters ${adapter})
   endif()
 endforeach()
 
 # --- Consumers: install + find_package, and add_subdirectory ----------------------------------------------------
-if(TARGET branchgrpo_cli)
-  set(tool_installed ON)
-else()
-  set(tool_installed OFF)
-endif()
-list(JOIN installed_adapters "," adapters)
-foreach(mode IN ITEMS install subdirectory)
-  add_test(NAME package_${mode}_consumer
-           COMMAND ${CMAKE_COMMAND} -DMODE=${mode} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DBUILD_DIR=${PROJECT_BINARY_DIR}
-                   -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/package/${mode} -DCXX_COMPILER=${CMAKE_CXX_COMPILER}
-                   "-DGENERATOR=${CMAKE_GENERATOR}" -DCONFIG=$<CONFIG> -DBINDIR=${CMAKE_INSTALL_BINDIR}
-                   -DTOOL_INSTALLED=${tool_installed} "-DADAPTERS=${adapters}"
-                   -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_consumers.cmake)
-  set_tests_properties(package_${mode}_consumer PROPERTIES LABELS package TIMEOUT 600)
+# package_install (fixture setup branchgrpo_install): `cmake --install` of this build into package/prefix (emptied
+# first); every file of every built target's include root must be there, the package's CMake files (with
+# FindTurboJPEG.cmake, which branchgrpo::app's config needs), and, with the tool, the tool (it must run) and its
+# shipped model.
+# package_consumer_<target>, one per package target built here: a project that find_package()s branchgrpo from that
+# prefix and links only branchgrpo::<target> (tests/package/consumer/<target>.cpp, -Wall -Wextra -Wpedantic
+# -Werror), built and run. Those of the torch-free targets fail if LibTorch is on their compile or link lines
+# (and those of torch and app if it is not: the check's control). package_subdirectory_consumer: add_subdirectory.
+set(package_targets branchgrpo)
+set(package_header_roots ${PROJECT_SOURCE_DIR}/include)
+foreach(adapter IN ITEMS eigen xtensor safetensors model_specs config torch)
+  if(TARGET branchgrpo::${adapter})
+    list(APPEND package_targets ${adapter})
+    list(APPEND package_header_roots ${PROJECT_SOURCE_DIR}/adapters/${adapter})
+  endif()
 endforeach()
+if(TARGET branchgrpo::app)
+  list(APPEND package_targets app)
+  list(APPEND package_header_roots ${PROJECT_SOURCE_DIR}/tools/app)
+endif()
+set(package_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/branchgrpo)
+set(package_files ${package_cmake_dir}/branchgrpoConfig.cmake ${package_cmake_dir}/branchgrpoConfigVersion.cmake
+                  ${package_cmake_dir}/branchgrpoTargets.cmake ${package_cmake_dir}/FindRandom123.cmake
+                  ${package_cmake_dir}/FindTurboJPEG.cmake)
+set(package_tool "")
+if(TARGET branchgrpo_cli)
+  set(package_tool ${CMAKE_INSTALL_BINDIR}/branchgrpo)
+  set(package_models_dir ${CMAKE_INSTALL_DATADIR}/branchgrpo/models/shapes-tiny)
+  list(APPEND package_files ${package_tool} ${package_models_dir}/model.safetensors
+                            ${package_models_dir}/prompts.safetensors)
+endif()
+list(JOIN package_header_roots "|" package_header_roots)
+list(JOIN package_files "|" package_files)
+set(package_prefix ${CMAKE_CURRENT_BINARY_DIR}/package/prefix)
+set(package_check ${CMAKE_CURRENT_SOURCE_DIR}/package/check_consumers.cmake)
+set(package_consumer_args -DCXX_COMPILER=${CMAKE_CXX_COMPILER} "-DGENERATOR=${CMAKE_GENERATOR}" -DCONFIG=$<CONFIG>)
 
-# --- Safetensors (torch-free part of adapters/torch; issue 4) ---------------------------------------------------
+add_test(NAME package_install
+         COMMAND ${CMAKE_COMMAND} -DMODE=install -DBUILD_DIR=${PROJECT_BINARY_DIR} -DPREFIX=${package_prefix}
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/package/install -DCONFIG=$<CONFIG>
+                 -DINCLUDEDIR=${CMAKE_INSTALL_INCLUDEDIR} "-DHEADER_ROOTS=${package_header_roots}"
+                 "-DFILES=${package_files}" "-DTOOL=${package_tool}" -P ${package_check})
+set_tests_properties(package_install PROPERTIES LABELS package TIMEOUT 300 FIXTURES_SETUP branchgrpo_install)
+foreach(package_target IN LISTS package_targets)
+  if(package_target STREQUAL "torch" OR package_target STREQUAL "app")
+    set(package_torch ON)
+    set(package_labels "package;torch")
+  else()
+    set(package_torch OFF)
+    set(package_labels package)
+  endif()
+  add_test(NAME package_consumer_${package_target}
+           COMMAND ${CMAKE_COMMAND} -DMODE=consumer -DTARGET=${package_target} -DTORCH=${package_torch}
+                   -DPREFIX=${package_prefix} -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/package/consumer_${package_target}
+                   ${package_consumer_args} -P ${package_check})
+  set_tests_properties(package_consumer_${package_target} PROPERTIES LABELS "${package_labels}" TIMEOUT 600
+                       FIXTURES_REQUIRED branchgrpo_install)
+endforeach()
+add_test(NAME package_subdirectory_consumer
+         COMMAND ${CMAKE_COMMAND} -DMODE=subdirectory -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/package/subdirectory ${package_consumer_args} -P ${package_check})
+set_tests_properties(package_subdirectory_consumer PROPERTIES LABELS package TIMEOUT 600)
+
+# --- Safetensors (branchgrpo::safetensors, torch-free) ---------------------------------------------------------
 # test_safetensors needs no LibTorch: the reader is std + POSIX. It replays the fuzzer's seed corpus through the
 # fuzzer's own checks (fuzz/safetensors_fuzz_input.hpp).
 if(TARGET test_safetensors)
-  target_include_directories(test_safetensors PRIVATE ${PROJECT_SOURCE_DIR}/adapters/torch ${PROJECT_SOURCE_DIR}/fuzz)
+  target_link_libraries(test_safetensors PRIVATE branchgrpo::safetensors)
+  target_include_directories(test_safetensors PRIVATE ${PROJECT_SOURCE_DIR}/fuzz)
   target_compile_definitions(test_safetensors PRIVATE BRANCHGRPO_FUZZ_CORPUS="${PROJECT_SOURCE_DIR}/fuzz/corpus")
 endif()
 
@@ -200,8 +250,8 @@ endif()
 # layout, sharded, damaged, not FLUX, malformed): a fixture writes them first.
 if(TARGET branchgrpo_cli)
   add_executable(make_weights_fixtures ${CMAKE_CURRENT_SOURCE_DIR}/package/make_weights_fixtures.cpp)
-  target_link_libraries(make_weights_fixtures PRIVATE branchgrpo::branchgrpo branchgrpo_warnings)
-  target_include_directories(make_weights_fixtures PRIVATE ${PROJECT_SOURCE_DIR}/adapters/torch)
+  target_link_libraries(make_weights_fixtures PRIVATE branchgrpo::safetensors branchgrpo::model_specs
+                                                      branchgrpo_warnings)
   set(weights_dir ${CMAKE_CURRENT_BINARY_DIR}/weights)
   add_test(NAME cli_weights_fixtures COMMAND make_weights_fixtures ${weights_dir})
   set_tests_properties(cli_weights_fixtures PROPERTIES FIXTURES_SETUP weights_files LABELS cli)
@@ -259,7 +309,7 @@ if(TARGET branchgrpo_cli)
   weights_error_test(no_file "file is required" )
 endif()
 
-# --- Benchmarks (issue 5; docs/performance.md): smoke runs so they keep compiling and running; no timing asserts --
+# --- Benchmarks (docs/performance.md): smoke runs so they keep compiling and running; no timing asserts ----------
 foreach(bench IN ITEMS bench_components bench_backends)
   if(TARGET ${bench})
     add_test(NAME smoke_${bench} COMMAND ${bench} --benchmark_min_time=0.01)  # Google Benchmark 1.7: seconds
@@ -289,12 +339,11 @@ if(TARGET branchgrpo_cli)
   branchgrpo_cli_error_test(bench_methods_without_dance "--methods must include dance" bench iteration
                             --methods branch,branch-mix)
   branchgrpo_cli_error_test(bench_unknown_method "unknown method 'grpo'" bench iteration --methods dance,grpo)
-  # --model flux-tiny / flux (tools/branchgrpo/bench_flux.cpp): built under the same condition as tools/CMakeLists.txt
+  # --model flux-tiny / flux (tools/cli/bench_flux.cpp): built under the same condition as tools/CMakeLists.txt
   # gives it. One short CPU run each (the JSON keys and the evaluation counts, never the times): flux-tiny on the
   # shipped model (< 60 s on 2 cores), flux on the tiny config's random weights (the variants share one transformer
   # and swap their LoRA adapters).
-  find_package(tomlplusplus QUIET)
-  if(TARGET branchgrpo::torch AND TARGET branchgrpo_jpeg AND tomlplusplus_FOUND)
+  if(TARGET branchgrpo::app)
     set(flux_tiny_quick bench iteration --model flux-tiny --iters 1 --warmup 0 --prompts 1 --batching-repeats 1 --json)
     # nlohmann sorts the keys: branch-mix's object comes before dance's.
     set(flux_keys [=["branch-mix":{"batched_denoiser_calls":20,[^}]*"rollout_evaluations":203\.0,.*]=])
@@ -336,54 +385,21 @@ if(TARGET branchgrpo_cli)
   branchgrpo_cli_error_test(bench_no_subcommand "subcommand is required" bench)
 endif()
 
-# --- `branchgrpo train / sample / demo` (issue 6; docs/config.md, docs/cli.md) -------------------------------------
-# The run configuration (adapters/torch/branchgrpo/torch/run_config.hpp) is torch-free but reads TOML with toml++:
-# test_run_config builds only where toml++ is found.
-find_package(tomlplusplus QUIET)
+# --- `branchgrpo train / sample / demo` (docs/config.md, docs/cli.md) -----------------------------------------------
+# The run configuration (branchgrpo::config) is torch-free but reads TOML with toml++: test_run_config builds only
+# where that target exists.
 if(TARGET test_run_config)
-  target_include_directories(test_run_config PRIVATE ${PROJECT_SOURCE_DIR}/adapters/torch)
   target_compile_definitions(test_run_config PRIVATE BRANCHGRPO_EXAMPLES_DIR="${PROJECT_SOURCE_DIR}/examples")
-  if(tomlplusplus_FOUND)
-    target_link_libraries(test_run_config PRIVATE tomlplusplus::tomlplusplus)
+  if(TARGET branchgrpo::config)
+    target_link_libraries(test_run_config PRIVATE branchgrpo::config)
   else()
     set_target_properties(test_run_config PROPERTIES EXCLUDE_FROM_ALL ON)
     set_tests_properties(test_run_config PROPERTIES DISABLED ON)
   endif()
 endif()
-# tests/torch/test_train_config.cpp (created by tests/CMakeLists.txt after this file is included) reads TOML and
-# builds the JPEG rewards: link toml++ and TurboJPEG once the target exists, or leave it out without them.
-function(branchgrpo_link_train_config_test)
-  if(NOT TARGET test_train_config)
-    return()
-  endif()
-  if(tomlplusplus_FOUND AND TARGET branchgrpo_jpeg)
-    target_link_libraries(test_train_config PRIVATE tomlplusplus::tomlplusplus branchgrpo_jpeg)
-    set_tests_properties(test_train_config PROPERTIES TIMEOUT 900)
-  else()
-    set_target_properties(test_train_config PROPERTIES EXCLUDE_FROM_ALL ON)
-    set_tests_properties(test_train_config PROPERTIES DISABLED ON)
-  endif()
-endfunction()
-cmake_language(DEFER CALL branchgrpo_link_train_config_test)
 
-# --- Shapes data set, prompt file, rewards and the shipped model (issue 6; tests/torch/test_shapes.cpp) ----------
-# test_shapes is made by tests/CMakeLists.txt's torch loop, after this file: link TurboJPEG once the directory is
-# processed (deferred call). Without TurboJPEG the test is not built and reported as disabled.
-function(branchgrpo_link_shapes_test)
-  if(NOT TARGET test_shapes)
-    return()
-  endif()
-  if(TARGET branchgrpo_jpeg)
-    target_link_libraries(test_shapes PRIVATE branchgrpo_jpeg)
-  else()
-    set_target_properties(test_shapes PROPERTIES EXCLUDE_FROM_ALL TRUE)
-    set_tests_properties(test_shapes PROPERTIES DISABLED TRUE)
-  endif()
-endfunction()
-cmake_language(DEFER CALL branchgrpo_link_shapes_test)
-
-# `branchgrpo pretrain` (built with LibTorch and TurboJPEG): a 2-step run writes every file; errors are one line.
-if(TARGET branchgrpo_cli AND TARGET branchgrpo::torch AND TARGET branchgrpo_jpeg)
+# `branchgrpo pretrain` (built with branchgrpo::app): a 2-step run writes every file; errors are one line.
+if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
   add_test(NAME cli_pretrain_quick
            COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli> -DOUT=${CMAKE_CURRENT_BINARY_DIR}/pretrain_quick
                    -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_pretrain.cmake)
@@ -401,7 +417,7 @@ endif()
 # `branchgrpo train / sample / demo` end to end on the shipped model (models/shapes-tiny), when the tool has them
 # (same condition as tools/CMakeLists.txt); otherwise their stubs must say what is missing.
 if(TARGET branchgrpo_cli)
-  if(TARGET branchgrpo::torch AND TARGET branchgrpo_jpeg AND tomlplusplus_FOUND)
+  if(TARGET branchgrpo::app)
     set(shapes_model ${PROJECT_SOURCE_DIR}/models/shapes-tiny)
     if(EXISTS ${shapes_model}/model.safetensors)
       # demo --quick: 2 iterations per method (CI); report.md and its PNG files.

@@ -15,6 +15,8 @@
 // A normalizer is any copyable type with
 // `std::vector<double> operator()(const rollout_tree&, const reward_view&)` (concept Normalizer).
 // Advantages are not clipped here: clipping (the code's +-5) belongs to the loss.
+// The list of these policies is advantage_policies (catalog.hpp), and any_normalizer chooses one of them at run time.
+#include "branchgrpo/advantage/catalog.hpp"
 #include "branchgrpo/advantage/concept.hpp"
 #include "branchgrpo/advantage/depth_wise.hpp"
 #include "branchgrpo/advantage/leaf_group.hpp"

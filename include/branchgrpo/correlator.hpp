@@ -18,7 +18,9 @@
 // eta_b is keyed by child b (stream edge), xi_0 by the parent (stream shared); see docs/design.md.
 // A correlator is any regular type with `double operator()(const sibling_group&, std::span<double>) const`
 // (concept NoiseCorrelator).
+// The list of these policies is correlator_policies (catalog.hpp), and any_correlator chooses one of them at run time.
 #include "branchgrpo/correlator/antithetic.hpp"
+#include "branchgrpo/correlator/catalog.hpp"
 #include "branchgrpo/correlator/concept.hpp"
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"

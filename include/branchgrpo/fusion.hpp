@@ -12,9 +12,15 @@
 //
 // A fusion is any regular type with
 // `std::vector<double> operator()(const rollout_tree&, std::span<const double>) const` (concept Fusion).
+// The helpers these are written with (leaf-reward checks, the bottom-up level pass) are in
+// tree/leaf_rewards.hpp and tree/levels.hpp.
+// The list of these policies is fusion_policies (catalog.hpp), and any_fusion chooses one of them at run time.
+#include "branchgrpo/fusion/catalog.hpp"
 #include "branchgrpo/fusion/concept.hpp"
 #include "branchgrpo/fusion/max_reward.hpp"
 #include "branchgrpo/fusion/path_softmax.hpp"
 #include "branchgrpo/fusion/split_softmax.hpp"
 #include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
+#include "branchgrpo/tree/levels.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"

@@ -17,11 +17,14 @@
 //                  clamped; splits stay SDE, ODE elsewhere (shape), train the window's SDE edges (and the
 //                  split edges). Use for the cheapest rollouts (ODE steps skip noise and training).
 //   all_of         Intersection of several pruners (prune_all(p, q, ...)); shapes when any member shapes.
+//   all_in         Intersection of a run-time list of pruners of one type (any_pruner_choice from a config).
 //   active_for     A pruner for the first fraction of the run, every SDE edge afterwards.
 //
 // A pruner is any copyable type with `edge_mask operator()(const rollout_tree&, const prune_context&) const`
 // (concept Pruner); one that also has `tree_plan shape(const tree_plan&, int iteration) const` is a
 // RolloutShaper. shape_plan(pruner, plan, iteration) shapes with any pruner (unchanged if it does not shape).
+// The list of these policies is pruner_policies (catalog.hpp); any_pruner is a run-time list of them.
+#include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/pruning/combinators.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/pruning/depth_window.hpp"

@@ -1,14 +1,28 @@
-# Builds and runs a project that consumes branchgrpo; run with `cmake -P` by tests/packaging.cmake.
-#   MODE=install       cmake --install BUILD_DIR into WORK_DIR/prefix, then build consumer/ with find_package
-#                      (and, with TOOL_INSTALLED, run the installed branchgrpo tool; every adapter in
-#                      ADAPTERS, comma-separated, must come with the package)
+# Installs branchgrpo and builds projects that consume it; run with `cmake -P` by tests/packaging.cmake.
+#   MODE=install       empty WORK_DIR, `cmake --install BUILD_DIR --prefix PREFIX`, then check the prefix holds
+#                      every file under HEADER_ROOTS' branchgrpo/ directories (each a source include root, installed
+#                      into INCLUDEDIR) and every path in FILES ('|'-separated, relative to PREFIX); with TOOL (the
+#                      installed tool, relative to PREFIX), run it. The fixture of the MODE=consumer tests.
+#   MODE=consumer      build consumer/ from PREFIX with find_package(branchgrpo), linking only branchgrpo::TARGET
+#                      (consumer/TARGET.cpp), and run it. TORCH=OFF: the build's compile and link lines must not
+#                      mention LibTorch (the target builds without it); TORCH=ON: they must (the check's control).
 #   MODE=subdirectory  build subdirectory/, which add_subdirectory()s SOURCE_DIR
-# Other variables: SOURCE_DIR, WORK_DIR, CXX_COMPILER, GENERATOR, CONFIG (may be empty), BINDIR.
+# Other variables: WORK_DIR, CXX_COMPILER and GENERATOR (consumer, subdirectory), CONFIG (may be empty).
 cmake_minimum_required(VERSION 3.25)
 
-foreach(variable IN ITEMS MODE SOURCE_DIR WORK_DIR CXX_COMPILER GENERATOR)
+set(required MODE WORK_DIR)
+if(MODE STREQUAL "install")
+  list(APPEND required BUILD_DIR PREFIX INCLUDEDIR)
+elseif(MODE STREQUAL "consumer")
+  list(APPEND required PREFIX TARGET TORCH CXX_COMPILER GENERATOR)
+elseif(MODE STREQUAL "subdirectory")
+  list(APPEND required SOURCE_DIR CXX_COMPILER GENERATOR)
+else()
+  message(FATAL_ERROR "unknown MODE '${MODE}' (install, consumer or subdirectory)")
+endif()
+foreach(variable IN LISTS required)
   if(NOT DEFINED ${variable} OR "${${variable}}" STREQUAL "")
-    message(FATAL_ERROR "check_consumers.cmake needs -D${variable}=...")
+    message(FATAL_ERROR "check_consumers.cmake MODE=${MODE} needs -D${variable}=...")
   endif()
 endforeach()
 if(NOT CONFIG)
@@ -26,52 +40,91 @@ function(run)
 endfunction()
 
 set(package_dir ${CMAKE_CURRENT_LIST_DIR})
-set(build ${WORK_DIR}/build)
 file(REMOVE_RECURSE ${WORK_DIR})
-set(configure_args -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${CONFIG})
 
 if(MODE STREQUAL "install")
-  if(NOT BUILD_DIR)
-    message(FATAL_ERROR "MODE=install needs -DBUILD_DIR=...")
-  endif()
-  set(prefix ${WORK_DIR}/prefix)
-  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} --config ${CONFIG})
-  run(${CMAKE_COMMAND} -S ${package_dir}/consumer -B ${build} ${configure_args} -DCMAKE_PREFIX_PATH=${prefix}
-      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
-  string(FIND "${run_output}" "branchgrpo_DIR=${prefix}/" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "find_package(branchgrpo) did not use the install prefix ${prefix}:\n${run_output}")
-  endif()
-  string(REPLACE "," ";" adapters "${ADAPTERS}")
-  foreach(adapter IN LISTS adapters)
-    string(FIND "${run_output}" "adapter branchgrpo::${adapter} found" at)
-    if(at EQUAL -1)
-      message(FATAL_ERROR "the installed package lacks branchgrpo::${adapter}:\n${run_output}")
+  file(REMOVE_RECURSE ${PREFIX})  # nothing left over from an earlier install may pass the checks below
+  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX} --config ${CONFIG})
+  set(missing "")
+  set(headers 0)
+  string(REPLACE "|" ";" roots "${HEADER_ROOTS}")
+  foreach(root IN LISTS roots)
+    file(GLOB_RECURSE sources RELATIVE ${root} ${root}/branchgrpo/*)
+    if(NOT sources)
+      message(FATAL_ERROR "no headers under ${root}/branchgrpo")
+    endif()
+    foreach(source IN LISTS sources)
+      math(EXPR headers "${headers} + 1")
+      if(NOT EXISTS ${PREFIX}/${INCLUDEDIR}/${source})
+        list(APPEND missing ${INCLUDEDIR}/${source})
+      endif()
+    endforeach()
+  endforeach()
+  string(REPLACE "|" ";" files "${FILES}")
+  foreach(file IN LISTS files)
+    if(NOT EXISTS ${PREFIX}/${file})
+      list(APPEND missing ${file})
     endif()
   endforeach()
-  if(TOOL_INSTALLED)
-    run(${prefix}/${BINDIR}/branchgrpo tree --json)
+  if(missing)
+    list(JOIN missing "\n  " missing)
+    message(FATAL_ERROR "the install into ${PREFIX} lacks:\n  ${missing}")
+  endif()
+  list(LENGTH roots root_count)
+  list(LENGTH files file_count)
+  message(STATUS "install: ${headers} headers of ${root_count} include roots and ${file_count} other files present")
+  if(TOOL)
+    run(${PREFIX}/${TOOL} tree --json)
     if(NOT run_output MATCHES "\"evaluations\":203[,}]")
       message(FATAL_ERROR "the installed branchgrpo tool printed:\n${run_output}")
     endif()
-    # `branchgrpo demo` run outside the source tree loads the installed copy of the shipped model.
-    foreach(file IN ITEMS model.safetensors prompts.safetensors)
-      if(NOT EXISTS ${prefix}/share/branchgrpo/models/shapes-tiny/${file})
-        message(FATAL_ERROR "the install lacks share/branchgrpo/models/shapes-tiny/${file}")
-      endif()
-    endforeach()
+    message(STATUS "install: the installed tool runs")
   endif()
-elseif(MODE STREQUAL "subdirectory")
-  run(${CMAKE_COMMAND} -S ${package_dir}/subdirectory -B ${build} ${configure_args}
-      -DBRANCHGRPO_SOURCE_DIR=${SOURCE_DIR})
-else()
-  message(FATAL_ERROR "unknown MODE '${MODE}' (install or subdirectory)")
+  return()
 endif()
 
-run(${CMAKE_COMMAND} --build ${build} --config ${CONFIG})
+set(build ${WORK_DIR}/build)
+set(configure_args -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${CONFIG})
+if(MODE STREQUAL "consumer")
+  # A torch-free target is consumed with LibTorch made unfindable: find_package(branchgrpo COMPONENTS <target>)
+  # must not look for it even though the install holds branchgrpo::torch.
+  set(no_torch "")
+  if(NOT TORCH)
+    set(no_torch -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON)
+  endif()
+  run(${CMAKE_COMMAND} -S ${package_dir}/consumer -B ${build} ${configure_args} -DCMAKE_PREFIX_PATH=${PREFIX}
+      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DBRANCHGRPO_TARGET=${TARGET} ${no_torch})
+  string(FIND "${run_output}" "branchgrpo_DIR=${PREFIX}/" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "find_package(branchgrpo) did not use the install prefix ${PREFIX}:\n${run_output}")
+  endif()
+else()
+  run(${CMAKE_COMMAND} -S ${package_dir}/subdirectory -B ${build} ${configure_args}
+      -DBRANCHGRPO_SOURCE_DIR=${SOURCE_DIR})
+endif()
+
+run(${CMAKE_COMMAND} --build ${build} --config ${CONFIG} --verbose)
+if(MODE STREQUAL "consumer")
+  # LibTorch on a command line: its libraries (libtorch*.so, libc10*.so, -ltorch, torch*.lib), its API include
+  # directory, or the ABI flag branchgrpo::torch passes on from TORCH_CXX_FLAGS.
+  set(torch_pattern "lib(torch|c10)[_a-z]*\\.(so|a|dylib)|-l(torch|c10)|(torch|c10)[_a-z]*\\.lib")
+  string(APPEND torch_pattern "|torch/csrc/api/include|_GLIBCXX_USE_CXX11_ABI")
+  string(REGEX MATCH "${torch_pattern}" torch_seen "${run_output}")
+  if(TORCH AND NOT torch_seen)
+    message(FATAL_ERROR "branchgrpo::${TARGET}'s build mentions no LibTorch (the check below sees nothing):\n"
+                        "${run_output}")
+  elseif(NOT TORCH AND torch_seen)
+    message(FATAL_ERROR "branchgrpo::${TARGET} must build without LibTorch, but its build uses '${torch_seen}':\n"
+                        "${run_output}")
+  endif()
+endif()
 if(EXISTS ${build}/${CONFIG}/consumer)  # multi-config generators
   run(${build}/${CONFIG}/consumer)
 else()
   run(${build}/consumer)
 endif()
-message(STATUS "${MODE} consumer: ${run_output}")
+if(MODE STREQUAL "consumer")
+  message(STATUS "branchgrpo::${TARGET} consumer: ${run_output}")
+else()
+  message(STATUS "subdirectory consumer: ${run_output}")
+endif()

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "branchgrpo/torch/flux_config.hpp"
-#include "branchgrpo/torch/flux_layout.hpp"
-#include "branchgrpo/torch/safetensors_format.hpp"
+#include "branchgrpo/model_specs/flux/config.hpp"
+#include "branchgrpo/model_specs/flux/layout.hpp"
+#include "branchgrpo/safetensors.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@ static_assert(std::regular<mode_reward<>>);
 static_assert(std::regular<ring_mixture>);
 
 // Defaults documented in docs/toy.md.
-static_assert(adam{}.lr == 1e-3 && adam{}.beta1 == 0.9 && adam{}.beta2 == 0.999 && adam{}.epsilon == 1e-8);
+static_assert(adam{}.lr == 1e-3 && adam{}.beta1 == 0.9 && adam{}.beta2 == 0.999 && adam{}.eps == 1e-8);
 static_assert(fourier_options{}.features == 256);
 static_assert(fourier_options{}.optimizer.lr == 0.1);
 static_assert(ring_mixture{}.modes == 8 && ring_mixture{}.radius == 2.0 && ring_mixture{}.std == 0.15);

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "branchgrpo/torch/autoencoder.hpp"
 #include "branchgrpo/torch/backend.hpp"
+#include "branchgrpo/torch/flux/autoencoder.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
 #include "branchgrpo/training/concepts.hpp"

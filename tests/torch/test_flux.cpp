@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "branchgrpo/torch/flux.hpp"
-#include "branchgrpo/torch/flux_config.hpp"
-#include "branchgrpo/torch/flux_layout.hpp"
+#include "branchgrpo/model_specs/flux/config.hpp"
+#include "branchgrpo/model_specs/flux/layout.hpp"
+#include "branchgrpo/torch/flux/transformer.hpp"
 #include "error_text.hpp"
 #include "numpy_reference.hpp"
 

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "branchgrpo/torch/backend.hpp"
-#include "branchgrpo/torch/flux.hpp"
-#include "branchgrpo/torch/flux_denoiser.hpp"
+#include "branchgrpo/torch/flux/denoiser.hpp"
+#include "branchgrpo/torch/flux/transformer.hpp"
 #include "branchgrpo/torch/lora.hpp"
 #include "branchgrpo/torch/policy.hpp"
-#include "branchgrpo/training/presets.hpp"
+#include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "error_text.hpp"
 
@@ -258,9 +258,9 @@ TEST_CASE("one BranchGRPO iteration with LoRA changes only the LoRA weights; fir
   add_lora(*model, {.rank = 4, .alpha = 4});
   flux_denoiser denoiser(model, make_prompts(model->config(), 2, 11));
   torch_backend backend{};
-  autograd_policy policy(denoiser, backend, {.adamw = {.learning_rate = 1e-3}});
+  autograd_policy policy(denoiser, backend, {.optimizer = {.lr = 1e-3}});
   channel_mean_reward reward{torch::tensor({{0.5, -0.5, 0.0, 0.2}, {-0.3, 0.1, 0.4, 0.0}}, torch::kFloat64)};
-  auto recipe = branch_preset();  // dense splits {0, 3, 6, 9}, K = 2: 16 leaves per prompt
+  auto recipe = branch_method();  // dense splits {0, 3, 6, 9}, K = 2: 16 leaves per prompt
   const auto before = snapshot(*model);
   const std::vector<std::int64_t> prompts = {0, 1};
   // max_batch 1: rollout and update evaluate each row alone, so the model is trivially batch-invariant and the
@@ -290,7 +290,7 @@ TEST_CASE("a short BranchGRPO run on the tiny FLUX with LoRA raises an analytic 
   add_lora(*model, {.rank = 4, .alpha = 4, .modulation = true, .embedding = true});
   flux_denoiser denoiser(model, make_prompts(model->config(), 2, 21));
   torch_backend backend{};
-  autograd_policy policy(denoiser, backend, {.adamw = {.learning_rate = 1e-2, .weight_decay = 0}});
+  autograd_policy policy(denoiser, backend, {.optimizer = {.lr = 1e-2, .weight_decay = 0}});
   channel_mean_reward reward{torch::tensor({{1.0, -1.0, 0.5, 0.0}, {-1.0, 0.5, 0.0, 1.0}}, torch::kFloat64)};
   // 4 steps, splits at 0 and 2 (K = 2): 4 leaves per prompt, 12 trained edges per tree.
   auto recipe = method{split_schedule{.split_steps = {0, 2}, .branching = {2}},
@@ -305,7 +305,7 @@ TEST_CASE("a short BranchGRPO run on the tiny FLUX with LoRA raises an analytic 
   const training_options options{.max_batch = 32, .seed = 5, .total_iterations = 20};
   // Evaluation: the same noise (iteration 0) before and after training, no update in between.
   const auto evaluate = [&] {
-    autograd_policy frozen(denoiser, backend, {.adamw = {.learning_rate = 1e-30}});
+    autograd_policy frozen(denoiser, backend, {.optimizer = {.lr = 1e-30}});
     return train_iteration(backend, frozen, reward, recipe, schedule, shape, prompts, 0, options).reward_mean;
   };
   const double initial = evaluate();

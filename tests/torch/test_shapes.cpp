@@ -3,10 +3,10 @@
 #include <torch/torch.h>
 #include <turbojpeg.h>
 
+#include "branchgrpo/app/rewards.hpp"
+#include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/torch/backend.hpp"
-#include "branchgrpo/torch/prompt_file.hpp"
-#include "branchgrpo/torch/rewards.hpp"
-#include "branchgrpo/torch/shapes.hpp"
+#include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "branchgrpo/training/concepts.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.

@@ -2,7 +2,6 @@
 // compatibility header (compat.hpp), on a tiny MLP velocity model written here: v(x) = W2 tanh(W1 x + b1 +
 // sigma + prompt / 4 + B A x) + b2, with a LoRA-like pair (A, B) as the only trainable weights.
 #include <branchgrpo/torch/policy.hpp>  // before Catch2 on purpose: compat.hpp keeps Catch2's CHECK either way
-
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -15,7 +14,7 @@
 
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
-#include "branchgrpo/training/presets.hpp"
+#include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
 using namespace branchgrpo;
@@ -33,14 +32,14 @@ struct tiny_velocity_model {
                                   bool zero_b, std::uint64_t seed) {
     torch::manual_seed(seed);
     const auto options = torch::TensorOptions().dtype(dtype);
-    tiny_velocity_model m{.w1 = torch::randn({hidden, dims}, options) * 0.5,
-                          .b1 = torch::randn({hidden}, options) * 0.1,
-                          .w2 = torch::randn({dims, hidden}, options) * 0.3,
-                          .b2 = torch::randn({dims}, options) * 0.1,
-                          .lora_a = torch::randn({rank, dims}, options) * 0.3,
-                          .lora_b = zero_b ? torch::zeros({hidden, rank}, options)
-                                           : torch::randn({hidden, rank}, options) * 0.3,
-                          .adapters = true};
+    tiny_velocity_model m{
+        .w1 = torch::randn({hidden, dims}, options) * 0.5,
+        .b1 = torch::randn({hidden}, options) * 0.1,
+        .w2 = torch::randn({dims, hidden}, options) * 0.3,
+        .b2 = torch::randn({dims}, options) * 0.1,
+        .lora_a = torch::randn({rank, dims}, options) * 0.3,
+        .lora_b = zero_b ? torch::zeros({hidden, rank}, options) : torch::randn({hidden, rank}, options) * 0.3,
+        .adapters = true};
     m.lora_a.set_requires_grad(true);
     m.lora_b.set_requires_grad(true);
     return m;
@@ -209,8 +208,8 @@ TEST_CASE("policy: log-probs are torch_backend::row_log_prob of the rollout's me
   const auto edges = make_edges(backend, 5);
 
   const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
-  const torch::Tensor mean = backend.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff,
-                                            policy(edges.x, batch));
+  const torch::Tensor mean =
+      backend.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, policy(edges.x, batch));
   const std::vector<double> expected = backend.row_log_prob(edges.next, mean, edges.std);
   std::vector<double> seen;
   const std::vector<double> got = policy.accumulate(edges, [&](std::span<const double> log_probs) {
@@ -228,7 +227,8 @@ TEST_CASE("policy: log-probs are torch_backend::row_log_prob of the rollout's me
     one.std = {edges.std[static_cast<std::size_t>(r)]};
     one.trees = {edges.trees[static_cast<std::size_t>(r)]};
     one.prompts = {edges.prompts[static_cast<std::size_t>(r)]};
-    const auto single = policy.accumulate(one, [](std::span<const double> lp) { return std::vector<double>(lp.size()); });
+    const auto single =
+        policy.accumulate(one, [](std::span<const double> lp) { return std::vector<double>(lp.size()); });
     CHECK(single[0] == expected[static_cast<std::size_t>(r)]);
   }
 }
@@ -236,7 +236,7 @@ TEST_CASE("policy: log-probs are torch_backend::row_log_prob of the rollout's me
 TEST_CASE("policy: the gradient of sum w logp matches central finite differences (float64)", "[torch][policy]") {
   torch_backend backend{.device = torch::kCPU, .dtype = torch::kFloat64};
   auto model = tiny_velocity_model::make(4, 8, 2, torch::kFloat64, false, 2);
-  autograd_policy policy(model, backend, {.adamw = {}, .max_grad_norm = 0.0});
+  autograd_policy policy(model, backend, {.optimizer = {.max_grad_norm = 0.0}});
   const auto edges = make_edges(backend, 3);
   const std::vector<double> w{0.7, -1.3, 0.4};
   policy.accumulate(edges, [&](std::span<const double>) { return w; });
@@ -267,11 +267,11 @@ TEST_CASE("policy: the gradient of sum w logp matches central finite differences
 
 TEST_CASE("policy: a BranchGRPO iteration on torch_backend: ratio exactly 1, only trainable weights change",
           "[torch][policy][trainer]") {
-  torch_backend backend;  // float32
+  torch_backend backend;                                                      // float32
   auto model = tiny_velocity_model::make(4, 8, 2, torch::kFloat32, true, 3);  // B = 0: starts at the base
-  autograd_policy policy(model, backend, {.adamw = {.learning_rate = 1e-2}, .kl_beta = 0.5});
+  autograd_policy policy(model, backend, {.optimizer = {.lr = 1e-2}, .kl_beta = 0.5});
   target_reward reward{backend};
-  auto recipe = branch_preset();
+  auto recipe = branch_method();
   const sigma_schedule schedule = shifted_linear_schedule(20);
   const std::vector<std::int64_t> prompts{0, 1};
   const latent_shape shape{{4}};
@@ -298,8 +298,7 @@ TEST_CASE("policy: a BranchGRPO iteration on torch_backend: ratio exactly 1, onl
     CHECK_FALSE(torch::equal(trainable_before[i], trainable_after[i].detach()));
   CHECK(policy.kl_divergence(edges) > 0.0);  // the adapters moved away from the base
 
-  const iteration_stats second =
-      train_iteration(backend, policy, reward, recipe, schedule, shape, prompts, 1, options);
+  const iteration_stats second = train_iteration(backend, policy, reward, recipe, schedule, shape, prompts, 1, options);
   CHECK(second.first_update_log_prob_gap == 0.0);
   CHECK(policy.last_update().kl > 0.0);
   CHECK(policy.last_update().steps == 2);
@@ -308,7 +307,7 @@ TEST_CASE("policy: a BranchGRPO iteration on torch_backend: ratio exactly 1, onl
 TEST_CASE("policy: EMA of the trainable weights, swappable for evaluation", "[torch][policy]") {
   torch_backend backend{.device = torch::kCPU, .dtype = torch::kFloat64};
   auto model = tiny_velocity_model::make(4, 8, 2, torch::kFloat64, false, 4);
-  autograd_policy policy(model, backend, {.adamw = {.learning_rate = 1e-2}, .ema_decay = 0.5});
+  autograd_policy policy(model, backend, {.optimizer = {.lr = 1e-2, .ema_decay = 0.5}});
   const std::vector<torch::Tensor> before = snapshot(model.trainable_parameters());
   const auto edges = make_edges(backend, 3);
   policy.accumulate(edges, [](std::span<const double> lp) { return std::vector<double>(lp.size(), 1.0); });
@@ -335,16 +334,17 @@ TEST_CASE("policy: invalid options and inputs are one-line invalid_input errors"
   plain_model plain;
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.kl_beta = 0.1}),
                     "KL beta 0.1 needs a model with set_adapters_enabled (the frozen base is the reference)");
-  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.adamw = {.learning_rate = -1.0}}),
-                    "learning rate must be positive, got -1");
-  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.ema_decay = 1.0}), "EMA decay must be in [0, 1), got 1");
-  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.max_grad_norm = -2.0}),
-                    "max gradient norm must be non-negative, got -2");
+  // The optimizer's rules are optimizer_options' (the same words as a config's [optimizer] errors).
+  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.lr = -1.0}}),
+                    "optimizer.lr = -1.0: must be positive");
+  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.ema_decay = 1.0}}),
+                    "optimizer.ema_decay = 1.0: must be in [0, 1)");
+  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.max_grad_norm = -2.0}}),
+                    "optimizer.max_grad_norm = -2.0: must be non-negative");
   plain_model frozen;
   frozen.weight.set_requires_grad(false);
-  CHECK_THROWS_WITH(autograd_policy(frozen, backend),
-                    "trainable parameter 0 is not a leaf tensor that requires grad");
-  CHECK_THROWS_WITH(swap_without_ema(plain, backend), "swap_ema needs ema_decay > 0");
+  CHECK_THROWS_WITH(autograd_policy(frozen, backend), "trainable parameter 0 is not a leaf tensor that requires grad");
+  CHECK_THROWS_WITH(swap_without_ema(plain, backend), "swap_ema needs optimizer.ema_decay > 0");
 
   autograd_policy policy(plain, backend);
   auto edges = make_edges(backend, 2);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "branchgrpo/torch/training_run.hpp"
+#include "branchgrpo/app/training_run.hpp"
 
 namespace bg = branchgrpo;
 
@@ -48,12 +48,12 @@ std::string run_toml(const std::filesystem::path& model, const std::filesystem::
          "[topology]\nsplit_steps = [0, 2]\nbranching = [2]\n"
          "[rollout]\nsteps = 4\nmax_batch = 8\n"
          "[advantage]\nkind = \"per_prompt_running\"\nhistory = 16\n"
-         "[optimizer]\nlr = 1e-3\nema_decay = 0.5\nupdates_per_iteration = 2\n"
+         "[optimizer]\nlr = 1e-3\nema_decay = 0.5\n"
          "[lora]\nrank = 2\nalpha = 2.0\n"
          "[[rewards]]\nname = \"alignment\"\n"
          "[[rewards]]\nname = \"jpeg_compressibility\"\nweight = 0.1\nparams = { quality = 90 }\n"
          "[run]\niterations = " +
-         std::to_string(iterations) + "\nseed = 5\noutput_dir = \"" + out.string() + "\"\n";
+         std::to_string(iterations) + "\nseed = 5\nupdates_per_iteration = 2\noutput_dir = \"" + out.string() + "\"\n";
 }
 
 bg::run_config config_for(const std::filesystem::path& model, const std::filesystem::path& out, int iterations) {
@@ -222,7 +222,7 @@ TEST_CASE("a crash between writing a checkpoint and renaming it leaves the previ
 
 TEST_CASE("adamw_state_tensors round-trips through load_adamw_state") {
   torch::Tensor w = torch::tensor({1.0f, -2.0f}).requires_grad_(true);
-  auto optimizer = bg::make_adamw({w}, {.learning_rate = 0.1});
+  auto optimizer = bg::make_adamw({w}, {.lr = 0.1});
   w.mutable_grad() = torch::tensor({0.5f, 0.25f});
   optimizer->step();
   const std::vector<std::pair<std::string, torch::Tensor>> named = {{"w", w}};
@@ -232,7 +232,7 @@ TEST_CASE("adamw_state_tensors round-trips through load_adamw_state") {
   // exp_avg = (1 - 0.9) g, exp_avg_sq = (1 - 0.999) g^2 after one step.
   CHECK(saved.at("adamw.exp_avg.w")[0].item<float>() == Approx(0.05).margin(1e-7));
   CHECK(saved.at("adamw.exp_avg_sq.w")[1].item<float>() == Approx(0.001 * 0.0625).margin(1e-9));
-  auto fresh = bg::make_adamw({w}, {.learning_rate = 0.1});
+  auto fresh = bg::make_adamw({w}, {.lr = 0.1});
   bg::load_adamw_state(*fresh, named, saved);
   const auto again = bg::adamw_state_tensors(*fresh, named);
   for (const auto& [name, tensor] : saved) CHECK(torch::equal(tensor, again.at(name)));

@@ -1,4 +1,4 @@
-// The PNG writer and raster plotter behind `branchgrpo toy` (tools/branchgrpo/png.hpp, plot.hpp). The PNG is
+// The PNG writer and raster plotter behind `branchgrpo toy` (tools/cli/png.hpp, plot.hpp). The PNG is
 // decoded here by an independent reader: every chunk's CRC recomputed bit by bit, the stored deflate blocks
 // inflated, the Adler-32 recomputed and the rows compared with the image.
 #include <catch2/catch.hpp>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/plot.hpp"
-#include "branchgrpo/png.hpp"
+#include "cli/plot.hpp"
+#include "cli/png.hpp"
 
 using namespace branchgrpo;
 using namespace branchgrpo::cli;

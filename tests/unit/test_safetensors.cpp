@@ -1,6 +1,7 @@
-// The torch-free safetensors reader and writer (adapters/torch/branchgrpo/torch/safetensors_format.hpp):
-// round trips, one test per kind of malformed file with its message, shard indexes, the exact float
-// conversions, and the fuzzer's seed corpus replayed through the fuzzer's own checks.
+// The torch-free safetensors reader and writer (adapters/safetensors/branchgrpo/safetensors.hpp and the
+// safetensors/*.hpp it includes): round trips, one test per kind of malformed file with its message, shard
+// indexes, the JSON subset and the message text on their own, the exact float conversions, and the fuzzer's seed
+// corpus replayed through the fuzzer's own checks.
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
@@ -17,7 +18,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/torch/safetensors_format.hpp"
+#include "branchgrpo/safetensors.hpp"
 #include "safetensors_fuzz_input.hpp"
 
 namespace {
@@ -294,6 +295,66 @@ TEST_CASE("malformed files: JSON") {
   // A surrogate pair decodes to one 4-byte UTF-8 code point (U+1F600), named in later messages.
   CHECK(rejection(make_file(R"({"\ud83d\ude00":1})")) ==
         "model.safetensors: tensor '\xF0\x9F\x98\x80': entry is an integer, not an object");
+}
+
+TEST_CASE("json.hpp: the subset's values in file order, every escape decoded, the writer's escaping read back") {
+  using safetensors_detail::json_parser;
+  using safetensors_detail::json_value;
+  const auto parse = [](std::string_view text) { return json_parser(text, "t", "key", "index").parse_document(); };
+  const json_value root = parse(
+      " {\"z\": [0, 18446744073709551615, \"s\", {}, []],\r\n\t\"a\": "
+      R"("\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00\u0000"} )");
+  REQUIRE(root.type == json_value::kind::object);
+  CHECK(root.keys == std::vector<std::string>{"z", "a"});  // file order, not sorted
+  REQUIRE(root.items.size() == 2);
+  const json_value& z = root.items[0];
+  REQUIRE(z.type == json_value::kind::array);
+  REQUIRE(z.items.size() == 5);
+  CHECK(z.items[0].integer == 0);
+  CHECK(z.items[1].integer == std::numeric_limits<std::uint64_t>::max());
+  CHECK(z.items[1].kind_name() == "an integer");
+  CHECK(z.items[2].string == "s");
+  CHECK(z.items[3].kind_name() == "an object");
+  CHECK(z.items[4].kind_name() == "an array");
+  CHECK(root.items[1].string == std::string("\"\\/\b\f\n\r\t\xC3\xA9\xF0\x9F\x98\x80\0", 15));
+  // Exactly 64 levels of nesting are fine; the 65th is refused at its bracket.
+  CHECK(parse(std::string(64, '[') + std::string(64, ']')).type == json_value::kind::array);
+  CHECK_THROWS_WITH(parse(std::string(65, '[') + std::string(65, ']')),
+                    "t: bad index JSON at byte 64: nesting deeper than 64 levels");
+  // Every control character, quote and backslash written by the writer reads back unchanged.
+  std::string all;
+  for (int c = 1; c < 0x20; ++c) all += static_cast<char>(c);
+  all += "\"\\/ plain \xC3\xA9";
+  std::string written;
+  safetensors_detail::append_json_string(written, all);
+  CHECK(written.find('\n') == std::string::npos);
+  CHECK(parse(written).string == all);
+}
+
+TEST_CASE("text.hpp: names quoted for one-line messages, shapes, strict UTF-8") {
+  using safetensors_detail::printable;
+  using safetensors_detail::valid_utf8;
+  CHECK(safetensors_detail::quote_name("a'b\\c\x7F\x01") == "'a\\'b\\\\c\\x7f\\x01'");
+  CHECK(printable("\xC3\xA9") == "\xC3\xA9");  // UTF-8 stays as it is
+  CHECK(printable(std::string(121, 'x')) == std::string(120, 'x') + "...");
+  CHECK(printable(std::string(120, 'x')) == std::string(120, 'x'));
+  CHECK(safetensors_detail::shape_text(std::vector<std::int64_t>{}) == "[]");
+  CHECK(safetensors_detail::shape_text(std::vector<std::int64_t>{3072, 64}) == "[3072, 64]");
+  CHECK(valid_utf8(""));
+  CHECK(valid_utf8("\xC2\x80"));                // U+0080, the smallest 2-byte form
+  CHECK(valid_utf8("\xED\x9F\xBF"));            // U+D7FF, just below the surrogates
+  CHECK(valid_utf8("\xEF\xBF\xBF"));            // U+FFFF
+  CHECK(valid_utf8("\xF4\x8F\xBF\xBF"));        // U+10FFFF, the largest code point
+  CHECK_FALSE(valid_utf8("\xC0\x80"));          // overlong NUL
+  CHECK_FALSE(valid_utf8("\xF0\x8F\xBF\xBF"));  // overlong U+FFFF
+  CHECK_FALSE(valid_utf8("\xED\xBF\xBF"));      // a low surrogate
+  CHECK_FALSE(valid_utf8("\xE2\x82"));          // cut short
+  CHECK_FALSE(valid_utf8("\x80"));              // a lone continuation byte
+  CHECK_FALSE(valid_utf8("\xF5\x80\x80\x80"));  // no such lead byte
+  std::string encoded;
+  for (std::uint32_t code_point : {0x24u, 0xA2u, 0x20ACu, 0x10348u})
+    safetensors_detail::append_utf8(encoded, code_point);
+  CHECK(encoded == "$\xC2\xA2\xE2\x82\xAC\xF0\x90\x8D\x88");
 }
 
 TEST_CASE("malformed files: duplicate names and keys") {

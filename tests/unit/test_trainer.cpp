@@ -29,12 +29,10 @@ run_summary train_toy(Recipe recipe, int iterations, std::int64_t max_batch, int
   const auto schedule = shifted_linear_schedule(20);
   run_summary summary;
   for (int i = 0; i < iterations; ++i)
-    summary.stats.push_back(train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts,
-                                            i,
-                                            training_options{.max_batch = max_batch,
-                                                             .seed = 11,
-                                                             .updates_per_iteration = updates,
-                                                             .total_iterations = iterations}));
+    summary.stats.push_back(train_iteration(
+        backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
+        training_options{
+            .max_batch = max_batch, .seed = 11, .updates_per_iteration = updates, .total_iterations = iterations}));
   summary.parameters.assign(policy.parameters().begin(), policy.parameters().end());
   return summary;
 }
@@ -47,30 +45,30 @@ double mean_reward(const std::vector<iteration_stats>& stats, std::size_t first,
 
 }  // namespace
 
-TEST_CASE("presets have the paper's rollout costs", "[trainer]") {
+TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
   // branch uses 203/305 of dance's rollout evaluations at G = 16, 20 steps.
   const auto evaluations = [](std::string_view name) {
-    return with_preset(name, [](auto recipe) { return recipe.topology(20).evaluations(); });
+    return with_method(name, [](auto recipe) { return recipe.topology(20).evaluations(); });
   };
   CHECK(evaluations("dance") == 305);
   for (auto name : {"branch", "branch-widpru", "branch-deppru", "branch-mix"}) CHECK(evaluations(name) == 203);
   CHECK_THROWS_WITH(evaluations("grpo"),
                     "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru or branch-mix)");
 
-  const auto stats = with_preset("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
+  const auto stats = with_method("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(stats[0].rollout_evaluations == 8 * 203);
   CHECK(stats[0].edges == 8 * 218);
   CHECK(stats[0].edges_trained == 8 * 218);
   CHECK(stats[0].update_evaluations == 8 * 218);
-  const auto dance = with_preset("dance", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
+  const auto dance = with_method("dance", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(dance[0].rollout_evaluations == 8 * 305);
   CHECK(dance[0].edges_trained == 8 * 320);
 }
 
 TEST_CASE("every method raises the toy reward within 30 iterations", "[trainer]") {
-  for (auto name : preset_names) {
+  for (auto name : method_names) {
     DYNAMIC_SECTION(name) {
-      const auto stats = with_preset(name, [](auto recipe) { return train_toy(recipe, 30, 64).stats; });
+      const auto stats = with_method(name, [](auto recipe) { return train_toy(recipe, 30, 64).stats; });
       const double before = mean_reward(stats, 0, 3);
       const double after = mean_reward(stats, 27, 30);
       INFO(name << ": reward " << before << " -> " << after);
@@ -85,7 +83,7 @@ TEST_CASE("every method raises the toy reward within 30 iterations", "[trainer]"
 
 TEST_CASE("training is reproducible and independent of max_batch", "[trainer]") {
   const auto run = [](std::int64_t max_batch) {
-    return with_preset("branch-widpru", [&](auto recipe) { return train_toy(recipe, 4, max_batch, 2); });
+    return with_method("branch-widpru", [&](auto recipe) { return train_toy(recipe, 4, max_batch, 2); });
   };
   const auto a = run(64);
   const auto b = run(64);
@@ -97,12 +95,12 @@ TEST_CASE("training is reproducible and independent of max_batch", "[trainer]") 
     CHECK(a.stats[i].loss == c.stats[i].loss);
   }
   // Different seed, different run.
-  const auto other = with_preset("branch-widpru", [](auto recipe) {
+  const auto other = with_method("branch-widpru", [](auto recipe) {
     auto policy = make_toy_policy(7);
     mode_reward<> reward;
     host_backend backend;
-    train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(), eight_prompts,
-                    0, training_options{.seed = 12});
+    train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(), eight_prompts, 0,
+                    training_options{.seed = 12});
     return std::vector<double>(policy.parameters().begin(), policy.parameters().end());
   });
   CHECK(other != a.parameters);
@@ -110,7 +108,7 @@ TEST_CASE("training is reproducible and independent of max_batch", "[trainer]") 
 
 TEST_CASE("pruning and Mix train fewer edges than plain branch", "[trainer]") {
   const auto trained = [](std::string_view name) {
-    return with_preset(name, [](auto recipe) { return train_toy(recipe, 1, 64).stats[0]; });
+    return with_method(name, [](auto recipe) { return train_toy(recipe, 1, 64).stats[0]; });
   };
   const auto branch = trained("branch");
   const auto widpru = trained("branch-widpru");
@@ -136,7 +134,7 @@ TEST_CASE("a non-finite leaf reward drops its tree from the update", "[trainer]"
     }
   };
   static_assert(Reward<nan_on_first_leaf, host_backend>);
-  auto recipe = branch_preset();
+  auto recipe = branch_method();
   auto policy = make_toy_policy(7);
   nan_on_first_leaf reward;
   host_backend backend;
@@ -164,7 +162,7 @@ TEST_CASE("a non-finite leaf reward drops its tree from the update", "[trainer]"
 }
 
 TEST_CASE("bad trainer input is rejected with one line", "[trainer]") {
-  auto recipe = branch_preset();
+  auto recipe = branch_method();
   auto policy = make_toy_policy(7);
   mode_reward<> reward;
   host_backend backend;

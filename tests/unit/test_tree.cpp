@@ -1,8 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "branchgrpo/topology.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
+#include "branchgrpo/tree/levels.hpp"
 
 using namespace branchgrpo;
 
@@ -33,7 +37,7 @@ TEST_CASE("dense forest layout and queries", "[tree]") {
   CHECK(tree.children(219) == node_range{220, 222});
   CHECK(tree.nodes_at_depth(1, 0) == node_range{219, 220});
   CHECK(tree.nodes_at_depth(1, 1) == node_range{220, 222});
-  CHECK(tree.nodes_at_depth(1, 4) == node_range{219 + 7, 219 + 11});   // 1 + 3*2 = 7 nodes before depth 4
+  CHECK(tree.nodes_at_depth(1, 4) == node_range{219 + 7, 219 + 11});  // 1 + 3*2 = 7 nodes before depth 4
   CHECK(tree.nodes_at_depth(2, 20).size() == 16);
 
   // Every node: children point back, depth is parent's + 1, leaves under the root are the tree's 16 leaves.
@@ -70,29 +74,29 @@ TEST_CASE("dense forest layout and queries", "[tree]") {
 
 TEST_CASE("topology costs match the paper", "[topology]") {
   const auto dense = split_schedule::dense()(20);
-  CHECK(dense.leaves() == 16);
-  CHECK(dense.nodes() == 219);
+  CHECK(dense.leaf_count() == 16);
+  CHECK(dense.node_count() == 219);
   CHECK(dense.evaluations() == 203);
-  CHECK(dense.edges() == 218);
-  CHECK(split_schedule::mixed()(20).leaves() == 16);
-  CHECK(split_schedule::sparse()(20).split_steps() == std::vector<int>{0, 5, 10, 15});
-  CHECK(split_schedule::dense(3)(20).leaves() == 81);
-  CHECK(split_schedule::dense(4)(20).leaves() == 256);
+  CHECK(dense.edge_count() == 218);
+  CHECK(split_schedule::mixed()(20).leaf_count() == 16);
+  CHECK(split_schedule::sparse()(20).branching_steps() == std::vector<int>{0, 5, 10, 15});
+  CHECK(split_schedule::dense(3)(20).leaf_count() == 81);
+  CHECK(split_schedule::dense(4)(20).leaf_count() == 256);
   CHECK(sequential{.group_size = 16}(20).evaluations() == 305);
   CHECK(sequential{.group_size = 16, .shared_root = false}(20).evaluations() == 320);
-  CHECK(sequential{.group_size = 16, .shared_root = false}(20).leaves() == 16);
+  CHECK(sequential{.group_size = 16, .shared_root = false}(20).leaf_count() == 16);
   // Per-split factors.
-  CHECK(split_schedule{.split_steps = {0, 3}, .branching = {4, 3}}(20).leaves() == 12);
+  CHECK(split_schedule{.split_steps = {0, 3}, .branching = {4, 3}}(20).leaf_count() == 12);
   // Factor 1 splits are allowed (a chain).
-  CHECK(split_schedule{.split_steps = {2}, .branching = {1}}(5).leaves() == 1);
+  CHECK(split_schedule{.split_steps = {2}, .branching = {1}}(5).leaf_count() == 1);
 }
 
 TEST_CASE("flow_grpo_fast plan: the doc example", "[topology]") {
   const auto plan = flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(5);
-  CHECK(plan.kinds == std::vector<edge_kind>{edge_kind::ode, edge_kind::ode, edge_kind::sde, edge_kind::sde,
-                                             edge_kind::ode});
+  CHECK(plan.kinds ==
+        std::vector<edge_kind>{edge_kind::ode, edge_kind::ode, edge_kind::sde, edge_kind::sde, edge_kind::ode});
   CHECK(plan.branching == std::vector<int>{1, 1, 4, 1, 1});
-  CHECK(plan.leaves() == 4);
+  CHECK(plan.leaf_count() == 4);
   CHECK(plan.evaluations() == 11);
 }
 
@@ -111,4 +115,70 @@ TEST_CASE("invalid topologies name the bad value", "[topology]") {
   const tree_plan ode_split{.steps = 1, .roots = 1, .branching = {2}, .kinds = {edge_kind::ode}};
   CHECK_THROWS_WITH(validate(ode_split), "split at step 0 must be an SDE edge: ODE children would be identical");
   CHECK_THROWS_WITH((rollout_tree(split_schedule::dense()(20), {})), "a rollout needs at least one tree");
+}
+
+TEST_CASE("validate accepts max_steps steps and no more", "[topology]") {
+  STATIC_REQUIRE(max_steps == 255);
+  CHECK_NOTHROW(validate(sequential{.group_size = 2}(max_steps)));
+  CHECK_THROWS_WITH(validate(sequential{.group_size = 2}(max_steps + 1)), "at most 255 steps are supported, got 256");
+  // The per-level scratch of for_each_level_bottom_up holds every level of the deepest plan.
+  const rollout_tree deepest(sequential{.group_size = 2}(max_steps), numbered_trees(1));
+  int levels = 0;
+  for_each_level_bottom_up(deepest, [&](const tree_level&) { ++levels; });
+  CHECK(levels == max_steps);
+}
+
+TEST_CASE("tree_plan counts: the doc example", "[topology]") {
+  const tree_plan plan{
+      .steps = 3, .roots = 1, .branching = {2, 1, 2}, .kinds = {edge_kind::sde, edge_kind::ode, edge_kind::sde}};
+  CHECK(plan.node_count_at_step(0) == 1);
+  CHECK(plan.node_count_at_step(2) == 2);
+  CHECK(plan.leaf_count() == 4);
+  CHECK(plan.node_count() == 9);
+  CHECK(plan.evaluations() == 5);
+  CHECK(plan.edge_count() == 8);
+  CHECK(plan.branching_steps() == std::vector<int>{0, 2});
+}
+
+namespace {
+// The worked example of tree/leaf_rewards.hpp and tree/levels.hpp: root 0; 1, 2; leaves 3, 4 under 1 and 5, 6
+// under 2 (7 nodes per tree).
+rollout_tree seven_node_forest(std::int32_t trees) {
+  return rollout_tree(split_schedule{.split_steps = {0, 1}, .branching = {2}}(2), numbered_trees(trees));
+}
+}  // namespace
+
+TEST_CASE("for_each_level_bottom_up: doc example", "[tree]") {
+  std::vector<tree_level> visited;
+  for_each_level_bottom_up(seven_node_forest(2), [&](const tree_level& level) { visited.push_back(level); });
+  CHECK(visited == std::vector<tree_level>{{.parents = {1, 3}, .first_child = 3, .children = 2, .depth = 1},
+                                           {.parents = {0, 1}, .first_child = 1, .children = 2, .depth = 0},
+                                           {.parents = {8, 10}, .first_child = 10, .children = 2, .depth = 1},
+                                           {.parents = {7, 8}, .first_child = 8, .children = 2, .depth = 0}});
+}
+
+TEST_CASE("leaf reward helpers: doc examples", "[tree]") {
+  const rollout_tree tree = seven_node_forest(1);
+  const std::vector<double> rewards = {1, 3, 2, 6};
+  CHECK_NOTHROW(check_leaf_rewards(tree, rewards));
+  CHECK_THROWS_WITH(check_leaf_rewards(tree, std::vector<double>{1, 3}), "got 2 leaf rewards for 4 leaves");
+  CHECK_THROWS_WITH(check_leaf_rewards(tree, std::vector<double>{1, std::nan(""), 2, 6}),
+                    "leaf reward at leaf position 1 (node 4) is nan");
+
+  std::vector<double> per_node(7, 0.0);
+  copy_leaf_rewards(tree, rewards, per_node);
+  CHECK(per_node == std::vector<double>{0, 0, 0, 1, 3, 2, 6});
+  std::vector<double> too_small(6, 0.0);
+  CHECK_THROWS_WITH(copy_leaf_rewards(tree, rewards, too_small), "got room for 6 node values for 7 nodes");
+
+  CHECK(mean_of_leaves_under(tree, rewards) == std::vector<double>{3, 2, 4, 1, 3, 2, 6});
+
+  const std::vector<double> spread = spread_leaf_advantages(tree, std::vector<double>{-0.9, 0, -0.5, 1.4});
+  REQUIRE(spread.size() == 7);
+  CHECK(spread[0] == 0.0);
+  CHECK(spread[1] == Approx(-0.45));
+  CHECK(spread[2] == Approx(0.45));
+  CHECK(std::vector<double>(spread.begin() + 3, spread.end()) == std::vector<double>{-0.9, 0, -0.5, 1.4});
+  CHECK_THROWS_WITH(spread_leaf_advantages(tree, std::vector<double>{0, std::numeric_limits<double>::infinity(), 0, 0}),
+                    "leaf reward at leaf position 1 (node 4) is inf");
 }

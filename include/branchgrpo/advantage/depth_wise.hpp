@@ -1,13 +1,18 @@
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/advantage/concept.hpp"
+#include "branchgrpo/advantage/scale_guards.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
@@ -15,6 +20,11 @@ namespace branchgrpo {
 /// Which nodes share the statistics of one depth: those of one tree (the official code) or those of
 /// every tree in the batch.
 enum class normalization_scope { per_tree, per_batch };
+
+/// The scopes' names in configs: per_tree, per_batch.
+inline constexpr std::array<enum_choice<normalization_scope>, 2> normalization_scope_names = {
+    {{"per_tree", normalization_scope::per_tree}, {"per_batch", normalization_scope::per_batch}}};
+constexpr const auto& enum_choices(normalization_scope) { return normalization_scope_names; }
 
 inline const char* to_string(normalization_scope scope) {
   return scope == normalization_scope::per_tree ? "per_tree" : "per_batch";
@@ -53,13 +63,6 @@ inline bool normalize_depth(const double* fused, double* out, node_range level, 
   for (std::int32_t t = first; t < last; ++t)
     for (std::int32_t n = level.begin + t * stride; n < level.end + t * stride; ++n) out[n] = (fused[n] - mean) * scale;
   return true;
-}
-
-/// Throws unless epsilon and min_std are finite, non-negative and not both 0 (0 / 0 on a flat group).
-inline void check_scale_guards(const char* policy, double epsilon, double min_std) {
-  require(std::isfinite(epsilon) && epsilon >= 0.0, policy, " epsilon ", epsilon, " is not a finite value >= 0");
-  require(std::isfinite(min_std) && min_std >= 0.0, policy, " min_std ", min_std, " is not a finite value >= 0");
-  require(epsilon > 0.0 || min_std > 0.0, policy, " needs epsilon > 0 or min_std > 0 (both are 0)");
 }
 
 }  // namespace detail
@@ -112,6 +115,18 @@ struct depth_wise {
     return advantages;
   }
   friend bool operator==(const depth_wise&, const depth_wise&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "depth_wise", summary = "z-score per depth (paper Eq. 4); the default";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("scope", &depth_wise::scope, "per_tree (paper) or per_batch (every tree of the iteration at once)",
+                  rules::any{}),
+        parameter("epsilon", &depth_wise::epsilon, "added to the std before dividing", rules::non_negative{}),
+        parameter("min_std", &depth_wise::min_std, "a depth whose std is below this gets advantage 0",
+                  rules::non_negative{})};
+  }
 };
 
 }  // namespace branchgrpo

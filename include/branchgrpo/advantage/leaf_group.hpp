@@ -4,31 +4,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "branchgrpo/advantage/concept.hpp"
-#include "branchgrpo/advantage/depth_wise.hpp"
+#include "branchgrpo/advantage/scale_guards.hpp"
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
-
-namespace detail {
-
-/// Every edge takes the mean advantage of the leaves under it (one leaf: exactly its advantage);
-/// roots get 0. This is uniform_mean applied to leaf advantages.
-inline std::vector<double> spread_leaf_advantages(const rollout_tree& tree, std::span<const double> leaf_advantages) {
-  std::vector<double> advantages = uniform_mean{}(tree, leaf_advantages);
-  for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
-    const node_range roots = tree.nodes_at_depth(t, 0);
-    for (std::int32_t n = roots.begin; n < roots.end; ++n) advantages[static_cast<std::size_t>(n)] = 0.0;
-  }
-  return advantages;
-}
-
-}  // namespace detail
 
 /// DanceGRPO's group advantage: z-score the raw leaf rewards within each prompt group (the trees sharing
 /// info(t).prompt), A_l = (r_l - mu) / (sigma + epsilon) with sigma the unbiased std, A_l = 0 when the
@@ -47,7 +35,7 @@ struct leaf_group {
   std::vector<double> operator()(const rollout_tree& tree, const reward_view& rewards) const {
     detail::check_scale_guards("leaf_group", epsilon, min_std);
     const std::span<const double> leaf = rewards.leaf;
-    detail::check_leaf_rewards(tree, leaf);
+    check_leaf_rewards(tree, leaf);
     // Trees sorted by prompt: each run of equal prompts is one group. A tree's leaves are the
     // contiguous positions [t * per_tree, (t + 1) * per_tree) of leaves().
     std::vector<std::pair<std::int64_t, std::int32_t>> order(static_cast<std::size_t>(tree.tree_count()));
@@ -75,9 +63,19 @@ struct leaf_group {
         for_each_leaf([&](std::size_t i) { leaf_advantages[i] = (leaf[i] - mean) / (sigma + epsilon); });
       begin = end;
     }
-    return detail::spread_leaf_advantages(tree, leaf_advantages);
+    return spread_leaf_advantages(tree, leaf_advantages);
   }
   friend bool operator==(const leaf_group&, const leaf_group&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "leaf_group", summary = "z-score of the leaves per prompt group (DanceGRPO)";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("epsilon", &leaf_group::epsilon, "added to the std before dividing", rules::non_negative{}),
+        parameter("min_std", &leaf_group::min_std, "a group whose std is below this gets advantage 0",
+                  rules::non_negative{})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -1,16 +1,23 @@
 #pragma once
+#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "branchgrpo/advantage/concept.hpp"
-#include "branchgrpo/advantage/leaf_group.hpp"
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/core/state.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
@@ -57,7 +64,7 @@ struct per_prompt_running {
     require(std::isfinite(epsilon) && epsilon > 0.0, "per_prompt_running epsilon ", epsilon,
             " is not a finite value > 0");
     const std::span<const double> leaf = rewards.leaf;
-    detail::check_leaf_rewards(tree, leaf);
+    check_leaf_rewards(tree, leaf);
     const auto per_tree = static_cast<std::size_t>(tree.leaves_per_tree());
     for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
       std::deque<double>& buffer = buffers[tree.info(t).prompt];
@@ -78,13 +85,53 @@ struct per_prompt_running {
       const std::size_t first = static_cast<std::size_t>(t) * per_tree;
       for (std::size_t i = first; i < first + per_tree; ++i) leaf_advantages[i] = (leaf[i] - mean) / (sigma + epsilon);
     }
-    return detail::spread_leaf_advantages(tree, leaf_advantages);
+    return spread_leaf_advantages(tree, leaf_advantages);
   }
 
   /// Forgets every buffered reward (Flow-GRPO clears its tracker once per epoch).
   void clear() { buffers.clear(); }
 
+  /// The buffers as {"prompt.<id>": rewards, oldest first} (concept Stateful).
+  /// Example: after call 1 of the example above, {"prompt.0": {1, 3, 2, 6}}.
+  [[nodiscard]] component_state save_state() const {
+    component_state state;
+    for (const auto& [prompt, buffer] : buffers)
+      state["prompt." + std::to_string(prompt)] = std::vector<double>(buffer.begin(), buffer.end());
+    return state;
+  }
+
+  /// Replaces the buffers with what save_state returned.
+  /// @pre every key is "prompt.<integer id>" and every buffer holds finite values (else invalid_input naming it,
+  ///      nothing changed).
+  void load_state(const component_state& state) {
+    std::map<std::int64_t, std::deque<double>> loaded;
+    for (const auto& [key, values] : state) {
+      constexpr std::string_view prefix = "prompt.";
+      std::int64_t prompt = 0;
+      const char* first = key.data() + prefix.size();
+      const char* last = key.data() + key.size();
+      const auto [end, error] = key.starts_with(prefix) ? std::from_chars(first, last, prompt)
+                                                        : std::from_chars_result{first, std::errc::invalid_argument};
+      require(error == std::errc{} && end == last && first != last, "per_prompt_running state key '", key,
+              "' is not prompt.<id>");
+      for (const double v : values) require(std::isfinite(v), "per_prompt_running state ", key, " holds ", v);
+      loaded[prompt] = std::deque<double>(values.begin(), values.end());
+    }
+    buffers = std::move(loaded);
+  }
+
   friend bool operator==(const per_prompt_running&, const per_prompt_running&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "per_prompt_running", summary = "running per-prompt statistics (Flow-GRPO)";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("history", &per_prompt_running::history, "leaf rewards buffered per prompt", rules::at_least{1}),
+        parameter("epsilon", &per_prompt_running::epsilon, "added to the std before dividing", rules::positive{}),
+        parameter("global_std", &per_prompt_running::global_std,
+                  "divide by the std of the whole call instead of the prompt's buffer", rules::any{})};
+  }
 };
 
 }  // namespace branchgrpo

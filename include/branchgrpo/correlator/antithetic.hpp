@@ -1,9 +1,10 @@
 #pragma once
 #include <cstddef>
 #include <span>
+#include <string_view>
 
 #include "branchgrpo/correlator/concept.hpp"
-#include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/correlator/sibling_rows.hpp"
 
 namespace branchgrpo {
 
@@ -28,6 +29,10 @@ struct antithetic {
     return 1.0;
   }
   friend bool operator==(const antithetic&, const antithetic&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "antithetic", summary = "pairs of opposite draws (even K)";
 };
 
 }  // namespace branchgrpo

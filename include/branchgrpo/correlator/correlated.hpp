@@ -4,10 +4,13 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string_view>
+#include <tuple>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/correlator/concept.hpp"
-#include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/correlator/sibling_rows.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 
 namespace branchgrpo {
@@ -45,6 +48,16 @@ struct correlated {
     return 1.0;
   }
   friend bool operator==(const correlated&, const correlated&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "correlated",
+                                    summary = "shared + own draw, marginal kept (paper Eq. 2); the default";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("s", &correlated::s,
+                                "weight of each child's own draw against the shared one (paper Eq. 2)",
+                                rules::non_negative{})};
+  }
 };
 
 }  // namespace branchgrpo

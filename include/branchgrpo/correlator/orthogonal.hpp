@@ -3,10 +3,11 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string_view>
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/correlator/concept.hpp"
-#include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/correlator/sibling_rows.hpp"
 
 namespace branchgrpo {
 
@@ -59,6 +60,11 @@ struct orthogonal {
     return 1.0;
   }
   friend bool operator==(const orthogonal&, const orthogonal&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "orthogonal",
+                                    summary = "Gram-Schmidt orthogonalized draws (K >= 3, small latents)";
 };
 
 }  // namespace branchgrpo

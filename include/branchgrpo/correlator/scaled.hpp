@@ -1,10 +1,14 @@
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <span>
+#include <string_view>
+#include <tuple>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/correlator/concept.hpp"
-#include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/correlator/sibling_rows.hpp"
 
 namespace branchgrpo {
 
@@ -23,11 +27,21 @@ struct scaled {
 
   double operator()(const sibling_group& group, std::span<double> out) const {
     require(std::isfinite(scale) && scale > 0.0, "scaled scale must be positive and finite, got ", scale);
-    independent{}(group, out);
+    const std::size_t k = detail::check_sibling_group(group, out, "scaled");
+    for (std::size_t b = 0; b < k; ++b) detail::fill_own_row(group, b, out);
     for (double& value : out) value *= scale;
     return scale;
   }
   friend bool operator==(const scaled&, const scaled&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "scaled",
+                                    summary = "own draws times scale, correctly scored (the official code's option)";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("scale", &scaled::scale,
+                                "std multiplier of split children (official split_noise_scale)", rules::positive{})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -3,9 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
-#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/fusion/concept.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
+#include "branchgrpo/tree/levels.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
@@ -17,11 +20,11 @@ namespace branchgrpo {
 /// @post result.size() == tree.node_count(); result[n] == max of the leaf rewards under n.
 struct max_reward {
   std::vector<double> operator()(const rollout_tree& tree, std::span<const double> leaf_rewards) const {
-    detail::check_leaf_rewards(tree, leaf_rewards);
+    check_leaf_rewards(tree, leaf_rewards);
     std::vector<double> fused(static_cast<std::size_t>(tree.node_count()));
-    detail::copy_leaf_rewards(tree, leaf_rewards, fused);
+    copy_leaf_rewards(tree, leaf_rewards, fused);
     double* const out = fused.data();
-    detail::for_each_level_bottom_up(tree, [out](const detail::tree_level& level) {
+    for_each_level_bottom_up(tree, [out](const tree_level& level) {
       for (std::int32_t j = 0; j < level.parents.size(); ++j) {
         const double* const child = out + level.first_child + j * level.children;
         out[level.parents.begin + j] = *std::max_element(child, child + level.children);
@@ -30,6 +33,10 @@ struct max_reward {
     return fused;
   }
   friend bool operator==(const max_reward&, const max_reward&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "max_reward", summary = "the best leaf below";
 };
 
 }  // namespace branchgrpo

@@ -4,11 +4,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/fusion/concept.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
+#include "branchgrpo/tree/levels.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
@@ -28,14 +33,14 @@ struct path_softmax {
 
   std::vector<double> operator()(const rollout_tree& tree, std::span<const double> leaf_rewards) const {
     require(std::isfinite(beta), "path_softmax beta ", beta, " is not finite");
-    detail::check_leaf_rewards(tree, leaf_rewards);
+    check_leaf_rewards(tree, leaf_rewards);
     // Bottom-up log-sum-exp. For node n and the leaves l under it, with v_l = beta * log p(path n -> l):
     // top = max_l v_l, mass = mean_l exp(v_l - top), fused = sum_l exp(v_l - top) r_l / sum_l exp(v_l - top).
     // Child c shifts its values by beta * log_prob(c), so a parent rescales each child by one exp. Children
     // hold equally many leaves (level-uniform plan), so the parent's mass is the mean of theirs; mass stays
     // in [1 / leaves, 1], and with beta = 0 every factor is exactly 1 (hence uniform_mean bit for bit).
     std::vector<double> fused(static_cast<std::size_t>(tree.node_count()));
-    detail::copy_leaf_rewards(tree, leaf_rewards, fused);
+    copy_leaf_rewards(tree, leaf_rewards, fused);
     // top and mass live only for the level being combined and the one below it, indexed by position in
     // the level: four rows as wide as the widest level of a tree, its leaves. child_* hold the level done
     // last.
@@ -49,7 +54,7 @@ struct path_softmax {
     const double* const log_probs = tree.log_probs().data();
     const double scale = beta;
     bool finite = true;  // NaN or overflowing log-probs; diagnosed after the pass
-    detail::for_each_level_bottom_up(tree, [&](const detail::tree_level& level) {
+    for_each_level_bottom_up(tree, [&](const tree_level& level) {
       if (level.depth == tree.steps() - 1) {  // a new tree: its leaves have top 0, mass 1
         std::fill_n(child_top, width, 0.0);
         std::fill_n(child_mass, width, 1.0);
@@ -102,6 +107,16 @@ struct path_softmax {
     return fused;
   }
   friend bool operator==(const path_softmax&, const path_softmax&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "path_softmax",
+                                    summary = "leaves weighted by softmax(beta * path log-prob) (paper Eq. 3)";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("beta", &path_softmax::beta,
+                                "inverse temperature of the path log-probabilities (paper Eq. 3; 0 = uniform)",
+                                rules::finite{})};
+  }
 };
 
 }  // namespace branchgrpo

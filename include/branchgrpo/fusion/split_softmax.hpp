@@ -4,10 +4,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/fusion/concept.hpp"
+#include "branchgrpo/tree/leaf_rewards.hpp"
+#include "branchgrpo/tree/levels.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
@@ -27,12 +32,12 @@ struct split_softmax {
 
   std::vector<double> operator()(const rollout_tree& tree, std::span<const double> leaf_rewards) const {
     require(std::isfinite(alpha), "split_softmax alpha ", alpha, " is not finite");
-    detail::check_leaf_rewards(tree, leaf_rewards);
+    check_leaf_rewards(tree, leaf_rewards);
     std::vector<double> fused(static_cast<std::size_t>(tree.node_count()));
-    detail::copy_leaf_rewards(tree, leaf_rewards, fused);
+    copy_leaf_rewards(tree, leaf_rewards, fused);
     double* const out = fused.data();
     const double* const log_probs = tree.log_probs().data();
-    detail::for_each_level_bottom_up(tree, [&](const detail::tree_level& level) {
+    for_each_level_bottom_up(tree, [&](const tree_level& level) {
       if (level.children == 1) {  // chains pass rewards through; their log-probs are not read
         std::copy_n(out + level.first_child, level.parents.size(), out + level.parents.begin);
         return;
@@ -61,6 +66,15 @@ struct split_softmax {
     return fused;
   }
   friend bool operator==(const split_softmax&, const split_softmax&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "split_softmax",
+                                    summary = "softmax over each split's child edges (the official code's)";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("alpha", &split_softmax::alpha,
+                                "inverse temperature of each split's child-edge softmax", rules::finite{})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/pruning/concept.hpp"
@@ -22,6 +23,15 @@ tree_plan shape_plan(const P& pruner, tree_plan plan, int iteration) {
   else
     return plan;
 }
+
+namespace detail {
+/// mask &= other, after checking that member `member` of `combinator` returned one flag per node.
+inline void intersect_masks(edge_mask& mask, const edge_mask& other, const char* combinator, std::size_t member) {
+  require(other.size() == mask.size(), combinator, " member ", member, " returned ", other.size(), " flags for ",
+          mask.size(), " nodes");
+  for (std::size_t n = 0; n < mask.size(); ++n) mask[n] = mask[n] && other[n] ? 1 : 0;
+}
+}  // namespace detail
 
 /// Every pruner at once: an edge is trained when every member keeps it (the masks are intersected).
 /// It shapes rollouts when any member does, applying the members' shapes in order.
@@ -53,9 +63,7 @@ struct all_of {
 
  private:
   static void intersect(edge_mask& mask, const edge_mask& other, std::size_t member) {
-    require(other.size() == mask.size(), "all_of member ", member, " returned ", other.size(), " flags for ",
-            mask.size(), " nodes");
-    for (std::size_t n = 0; n < mask.size(); ++n) mask[n] = mask[n] && other[n] ? 1 : 0;
+    detail::intersect_masks(mask, other, "all_of", member);
   }
 };
 
@@ -67,6 +75,32 @@ template <Pruner First, Pruner... Rest>
 all_of<First, Rest...> prune_all(First first, Rest... rest) {
   return all_of<First, Rest...>{std::tuple<First, Rest...>(std::move(first), std::move(rest)...)};
 }
+
+/// all_of over a run-time list of pruners of one type (e.g. a run config's list of any_pruner_choice): an edge is
+/// trained when every member keeps it; an empty list keeps every SDE edge. It shapes rollouts by applying the
+/// members' shapes in order.
+/// Example: all_in<parent_top_k>{{{.k = 1}}} keeps what parent_top_k{.k = 1} keeps; all_in<keep_all>{} keeps
+/// trainable_edges(tree).
+/// @post mask[n] <= trainable_edges(tree)[n] and <= every member's mask[n].
+template <Pruner P>
+struct all_in {
+  std::vector<P> pruners = {};
+
+  edge_mask operator()(const rollout_tree& tree, const prune_context& context) const {
+    edge_mask mask = trainable_edges(tree);
+    for (std::size_t i = 0; i < pruners.size(); ++i)
+      detail::intersect_masks(mask, pruners[i](tree, context), "all_in", i);
+    return mask;
+  }
+
+  tree_plan shape(const tree_plan& plan, int iteration) const {
+    tree_plan shaped = plan;
+    for (const P& pruner : pruners) shaped = shape_plan(pruner, std::move(shaped), iteration);
+    return shaped;
+  }
+
+  friend bool operator==(const all_in&, const all_in&) = default;
+};
 
 /// Applies `pruner` for the first `fraction` of the run: while iteration < fraction * total_iterations;
 /// afterwards it keeps every SDE edge (the official code's pruning_step_ratio, which prunes while

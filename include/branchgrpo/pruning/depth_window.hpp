@@ -2,9 +2,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
@@ -81,6 +84,25 @@ struct depth_window {
   }
 
   friend bool operator==(const depth_window&, const depth_window&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "depth_window",
+                                    summary = "depth: prune a window of depths sliding over training";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("depths", &depth_window::depths, "fixed edge depths to prune; empty = the sliding window",
+                  rules::each_at_least{0}),
+        parameter("width", &depth_window::width, "depths in the sliding window", rules::at_least{1}),
+        parameter("start", &depth_window::start, "first depth of the window at iteration 0; -1 = the last split depth",
+                  rules::at_least{-1}),
+        parameter("every", &depth_window::every, "iterations per one-depth slide", rules::at_least{1}),
+        parameter("direction", &depth_window::direction,
+                  "+1 slides to later steps (paper), -1 to earlier (official code)", rules::sign{}),
+        parameter("stop", &depth_window::stop, "the window never passes this depth; -1 = no stop", rules::at_least{-1}),
+        parameter("keep_window", &depth_window::keep_window, "true trains only the window instead of pruning it",
+                  rules::any{})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -4,9 +4,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
@@ -65,6 +68,13 @@ struct extreme {
   }
 
   friend bool operator==(const extreme&, const extreme&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "extreme", summary = "width: the b best and b worst leaves of each tree";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("b", &extreme::b, "best and worst leaves kept per tree", rules::at_least{1})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -1,4 +1,6 @@
 #pragma once
+#include <string_view>
+
 #include "branchgrpo/pruning/concept.hpp"
 
 namespace branchgrpo {
@@ -8,6 +10,10 @@ namespace branchgrpo {
 struct keep_all {
   edge_mask operator()(const rollout_tree& tree, const prune_context&) const { return trainable_edges(tree); }
   friend bool operator==(const keep_all&, const keep_all&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "keep_all", summary = "train every SDE edge";
 };
 
 }  // namespace branchgrpo

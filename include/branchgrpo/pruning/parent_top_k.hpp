@@ -3,9 +3,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
@@ -72,6 +75,15 @@ struct parent_top_k {
   }
 
   friend bool operator==(const parent_top_k&, const parent_top_k&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "parent_top_k",
+                                    summary = "width: the k best children of each last-split parent";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("k", &parent_top_k::k, "children kept per last-split parent (best fused reward first)",
+                                rules::at_least{1})};
+  }
 };
 
 }  // namespace branchgrpo

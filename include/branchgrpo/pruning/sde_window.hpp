@@ -2,8 +2,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <tuple>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
@@ -82,6 +85,18 @@ struct sde_window {
   }
 
   friend bool operator==(const sde_window&, const sde_window&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "sde_window", summary = "MixGRPO: a sliding SDE window, ODE elsewhere";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("width", &sde_window::width, "SDE steps in the window", rules::at_least{1}),
+                      parameter("start", &sde_window::start, "first window step at iteration 0", rules::at_least{0}),
+                      parameter("every", &sde_window::every, "iterations per slide", rules::at_least{1}),
+                      parameter("stride", &sde_window::stride, "steps per slide", rules::at_least{0}),
+                      parameter("train_splits", &sde_window::train_splits,
+                                "split edges outside the window stay SDE and are trained", rules::any{})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -43,9 +43,12 @@ struct rollout_result {
 
 namespace detail {
 
+static_assert(static_cast<std::uint32_t>(max_steps) <= max_noise_step,
+              "every step of a valid plan must fit a noise key");
+
 /// The key of node n's own draw at step s.
 inline noise_key rollout_key(const rollout_tree& tree, const rollout_options& options, std::int32_t n, int s,
-                          noise_stream stream) {
+                             noise_stream stream) {
   return {.seed = options.seed,
           .iteration = options.iteration,
           .tree = tree.info(tree.tree(n)).key,
@@ -56,9 +59,9 @@ inline noise_key rollout_key(const rollout_tree& tree, const rollout_options& op
 
 /// Velocities of the frontier `x` (rows = `frontier`), in chunks of at most max_batch rows.
 template <Backend B, Denoiser<B> D>
-typename B::tensor frontier_velocity(B& backend, D& denoiser, const typename B::tensor& x,
-                                     const rollout_tree& tree, std::span<const std::int32_t> frontier, int s,
-                                     double sigma, std::int64_t max_batch, std::int64_t& calls) {
+typename B::tensor frontier_velocity(B& backend, D& denoiser, const typename B::tensor& x, const rollout_tree& tree,
+                                     std::span<const std::int32_t> frontier, int s, double sigma,
+                                     std::int64_t max_batch, std::int64_t& calls) {
   std::vector<std::uint32_t> trees(frontier.size());
   std::vector<std::int64_t> prompts(frontier.size());
   for (std::size_t r = 0; r < frontier.size(); ++r) {
@@ -75,8 +78,8 @@ typename B::tensor frontier_velocity(B& backend, D& denoiser, const typename B::
                               .prompts = std::span<const std::int64_t>(prompts).subspan(first, count)};
     typename B::tensor v = denoiser(chunk, batch);
     ++calls;
-    require(backend.rows(v) == end - begin, "denoiser returned ", backend.rows(v), " rows for a batch of ",
-            end - begin, " at step ", s);
+    require(backend.rows(v) == end - begin, "denoiser returned ", backend.rows(v), " rows for a batch of ", end - begin,
+            " at step ", s);
     return v;
   };
   if (rows <= max_batch) return evaluate(x, 0, rows);
@@ -113,13 +116,12 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
   require(schedule.steps() == tree.steps(), "sigma schedule has ", schedule.steps(), " steps, the tree has ",
           tree.steps());
   require(options.max_batch >= 1, "max_batch must be at least 1, got ", options.max_batch);
-  require(options.iteration <= max_noise_iteration, "iteration ", options.iteration, " exceeds ",
-          max_noise_iteration);
+  require(options.iteration <= max_noise_iteration, "iteration ", options.iteration, " exceeds ", max_noise_iteration);
   validate(shape);
   const auto elements = static_cast<std::size_t>(shape.elements());
 
-  rollout_result<B> result{.tree = std::move(tree), .latents = {}, .edge_std = {}, .evaluations = 0,
-                           .denoiser_calls = 0};
+  rollout_result<B> result{
+      .tree = std::move(tree), .latents = {}, .edge_std = {}, .evaluations = 0, .denoiser_calls = 0};
   rollout_tree& forest = result.tree;
   const tree_plan& plan = forest.plan();
   const std::span<double> log_probs = forest.mutable_log_probs();
@@ -171,8 +173,8 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
       continue;
     }
 
-    require(std::isfinite(step.noise_std) && step.noise_std > 0.0, "SDE step ", s, " has noise_std ",
-            step.noise_std, "; an SDE edge needs a positive std (make it an ODE edge)");
+    require(std::isfinite(step.noise_std) && step.noise_std > 0.0, "SDE step ", s, " has noise_std ", step.noise_std,
+            "; an SDE edge needs a positive std (make it an ODE edge)");
     host.assign(children.size() * elements, 0.0);
     std::vector<double> stds(children.size(), step.noise_std);
     if (k == 1) {
@@ -186,11 +188,10 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
         const std::size_t first = static_cast<std::size_t>(p) * group_size;
         for (std::size_t b = 0; b < group_size; ++b)
           sibling_keys[b] = detail::rollout_key(forest, options, children[first + b], s, noise_stream::edge);
-        const sibling_group group{
-            .parent = detail::rollout_key(forest, options, frontier[static_cast<std::size_t>(p)], s,
-                                       noise_stream::shared),
-            .children = sibling_keys,
-            .elements = elements};
+        const sibling_group group{.parent = detail::rollout_key(forest, options, frontier[static_cast<std::size_t>(p)],
+                                                                s, noise_stream::shared),
+                                  .children = sibling_keys,
+                                  .elements = elements};
         const double factor =
             correlator(group, std::span<double>(host).subspan(first * elements, group_size * elements));
         require(std::isfinite(factor) && factor > 0.0, "correlator returned factor ", factor, " at step ", s,

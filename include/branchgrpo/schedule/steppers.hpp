@@ -12,8 +12,11 @@
 #include <concepts>
 #include <numbers>
 #include <span>
+#include <string_view>
+#include <tuple>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 
 namespace branchgrpo {
@@ -58,6 +61,13 @@ struct dance_sde {
     return {.x_coeff = 1.0 + drift, .velocity_coeff = d + drift * (1.0 - sig), .noise_std = eta * std::sqrt(-d)};
   }
   friend bool operator==(const dance_sde&, const dance_sde&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "dance_sde", summary = "DanceGRPO's SDE (eta); BranchGRPO's default";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("eta", &dance_sde::eta, "SDE noise scale (DanceGRPO eta)", rules::positive{})};
+  }
 };
 
 /// Flow-GRPO SDE: s_t = a sqrt(sig / (1 - sig)) (at sig = 1 the denominator uses sig[1], as Flow-GRPO does),
@@ -83,6 +93,14 @@ struct flow_grpo_sde {
             .noise_std = std_t * std::sqrt(-dt)};
   }
   friend bool operator==(const flow_grpo_sde&, const flow_grpo_sde&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "flow_grpo_sde", summary = "Flow-GRPO's SDE (noise level a)";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("noise_level", &flow_grpo_sde::noise_level, "SDE noise level (Flow-GRPO a)", rules::positive{})};
+  }
 };
 
 /// Deterministic Euler step: mean = x + (sig[i+1] - sig[i]) v, no noise.

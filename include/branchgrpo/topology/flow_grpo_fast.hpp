@@ -1,7 +1,11 @@
 #pragma once
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/topology/concept.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
 
 namespace branchgrpo {
@@ -20,8 +24,8 @@ struct flow_grpo_fast {
     require(steps >= 1, "the number of steps must be at least 1, got ", steps);
     require(group_size >= 1, "group size ", group_size, " is below 1");
     require(split_step >= 0 && split_step < steps, "split step ", split_step, " is not in [0, ", steps, ")");
-    require(sde_steps >= 1 && split_step + sde_steps <= steps, "sde_steps ", sde_steps, " from split step ",
-            split_step, " runs past ", steps, " steps");
+    require(sde_steps >= 1 && split_step + sde_steps <= steps, "sde_steps ", sde_steps, " from split step ", split_step,
+            " runs past ", steps, " steps");
     tree_plan plan{.steps = steps,
                    .roots = 1,
                    .branching = std::vector<int>(static_cast<std::size_t>(steps), 1),
@@ -32,6 +36,18 @@ struct flow_grpo_fast {
     return plan;
   }
   friend bool operator==(const flow_grpo_fast&, const flow_grpo_fast&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "flow_grpo_fast", summary = "ODE prefix, one SDE split into G, ODE after";
+  static constexpr auto parameters() {
+    return std::tuple{parameter("group_size", &flow_grpo_fast::group_size, "samples per prompt, split at split_step",
+                                rules::at_least{1}),
+                      parameter("split_step", &flow_grpo_fast::split_step,
+                                "the step at which the group splits from one ODE prefix", rules::at_least{0}),
+                      parameter("sde_steps", &flow_grpo_fast::sde_steps,
+                                "SDE (trained) steps from split_step on; ODE after", rules::at_least{1})};
+  }
 };
 
 }  // namespace branchgrpo

@@ -1,7 +1,11 @@
 #pragma once
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/topology/concept.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
 
 namespace branchgrpo {
@@ -26,6 +30,16 @@ struct sequential {
     return plan;
   }
   friend bool operator==(const sequential&, const sequential&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view name = "sequential", summary = "DanceGRPO / Flow-GRPO: G independent chains";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("group_size", &sequential::group_size, "independent chains (samples) per prompt", rules::at_least{1}),
+        parameter("shared_root", &sequential::shared_root, "the chains start from one shared initial noise (DanceGRPO)",
+                  rules::any{})};
+  }
 };
 
 }  // namespace branchgrpo

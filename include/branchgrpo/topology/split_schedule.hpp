@@ -1,8 +1,12 @@
 #pragma once
 #include <algorithm>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/topology/concept.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
 
 namespace branchgrpo {
@@ -21,8 +25,8 @@ struct split_schedule {
 
   tree_plan operator()(int steps) const {
     require(steps >= 1, "the number of steps must be at least 1, got ", steps);
-    require(branching.size() == 1 || branching.size() == split_steps.size(), "split_schedule has ",
-            branching.size(), " branching factors for ", split_steps.size(), " split steps");
+    require(branching.size() == 1 || branching.size() == split_steps.size(), "split_schedule has ", branching.size(),
+            " branching factors for ", split_steps.size(), " split steps");
     require(!branching.empty(), "split_schedule needs at least one branching factor");
     tree_plan plan{.steps = steps,
                    .roots = 1,
@@ -41,6 +45,19 @@ struct split_schedule {
     return plan;
   }
   friend bool operator==(const split_schedule&, const split_schedule&) = default;
+
+  // Its key in configs and on the command line, what it is for, and the parameters a config sets
+  // (core/policy_list.hpp, core/parameters.hpp).
+  static constexpr std::string_view
+      name = "split_schedule",
+      summary = "BranchGRPO tree: split steps and branching factors (the dense tree by default)";
+  static constexpr auto parameters() {
+    return std::tuple{
+        parameter("split_steps", &split_schedule::split_steps, "denoising steps at which every node splits, ascending",
+                  rules::non_empty{.low = 0}),
+        parameter("branching", &split_schedule::branching,
+                  "children per split: one factor for every split, or one per split", rules::non_empty{.low = 1})};
+  }
 };
 
 }  // namespace branchgrpo

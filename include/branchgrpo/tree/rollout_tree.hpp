@@ -45,7 +45,7 @@ class rollout_tree {
   rollout_tree(tree_plan plan, std::vector<tree_info> trees) : plan_(std::move(plan)), trees_(std::move(trees)) {
     validate(plan_);
     require(!trees_.empty(), "a rollout needs at least one tree");
-    const std::int64_t per_tree = plan_.nodes();
+    const std::int64_t per_tree = plan_.node_count();
     const auto tree_count = static_cast<std::int64_t>(trees_.size());
     require(per_tree * tree_count < (std::int64_t{1} << 31), "a forest of ", tree_count, " trees of ", per_tree,
             " nodes exceeds 2^31 nodes");
@@ -53,7 +53,7 @@ class rollout_tree {
     step_offset_.resize(static_cast<std::size_t>(plan_.steps) + 2);
     for (int s = 0; s <= plan_.steps; ++s)
       step_offset_[static_cast<std::size_t>(s) + 1] =
-          step_offset_[static_cast<std::size_t>(s)] + static_cast<std::int32_t>(plan_.nodes_at_step(s));
+          step_offset_[static_cast<std::size_t>(s)] + static_cast<std::int32_t>(plan_.node_count_at_step(s));
 
     const auto total = static_cast<std::size_t>(per_tree * tree_count);
     parent_.assign(total, no_parent);
@@ -70,7 +70,8 @@ class rollout_tree {
       const std::int32_t base = t * nodes_per_tree_;
       for (int s = 0; s <= plan_.steps; ++s) {
         const auto here = step_range_local(s);
-        for (std::int32_t local = here.begin; local < here.end; ++local) step_[static_cast<std::size_t>(base + local)] = s;
+        for (std::int32_t local = here.begin; local < here.end; ++local)
+          step_[static_cast<std::size_t>(base + local)] = s;
         if (s == plan_.steps) break;
         const int factor = plan_.branching[static_cast<std::size_t>(s)];
         const std::int32_t next_begin = step_range_local(s + 1).begin;
@@ -113,7 +114,7 @@ class rollout_tree {
   [[nodiscard]] std::int32_t leaves_per_tree() const { return leaf_count() / tree_count(); }
   /// Denoiser evaluations of the whole forest: one per node with children.
   [[nodiscard]] std::int64_t evaluations() const { return plan_.evaluations() * tree_count(); }
-  [[nodiscard]] std::int64_t edge_count() const { return plan_.edges() * tree_count(); }
+  [[nodiscard]] std::int64_t edge_count() const { return plan_.edge_count() * tree_count(); }
 
   // --- per node ----------------------------------------------------------------------------------------
   [[nodiscard]] std::int32_t parent(std::int32_t n) const { return parent_[at(n)]; }
@@ -188,7 +189,7 @@ class rollout_tree {
   }
   /// The deepest depth whose nodes have more than one child, or -1 when no node splits.
   [[nodiscard]] int last_split_depth() const {
-    const auto splits = plan_.split_steps();
+    const auto splits = plan_.branching_steps();
     return splits.empty() ? -1 : splits.back();
   }
 

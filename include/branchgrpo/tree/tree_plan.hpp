@@ -18,34 +18,42 @@ inline const char* to_string(edge_kind kind) { return kind == edge_kind::sde ? "
 /// Leaves of one tree are limited to 2^24 so that node indices and noise keys stay in 32 bits.
 inline constexpr std::int64_t max_leaves_per_tree = std::int64_t{1} << 24;
 
+/// The most denoising steps a plan may have (validate checks it): a step index fits the 8-bit step field of
+/// a noise key (noise/keyed_normal.hpp), and per-level scratch arrays (tree/levels.hpp) have a fixed size.
+inline constexpr int max_steps = 255;
+
 /// The shape of one rollout tree over `steps` denoising transitions.
 /// Example: steps 3, roots 1, branching {2, 1, 2}, kinds {sde, ode, sde}: 1 root, 2 nodes after step 0,
 /// 2 after step 1, 4 leaves after step 2.
 struct tree_plan {
-  int steps = 0;                  ///< denoising transitions from the root (step 0) to the leaves (step `steps`)
-  int roots = 1;                  ///< independent roots per tree (sequential sampling without a shared root)
-  std::vector<int> branching;     ///< children per node at each step, size `steps`, each >= 1
-  std::vector<edge_kind> kinds;   ///< kind of the edges leaving step s, size `steps`; a split is always SDE
+  int steps = 0;                 ///< denoising transitions from the root (step 0) to the leaves (step `steps`)
+  int roots = 1;                 ///< independent roots per tree (sequential sampling without a shared root)
+  std::vector<int> branching;    ///< children per node at each step, size `steps`, each >= 1
+  std::vector<edge_kind> kinds;  ///< kind of the edges leaving step s, size `steps`; a split is always SDE
 
   friend bool operator==(const tree_plan&, const tree_plan&) = default;
 
-  /// Nodes at step s (s in [0, steps]).
-  [[nodiscard]] std::int64_t nodes_at_step(int s) const {
+  /// The number of nodes at step s (s in [0, steps]) of one tree.
+  [[nodiscard]] std::int64_t node_count_at_step(int s) const {
     std::int64_t count = roots;
     for (int i = 0; i < s; ++i) count *= branching[static_cast<std::size_t>(i)];
     return count;
   }
-  [[nodiscard]] std::int64_t leaves() const { return nodes_at_step(steps); }
-  [[nodiscard]] std::int64_t nodes() const {
+  /// Leaves of one tree: the nodes at step `steps`.
+  [[nodiscard]] std::int64_t leaf_count() const { return node_count_at_step(steps); }
+  /// Nodes of one tree, roots and leaves included.
+  [[nodiscard]] std::int64_t node_count() const {
     std::int64_t total = 0;
-    for (int s = 0; s <= steps; ++s) total += nodes_at_step(s);
+    for (int s = 0; s <= steps; ++s) total += node_count_at_step(s);
     return total;
   }
   /// Denoiser evaluations of one tree: one per node that has children.
-  [[nodiscard]] std::int64_t evaluations() const { return nodes() - leaves(); }
-  [[nodiscard]] std::int64_t edges() const { return nodes() - roots; }
-  /// Steps with more than one child per node.
-  [[nodiscard]] std::vector<int> split_steps() const {
+  [[nodiscard]] std::int64_t evaluations() const { return node_count() - leaf_count(); }
+  /// Edges of one tree: one into every node but the roots.
+  [[nodiscard]] std::int64_t edge_count() const { return node_count() - roots; }
+  /// The steps whose nodes branch (more than one child per node), ascending.
+  /// Example: branching {2, 1, 2} -> {0, 2}.
+  [[nodiscard]] std::vector<int> branching_steps() const {
     std::vector<int> splits;
     for (int s = 0; s < steps; ++s)
       if (branching[static_cast<std::size_t>(s)] > 1) splits.push_back(s);
@@ -54,10 +62,10 @@ struct tree_plan {
 };
 
 /// Throws invalid_input naming the first inconsistency of `plan`.
-/// @post plan.leaves() <= max_leaves_per_tree.
+/// @post 1 <= plan.steps <= max_steps; plan.leaf_count() <= max_leaves_per_tree.
 inline void validate(const tree_plan& plan) {
   require(plan.steps >= 1, "a tree needs at least 1 step, got ", plan.steps);
-  require(plan.steps <= 255, "at most 255 steps are supported, got ", plan.steps);
+  require(plan.steps <= max_steps, "at most ", max_steps, " steps are supported, got ", plan.steps);
   require(plan.roots >= 1, "a tree needs at least 1 root, got ", plan.roots);
   require(plan.branching.size() == static_cast<std::size_t>(plan.steps), "branching has ", plan.branching.size(),
           " entries for ", plan.steps, " steps");
@@ -70,8 +78,8 @@ inline void validate(const tree_plan& plan) {
     require(factor >= 1, "branching factor ", factor, " at step ", s, " is below 1");
     require(factor == 1 || plan.kinds[static_cast<std::size_t>(s)] == edge_kind::sde, "split at step ", s,
             " must be an SDE edge: ODE children would be identical");
-    require(count * factor <= max_leaves_per_tree, "tree exceeds 2^24 leaves after step ", s, " (",
-            count, " x ", factor, ")");
+    require(count * factor <= max_leaves_per_tree, "tree exceeds 2^24 leaves after step ", s, " (", count, " x ",
+            factor, ")");
     count *= factor;
   }
 }

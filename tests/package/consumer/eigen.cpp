@@ -1,6 +1,20 @@
-// The Eigen adapter, found through the installed package (built only when branchgrpo::eigen was installed).
+// branchgrpo::eigen alone, from the installed package (Eigen 3.4): the backend models Backend, and gathers rows of a
+// [3, 2] batch as its documentation says.
 #include <branchgrpo/eigen/backend.hpp>
+
+#include <array>
+#include <cstdint>
+#include <iostream>
+#include <vector>
 
 static_assert(branchgrpo::Backend<branchgrpo::eigen_backend>);
 
-int main() { return 0; }
+int main() {
+  const branchgrpo::eigen_backend backend;
+  const std::array<double, 6> values = {1, 2, 3, 4, 5, 6};
+  const std::array<std::int64_t, 3> index = {2, 0, 2};
+  const auto x = backend.from_host(values, 3, branchgrpo::latent_shape{{2}});
+  const std::vector<double> gathered = backend.to_host(backend.gather_rows(x, index));
+  std::cout << "eigen_backend: gather_rows(x, {2, 0, 2})[0] = " << gathered[0] << '\n';
+  return gathered == std::vector<double>{5, 6, 1, 2, 5, 6} ? 0 : 1;
+}

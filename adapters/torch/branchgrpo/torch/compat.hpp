@@ -14,8 +14,9 @@
 // Also here: LibTorch's logging header (glog in Debian's build, c10's fallback in pip's) defines a CHECK macro
 // that would silently replace the CHECK of a test framework included earlier (Catch2's CHECK would then abort
 // instead of recording a failure). The includes below keep whatever CHECK meant before them, so our torch
-// headers may be included before or after <catch2/catch.hpp>. (A file that includes <torch/torch.h> itself
-// after Catch2 must do the same or include LibTorch first.)
+// headers may be included before or after <catch2/catch.hpp>. Every header of the adapter and of the application
+// layer reaches LibTorch through this one (torchscript.hpp guards its <torch/script.h> the same way; a file that
+// includes <torch/torch.h> itself after Catch2 must do the same or include LibTorch first).
 #pragma push_macro("CHECK")
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>

@@ -8,8 +8,6 @@
 // Parameter names: a lora_linear registers "weight", "bias" (the base, so a model's state keeps the checkpoint
 // names) and, once adapted, "lora_A" and "lora_B". lora_state() names them "<layer>.lora_A.weight" and
 // "<layer>.lora_B.weight" (the PEFT convention), e.g. "double_blocks.0.img_attn.qkv.lora_A.weight".
-#include <torch/torch.h>
-
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 
 namespace branchgrpo {

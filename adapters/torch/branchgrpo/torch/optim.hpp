@@ -1,6 +1,6 @@
 #pragma once
 // Optimizer pieces of the autograd policy (policy.hpp), usable on their own:
-//   adamw_options / make_adamw   torch::optim::AdamW with the DanceGRPO-style defaults (lr 1e-5, wd 1e-4)
+//   make_adamw                   torch::optim::AdamW from optimizer_options (lr 1e-5, wd 1e-4 by default)
 //   clip_gradient_norm           global L2 norm of the gradients, scaled down to max_norm when above it
 //   ema_weights                  exponential moving average of the trainable weights, swappable for evaluation
 #include <cmath>
@@ -10,38 +10,20 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/torch/compat.hpp"
+#include "branchgrpo/training/optimizer_options.hpp"
 
 namespace branchgrpo {
 
-/// AdamW hyperparameters (decoupled weight decay: w <- w - lr * (adam_step + weight_decay * w)).
-struct adamw_options {
-  double learning_rate = 1e-5;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-4;
-
-  friend bool operator==(const adamw_options&, const adamw_options&) = default;
-};
-
-/// Throws unless every AdamW hyperparameter is in its domain.
-inline void validate(const adamw_options& options) {
-  require(std::isfinite(options.learning_rate) && options.learning_rate > 0, "learning rate must be positive, got ",
-          options.learning_rate);
-  require(options.beta1 >= 0 && options.beta1 < 1, "AdamW beta1 must be in [0, 1), got ", options.beta1);
-  require(options.beta2 >= 0 && options.beta2 < 1, "AdamW beta2 must be in [0, 1), got ", options.beta2);
-  require(std::isfinite(options.eps) && options.eps > 0, "AdamW eps must be positive, got ", options.eps);
-  require(std::isfinite(options.weight_decay) && options.weight_decay >= 0, "weight decay must be non-negative, got ",
-          options.weight_decay);
-}
-
-/// An AdamW optimizer over `parameters`.
-/// @pre options valid (else invalid_input); parameters are leaf tensors that require grad.
+/// An AdamW optimizer over `parameters` with options' lr, betas, eps and weight decay (optimizer_options, shared
+/// with a config's [optimizer] section; its max_grad_norm and ema_decay are clip_gradient_norm's and ema_weights').
+/// @pre options obey their rules (validate_parameters; else invalid_input "optimizer.<key> = <value>: <reason>");
+///      parameters are leaf tensors that require grad.
 inline std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& parameters,
-                                                       const adamw_options& options) {
-  validate(options);
-  return std::make_unique<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(options.learning_rate)
+                                                       const optimizer_options& options) {
+  validate_parameters(options, "optimizer");
+  return std::make_unique<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(options.lr)
                                                                .betas({options.beta1, options.beta2})
                                                                .eps(options.eps)
                                                                .weight_decay(options.weight_decay));

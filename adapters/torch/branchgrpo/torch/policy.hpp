@@ -58,14 +58,12 @@ concept AdapterSwitch = requires(M& m, bool enabled) {
   m.set_adapters_enabled(enabled);
 };
 
-/// The autograd policy's hyperparameters. Defaults: AdamW lr 1e-5, weight decay 1e-4 (DanceGRPO's FLUX
-/// recipe), gradient-norm clip 1.0, no KL (BranchGRPO has none; Flow-GRPO uses 0.01 - 0.04), no EMA.
+/// The autograd policy's hyperparameters. Defaults: optimizer_options' (AdamW lr 1e-5, weight decay 1e-4,
+/// DanceGRPO's FLUX recipe; gradient-norm clip 1.0; no EMA), no KL (BranchGRPO has none; Flow-GRPO uses 0.01 - 0.04).
 struct autograd_policy_options {
-  adamw_options adamw = {};
-  double max_grad_norm = 1.0;  ///< 0 = no clipping (the norm is still measured)
-  double kl_beta = 0.0;        ///< weight of the KL to the frozen base; needs AdapterSwitch
-  double ema_decay = 0.0;      ///< 0 = no EMA; else shadow <- decay * shadow + (1 - decay) * weight per step
-  bool bf16_autocast = false;  ///< CUDA only: matmuls and attention in bfloat16 (no-op on CPU)
+  optimizer_options optimizer = {};  ///< AdamW, gradient clipping and EMA; a config's [optimizer]
+  double kl_beta = 0.0;              ///< weight of the KL to the frozen base; needs AdapterSwitch
+  bool bf16_autocast = false;        ///< CUDA only: matmuls and attention in bfloat16 (no-op on CPU)
 
   friend bool operator==(const autograd_policy_options&, const autograd_policy_options&) = default;
 };
@@ -83,8 +81,8 @@ struct policy_update_report {
 ///   rollout's log-probs exactly and the KL is 0; after apply_update with a non-zero PPO weight, only
 ///   trainable_parameters() changed, and the KL is positive.
 /// @pre `model` outlives the policy; its trainable_parameters() are leaf tensors with requires_grad and stay
-///      the same tensors; options valid (adamw valid, max_grad_norm >= 0, kl_beta >= 0 and needs
-///      AdapterSwitch when > 0, ema_decay in [0, 1)), else invalid_input.
+///      the same tensors; options valid (optimizer obeys its rules, kl_beta >= 0 and needs AdapterSwitch when
+///      > 0), else invalid_input.
 /// @post apply_update throws invalid_input (and zeroes the gradient, taking no step) when the gradient norm
 ///       is not finite: a NaN never reaches the weights silently.
 template <TorchVelocityModel Model>
@@ -92,8 +90,7 @@ class autograd_policy {
  public:
   autograd_policy(Model& model, torch_backend backend, autograd_policy_options options = {})
       : model_(&model), backend_(backend), options_(options), parameters_(model.trainable_parameters()) {
-    require(std::isfinite(options.max_grad_norm) && options.max_grad_norm >= 0,
-            "max gradient norm must be non-negative, got ", options.max_grad_norm);
+    validate_parameters(options.optimizer, "optimizer");
     require(std::isfinite(options.kl_beta) && options.kl_beta >= 0, "KL beta must be non-negative, got ",
             options.kl_beta);
     if constexpr (!AdapterSwitch<Model>)
@@ -103,12 +100,9 @@ class autograd_policy {
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       require(parameters_[i].defined() && parameters_[i].is_leaf() && parameters_[i].requires_grad(),
               "trainable parameter ", i, " is not a leaf tensor that requires grad");
-    optimizer_ = make_adamw(parameters_, options.adamw);
-    ema_.decay = options.ema_decay;
-    if (options.ema_decay > 0)
-      ema_.reset(parameters_);
-    else
-      require(options.ema_decay == 0, "EMA decay must be in [0, 1), got ", options.ema_decay);
+    optimizer_ = make_adamw(parameters_, options.optimizer);
+    ema_.decay = options.optimizer.ema_decay;
+    if (options.optimizer.ema_decay > 0) ema_.reset(parameters_);
   }
 
   /// The rollout's velocity, without autograd.
@@ -177,7 +171,7 @@ class autograd_policy {
       }
       report.kl = kl_sum_ / static_cast<double>(rows_);
     }
-    report.grad_norm = clip_gradient_norm(parameters_, options_.max_grad_norm);
+    report.grad_norm = clip_gradient_norm(parameters_, options_.optimizer.max_grad_norm);
     const bool finite = std::isfinite(report.grad_norm);
     if (finite) optimizer_->step();
     optimizer_->zero_grad();
@@ -186,7 +180,7 @@ class autograd_policy {
     kl_gradient_.clear();
     require(finite, "gradient norm is ", report.grad_norm, " after ", report.rows,
             " rows; the update was skipped (a non-finite loss weight or model output?)");
-    if (options_.ema_decay > 0) ema_.update(parameters_);
+    if (options_.optimizer.ema_decay > 0) ema_.update(parameters_);
     report.steps = ++steps_;
     last_update_ = report;
     return report;
@@ -212,7 +206,7 @@ class autograd_policy {
   /// Exchanges the trainable weights with their EMA (evaluate, then call again to restore).
   /// @pre ema_decay > 0 (else invalid_input).
   void swap_ema() {
-    require(options_.ema_decay > 0, "swap_ema needs ema_decay > 0");
+    require(options_.optimizer.ema_decay > 0, "swap_ema needs optimizer.ema_decay > 0");
     ema_.swap(parameters_);
   }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Safetensors <-> torch::Tensor. Reading and validation are safetensors_format.hpp's (memory-mapped, every
+// Safetensors <-> torch::Tensor. Reading and validation are <branchgrpo/safetensors.hpp>'s (memory-mapped, every
 // malformed file rejected with one line naming the file and the tensor); this header only copies the mapped
 // bytes into tensors (optionally converting floating-point ones to one dtype and moving them to a device) and
 // hands contiguous CPU bytes to the atomic writer.
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/safetensors.hpp"
 #include "branchgrpo/torch/compat.hpp"
-#include "branchgrpo/torch/safetensors_format.hpp"
 
 namespace branchgrpo {
 

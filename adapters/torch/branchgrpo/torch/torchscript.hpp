@@ -22,12 +22,12 @@
 #include <utility>
 #include <vector>
 
-#pragma push_macro("CHECK")
-#include <torch/script.h>
-#include <torch/torch.h>
-#pragma pop_macro("CHECK")
-
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/torch/compat.hpp"
+
+#pragma push_macro("CHECK")  // LibTorch's CHECK must not replace a test framework's (compat.hpp)
+#include <torch/script.h>
+#pragma pop_macro("CHECK")
 
 namespace branchgrpo {
 

@@ -1,0 +1,428 @@
+#pragma once
+// The configuration of a training run (`branchgrpo train --config FILE.toml`), torch-free: the schema, its
+// defaults, the TOML reader and the validation. docs/config.md documents every key.
+//
+//   load_run_config("run.toml")            parse + validate a file; every error is one line
+//   parse_run_config(text, "run.toml")     the same from a string (tests)
+//   config.recipe                          the run's components as one typed `method`
+//   method_recipe("branch-widpru")         with_method's recipe as the run's component types
+//
+// Run-time choices, compile-time policies: each family's choice is its catalog's any_policy (a std::variant of
+// the family's policies that models the family's concept by visiting; core/policy_list.hpp). The [topology],
+// [correlator], [fusion], [advantage], [[pruning.pruners]] tables and rollout.stepper name a catalog entry and set
+// its described parameters (config/toml_reader.hpp: read_policy), so a policy added to a catalog is readable
+// here without a line of this file. So `train_iteration` is instantiated once for every configuration (the sum of the
+// families' alternatives is compiled, not their product) and the policies below it stay fully typed; the cost is one
+// std::visit per component call (a few per iteration, or per split group for the correlator).
+//
+// Errors: "<file>: <key path> = <value>: <reason>", e.g. "run.toml: rollout.steps = 0: must be at least 1";
+// unknown keys: "run.toml: unknown key rollout.stepz (rollout has: steps, shift, ...)". Relative input paths
+// (model.dir, model.weights, model.decoder, data.embeddings, reward files) are resolved against the config
+// file's directory; run.output_dir against the working directory.
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "branchgrpo/advantage/catalog.hpp"
+#include "branchgrpo/config/toml_reader.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/correlator/catalog.hpp"
+#include "branchgrpo/fusion/catalog.hpp"
+#include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/pruning/catalog.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/schedule/stepper_catalog.hpp"
+#include "branchgrpo/topology/catalog.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/optimizer_options.hpp"
+#include "branchgrpo/training/trainer.hpp"
+
+namespace branchgrpo {
+
+// ---- The run's components ----------------------------------------------------------------------------------
+// Each family's run-time choice is its catalog's any_policy (core/policy_list.hpp: any_topology, any_stepper,
+// any_correlator, any_fusion, any_normalizer) and the pruners a run-time list (any_pruner = active_for<all_in<...>>).
+
+/// The run's recipe: one method type for every configuration.
+using run_recipe = method<any_topology, any_stepper, any_correlator, any_fusion, any_normalizer, any_pruner>;
+
+/// Whether two run recipes hold equal components (method itself has no operator==).
+inline bool same_recipe(const run_recipe& a, const run_recipe& b) {
+  return a.topology == b.topology && a.stepper == b.stepper && a.correlator == b.correlator && a.fusion == b.fusion &&
+         a.normalizer == b.normalizer && a.pruner == b.pruner;
+}
+
+/// with_method's recipe `name` as a run_recipe (same components, same parameters).
+/// Example: method_recipe("dance").topology(20).evaluations() == 305.
+/// @pre name is one of method_names (else invalid_input naming it).
+inline run_recipe method_recipe(std::string_view name) {
+  return with_method(name, [](auto recipe) {
+    run_recipe out;
+    out.topology.policy = recipe.topology;
+    out.stepper.policy = recipe.stepper;
+    out.correlator.policy = recipe.correlator;
+    out.fusion.policy = recipe.fusion;
+    out.normalizer.policy = recipe.normalizer;
+    if constexpr (!std::is_same_v<decltype(recipe.pruner), keep_all>) out.pruner.pruner.pruners = {recipe.pruner};
+    return out;
+  });
+}
+
+// ---- The schema ---------------------------------------------------------------------------------------------
+
+/// [model]: which transformer, from where, on what. Either `dir` (a model directory: model.safetensors with its
+/// FLUX config in the metadata, prompts.safetensors) or `config` (dev, schnell, tiny) with `weights`.
+struct model_section {
+  std::string dir = "models/shapes-tiny";
+  std::string config = "";         ///< dev, schnell or tiny; used when dir is ""
+  std::string weights = "";        ///< FLUX transformer checkpoint for `config` (bfl or diffusers); "" = random (tiny)
+  std::string decoder = "pixels";  ///< "pixels" (latents are RGB in [-1, 1]) or a decoder file
+  std::string dtype = "float32";   ///< float32, bfloat16, float16
+  std::string device = "cpu";      ///< cpu, cuda, cuda:N
+  double guidance = 3.5;
+  std::int64_t latent_height = 0;  ///< 0: the model directory's (16 for shapes-tiny)
+  std::int64_t latent_width = 0;
+  bool gradient_checkpointing = false;
+  friend bool operator==(const model_section&, const model_section&) = default;
+};
+
+/// [data]: the prompt embeddings and how many prompts (trees) each iteration trains.
+struct data_section {
+  std::string embeddings = "";  ///< "" = <model.dir>/prompts.safetensors
+  int prompts_per_iteration = 2;
+  friend bool operator==(const data_section&, const data_section&) = default;
+};
+
+/// [rollout] (the stepper and its eta / noise_level live in the recipe).
+struct rollout_section {
+  int steps = 20;
+  double shift = 3.0;
+  std::int64_t max_batch = 64;
+  friend bool operator==(const rollout_section&, const rollout_section&) = default;
+};
+
+/// [lora]
+struct lora_section {
+  bool enabled = true;
+  std::int64_t rank = 16;
+  double alpha = 16;
+  std::vector<std::string> targets = {"attention", "mlp"};  ///< of attention, mlp, modulation, embedding
+  friend bool operator==(const lora_section&, const lora_section&) = default;
+};
+
+/// One [[rewards]] entry: a reward by name, its weight in the sum, and its own parameters (numbers, strings or
+/// booleans, checked by the reward when it is built).
+struct reward_entry {
+  std::string name;
+  double weight = 1.0;
+  std::map<std::string, std::variant<double, std::string, bool>> params = {};
+  friend bool operator==(const reward_entry&, const reward_entry&) = default;
+};
+
+/// [run]
+struct run_section {
+  int iterations = 100;
+  std::uint64_t seed = 0;
+  std::string output_dir = "out/train";
+  int grid_every = 10;            ///< 0: no grids
+  int checkpoint_every = 10;      ///< 0: only the final checkpoint
+  int keep_checkpoints = 2;       ///< complete checkpoints kept (the newest)
+  int updates_per_iteration = 1;  ///< optimizer steps per iteration (training_options)
+  friend bool operator==(const run_section&, const run_section&) = default;
+};
+
+/// Reward names a config may use (adapters/torch rewards; see docs/config.md).
+inline constexpr std::array<std::string_view, 4> reward_names = {"alignment", "jpeg_compressibility",
+                                                                 "jpeg_incompressibility", "torchscript"};
+
+/// A whole run. Defaults: the shipped shapes model, BranchGRPO's dense tree (the branch method), LoRA rank 16.
+struct run_config {
+  std::string source = "config";         ///< the file name errors start with
+  std::filesystem::path base_dir = ".";  ///< relative input paths are resolved against it
+  model_section model;
+  data_section data;
+  rollout_section rollout;
+  run_recipe recipe = method_recipe("branch");
+  ppo_options loss;
+  optimizer_options optimizer;
+  lora_section lora;
+  std::vector<reward_entry> rewards = {{.name = "alignment", .weight = 1.0, .params = {}}};
+  run_section run;
+
+  /// An input path as given, or resolved against base_dir when relative; "" stays "".
+  [[nodiscard]] std::filesystem::path input_path(const std::string& path) const {
+    if (path.empty()) return {};
+    const std::filesystem::path p(path);
+    return p.is_absolute() ? p : base_dir / p;
+  }
+  [[nodiscard]] sigma_schedule schedule() const { return shifted_linear_schedule(rollout.steps, rollout.shift); }
+  [[nodiscard]] training_options training() const {
+    return {.max_batch = rollout.max_batch,
+            .seed = run.seed,
+            .updates_per_iteration = run.updates_per_iteration,
+            .total_iterations = run.iterations,
+            .loss = loss};
+  }
+};
+
+// ---- Reading ------------------------------------------------------------------------------------------------
+
+namespace config_detail {
+
+using config::checked;
+using config::node_text;
+using config::one_of;
+using config::read_parameters;
+using config::read_policy;
+using config::table_reader;
+
+// Checks for read(): "" when fine, else the reason (the words of core/parameters.hpp's rules).
+inline auto at_least(double low) {
+  return [low](auto value) { return rules::at_least{low}.why(value); };
+}
+inline auto positive() {
+  return [](auto value) { return rules::positive{}.why(value); };
+}
+inline auto non_negative() {
+  return [](auto value) { return rules::non_negative{}.why(value); };
+}
+
+inline void read_model(table_reader r, model_section& m) {
+  r.read("dir", m.dir);
+  r.read("config", m.config, one_of({"", "dev", "schnell", "tiny"}));
+  r.read("weights", m.weights);
+  r.read("decoder", m.decoder, [](const std::string& v) { return v.empty() ? "must not be empty" : ""; });
+  r.read("dtype", m.dtype, one_of({"float32", "bfloat16", "float16"}));
+  r.read("device", m.device, [](const std::string& v) {
+    const bool ok =
+        v == "cpu" || v == "cuda" ||
+        (v.rfind("cuda:", 0) == 0 && v.size() > 5 && v.find_first_not_of("0123456789", 5) == std::string::npos);
+    return ok ? "" : "must be cpu, cuda or cuda:N";
+  });
+  r.read("guidance", m.guidance, [](double v) { return std::isfinite(v) ? "" : "must be finite"; });
+  r.read("latent_height", m.latent_height, non_negative());
+  r.read("latent_width", m.latent_width, non_negative());
+  r.read("gradient_checkpointing", m.gradient_checkpointing);
+  if (m.dir.empty() && m.config.empty())
+    fail(r.file(), ": model.dir = \"\": give a model directory or model.config (dev, schnell or tiny)");
+  if (!m.dir.empty() && r.has("config") && !m.config.empty())
+    r.bad("config", "model.config is for weights without a model directory: set model.dir = \"\" to use it");
+  if (!m.dir.empty() && r.has("weights")) r.bad("weights", "is used with model.config; model.dir has its own weights");
+  if (!m.config.empty() && m.config != "tiny" && m.weights.empty())
+    fail(r.file(), ": model.weights = \"\": model.config = \"", m.config, "\" needs its checkpoint");
+  if (m.dir.empty() && (m.latent_height == 0 || m.latent_width == 0))
+    fail(r.file(), ": model.latent_height = ", m.latent_height, ", model.latent_width = ", m.latent_width,
+         ": both must be set with model.config");
+  r.finish();
+}
+
+inline void read_data(table_reader r, data_section& d, const model_section& m) {
+  r.read("embeddings", d.embeddings);
+  r.read("prompts_per_iteration", d.prompts_per_iteration, at_least(1));
+  if (m.dir.empty() && d.embeddings.empty())
+    fail(r.file(), ": data.embeddings = \"\": needed when there is no model.dir");
+  r.finish();
+}
+
+inline void read_topology(table_reader r, any_topology& topology) {
+  read_policy(r, "kind", topology);
+  r.finish();
+}
+
+inline void read_rollout(table_reader r, rollout_section& rollout, any_stepper& stepper) {
+  r.read("steps", rollout.steps, at_least(1));
+  r.read("shift", rollout.shift, positive());
+  r.read("max_batch", rollout.max_batch, at_least(1));
+  read_policy(r, "stepper", stepper);
+  r.finish();
+}
+
+template <class AnyPolicy>
+void read_kind(table_reader r, AnyPolicy& policy) {
+  read_policy(r, "kind", policy);
+  r.finish();
+}
+
+inline void read_pruning(table_reader r, any_pruner& pruner) {
+  r.read("active_fraction", pruner.fraction, [](double v) { return rules::unit_interval{}.why(v); });
+  std::vector<table_reader> list = r.tables("pruners");
+  if (r.has("pruners")) {
+    pruner.pruner.pruners.clear();
+    for (table_reader& entry : list) {
+      any_pruner_choice choice;
+      read_policy(entry, "kind", choice, /*required=*/true);
+      entry.finish();
+      pruner.pruner.pruners.push_back(std::move(choice));
+    }
+  }
+  r.finish();
+}
+
+inline void read_loss(table_reader r, ppo_options& loss) {
+  r.read("clip_range", loss.clip_range, [](double v) { return v > 0 && v < 1 ? "" : "must be in (0, 1)"; });
+  r.read("advantage_clip", loss.advantage_clip, [](double v) { return v > 0 ? "" : "must be positive"; });
+  r.read("kl_beta", loss.kl_beta, non_negative());
+  r.finish();
+}
+
+inline void read_optimizer(table_reader r, optimizer_options& o) {
+  read_parameters(r, o);
+  r.finish();
+}
+
+inline void read_lora(table_reader r, lora_section& l) {
+  r.read("enabled", l.enabled);
+  r.read("rank", l.rank, at_least(1));
+  r.read("alpha", l.alpha, positive());
+  r.read("targets", l.targets, [](const std::vector<std::string>& v) {
+    if (v.empty()) return std::string("must name at least one of attention, mlp, modulation, embedding");
+    for (const std::string& t : v)
+      if (t != "attention" && t != "mlp" && t != "modulation" && t != "embedding")
+        return "unknown target \"" + t + "\" (attention, mlp, modulation or embedding)";
+    return std::string();
+  });
+  r.finish();
+}
+
+inline reward_entry read_reward(table_reader r) {
+  reward_entry entry;
+  std::vector<std::string_view> names(reward_names.begin(), reward_names.end());
+  if (!r.read("name", entry.name, one_of(names)))
+    fail(
+        r.file(), ": ", r.path(), ": needs a name (",
+        [&] {
+          std::string list;
+          for (std::string_view n : reward_names) list += (list.empty() ? "" : ", ") + std::string(n);
+          return list;
+        }(),
+        ")");
+  r.read("weight", entry.weight, [](double v) { return std::isfinite(v) ? "" : "must be finite"; });
+  table_reader params = r.table("params");
+  if (params.raw() != nullptr)
+    for (const auto& [key, node] : *params.raw()) {
+      const std::string name(key.str());
+      if (node.is_boolean()) {
+        bool v = false;
+        params.read(name, v);
+        entry.params[name] = v;
+      } else if (node.is_string()) {
+        std::string v;
+        params.read(name, v);
+        entry.params[name] = v;
+      } else if (node.is_number()) {
+        double v = 0;
+        params.read(name, v);
+        entry.params[name] = v;
+      } else {
+        params.bad(name, "must be a number, a string or a boolean");
+      }
+    }
+  r.finish();
+  return entry;
+}
+
+inline void read_run(table_reader r, run_section& run) {
+  r.read("iterations", run.iterations, at_least(1));
+  r.read("seed", run.seed);
+  r.read("output_dir", run.output_dir, [](const std::string& v) { return v.empty() ? "must not be empty" : ""; });
+  r.read("grid_every", run.grid_every, at_least(0));
+  r.read("checkpoint_every", run.checkpoint_every, at_least(0));
+  r.read("keep_checkpoints", run.keep_checkpoints, at_least(1));
+  r.read("updates_per_iteration", run.updates_per_iteration, at_least(1));
+  r.finish();
+}
+
+}  // namespace config_detail
+
+/// Parses and validates a run configuration from TOML text; `source` names it in errors and `base_dir`
+/// resolves its relative input paths. Absent keys keep their defaults (run_config{}).
+/// Example: parse_run_config("[rollout]\nsteps = 0\n", "run.toml") throws
+///   "run.toml: rollout.steps = 0: must be at least 1";
+///   parse_run_config("[rollout]\nstepz = 3\n", "run.toml") throws "run.toml: unknown key rollout.stepz (...)".
+/// @post every value in its domain, the topology and pruners valid for rollout.steps, kl_beta > 0 only with LoRA.
+inline run_config parse_run_config(std::string_view text, const std::string& source,
+                                   const std::filesystem::path& base_dir = ".") {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& error) {
+    fail(source, ":", error.source().begin.line, ":", error.source().begin.column, ": ", error.description());
+  }
+  using namespace config_detail;
+  run_config config;
+  config.source = source;
+  config.base_dir = base_dir;
+  table_reader top(source, "", &root);
+  read_model(top.table("model"), config.model);
+  read_data(top.table("data"), config.data, config.model);
+  read_topology(top.table("topology"), config.recipe.topology);
+  read_rollout(top.table("rollout"), config.rollout, config.recipe.stepper);
+  read_kind(top.table("correlator"), config.recipe.correlator);
+  read_kind(top.table("fusion"), config.recipe.fusion);
+  read_kind(top.table("advantage"), config.recipe.normalizer);
+  read_pruning(top.table("pruning"), config.recipe.pruner);
+  read_loss(top.table("loss"), config.loss);
+  read_optimizer(top.table("optimizer"), config.optimizer);
+  read_lora(top.table("lora"), config.lora);
+  if (top.has("rewards")) {
+    config.rewards.clear();
+    for (table_reader& entry : top.tables("rewards")) config.rewards.push_back(read_reward(entry));
+    if (config.rewards.empty()) fail(source, ": rewards = []: needs at least one [[rewards]] entry");
+  } else {
+    top.tables("rewards");
+  }
+  read_run(top.table("run"), config.run);
+  top.finish();
+
+  // Cross-checks, in the words of the library's own validation.
+  const table_reader topology(source, "topology", root["topology"].as_table());
+  checked(topology, {"split_steps", "branching", "group_size", "shared_root", "split_step", "sde_steps"},
+          [&] { (void)config.recipe.topology(config.rollout.steps); });
+  const tree_plan plan = config.recipe.topology(config.rollout.steps);
+  const std::vector<any_pruner_choice>& pruners = config.recipe.pruner.pruner.pruners;
+  for (std::size_t i = 0; i < pruners.size(); ++i) {
+    const std::string where = "pruning.pruners[" + std::to_string(i) + "]";
+    try {
+      std::visit(
+          [&](const auto& p) {
+            using P = std::decay_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, sde_window>) (void)p.window(plan.steps, 0);
+            if constexpr (std::is_same_v<P, depth_window>)
+              require(p.width <= plan.steps, "depth_window width ", p.width, " exceeds the ", plan.steps, " steps");
+          },
+          pruners[i].policy);
+    } catch (const invalid_input& error) {
+      fail(source, ": ", where, ": ", error.what());
+    }
+  }
+  if (config.loss.kl_beta > 0 && !config.lora.enabled)
+    fail(source, ": loss.kl_beta = ", config.loss.kl_beta,
+         ": needs lora.enabled = true (the frozen base without the adapters is the KL reference)");
+  return config;
+}
+
+/// Reads and validates `path` (parse_run_config with the file's name and directory).
+/// @post throws invalid_input "<path>: cannot read" when the file cannot be opened.
+inline run_config load_run_config(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(static_cast<bool>(in), path.string(), ": cannot read the config file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  return parse_run_config(text.str(), path.string(), dir);
+}
+
+}  // namespace branchgrpo

@@ -1,0 +1,67 @@
+#pragma once
+// Named recipes for the methods compared in the paper. Each is a `method` of concrete component types,
+// so a run-time name is dispatched once, at the top, to code that is fully typed below it:
+//
+//   with_method("branch-widpru", [&](auto recipe) { ... train_iteration(..., recipe, ...) ... });
+//
+//   dance          DanceGRPO: sequential G = 16 with a shared root, independent noise, leaf-group z-score,
+//                  every edge trained (305 evaluations over 20 steps).
+//   branch         BranchGRPO: dense tree {0,3,6,9} x 2, correlated noise s = 4 (paper Eq. 2), uniform
+//                  fusion, depth-wise advantages per tree, every edge trained (203 evaluations).
+//   branch-widpru  branch + width pruning Parent-Top1 after the last split.
+//   branch-deppru  branch + depth pruning: a window of 4 depths from the last split, sliding later every
+//                  30 iterations.
+//   branch-mix     branch + a sliding window of 4 SDE steps (splits always SDE), ODE elsewhere.
+#include <array>
+#include <string_view>
+
+#include "branchgrpo/advantage/depth_wise.hpp"
+#include "branchgrpo/advantage/leaf_group.hpp"
+#include "branchgrpo/correlator/correlated.hpp"
+#include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/fusion/uniform_mean.hpp"
+#include "branchgrpo/pruning/depth_window.hpp"
+#include "branchgrpo/pruning/keep_all.hpp"
+#include "branchgrpo/pruning/parent_top_k.hpp"
+#include "branchgrpo/pruning/sde_window.hpp"
+#include "branchgrpo/schedule/steppers.hpp"
+#include "branchgrpo/topology/sequential.hpp"
+#include "branchgrpo/topology/split_schedule.hpp"
+#include "branchgrpo/training/trainer.hpp"
+
+namespace branchgrpo {
+
+/// The names with_method accepts, dance first.
+inline constexpr std::array<std::string_view, 5> method_names = {"dance", "branch", "branch-widpru", "branch-deppru",
+                                                                 "branch-mix"};
+
+/// DanceGRPO (the "dance" method).
+inline auto dance_method() {
+  return method{sequential{.group_size = 16, .shared_root = true},
+                dance_sde{},
+                independent{},
+                uniform_mean{},
+                leaf_group{},
+                keep_all{}};
+}
+
+/// BranchGRPO with `pruner` ("branch" with keep_all; the pruned variants with the pruner of their name).
+template <Pruner P = keep_all>
+auto branch_method(P pruner = {}) {
+  return method{split_schedule::dense(), dance_sde{}, correlated{.s = 4.0}, uniform_mean{}, depth_wise{}, pruner};
+}
+
+/// Calls `body(recipe)` with the recipe named `name`; returns what body returns.
+/// Example: with_method("dance", [](auto r) { return r.topology(20).evaluations(); }) == 305.
+/// @pre name is one of method_names (else invalid_input naming it).
+template <class Body>
+decltype(auto) with_method(std::string_view name, Body&& body) {
+  if (name == "dance") return body(dance_method());
+  if (name == "branch") return body(branch_method());
+  if (name == "branch-widpru") return body(branch_method(parent_top_k{.k = 1}));
+  if (name == "branch-deppru") return body(branch_method(depth_window{}));
+  if (name == "branch-mix") return body(branch_method(sde_window{}));
+  fail("unknown method '", name, "' (expected dance, branch, branch-widpru, branch-deppru or branch-mix)");
+}
+
+}  // namespace branchgrpo

@@ -1,0 +1,519 @@
+#pragma once
+// The procedural "shapes" data set of the shipped demo model (models/shapes-tiny; docs/model.md): one coloured
+// shape on a plain light-grey background per image, 3 x 16 x 16, RGB in [-1, 1] (pixel space: the image IS the
+// latent, no autoencoder).
+//
+//   prompts     12 = 4 colours x 3 shapes, prompt p = 3 * colour + shape:
+//               "a red circle", "a red square", "a red triangle", "a green circle", ..., "a yellow triangle"
+//   draw        shapes_draw(seed, index): size, position and colour jitter of sample `index` from Philox4x32-10
+//   render      shapes_render(sample): [3, 16, 16], each pixel the shape's 4 x 4-supersampled coverage
+//   batch       make_shapes_batch(seed, first, count): samples first, ..., first + count - 1 with their prompts
+//   embeddings  shapes_word_embeddings(prompts, context_in, vec_in): fixed keyed-normal vectors per word
+//   model       load_shapes_model(dir) / make_shapes_transformer(model): a pretrained model directory
+//   sampling    shapes_sample_ode(model, embeddings, prompts, seed): Euler ODE, 20 steps, SD3 shift 3
+//
+// Sample randomness (documented so any implementation reproduces the data set): the 8 uniforms of sample i are
+//   u[4 b + k] = (r_k + 0.5) / 2^32,  r = philox4x32_10({i & 0xffffffff, i >> 32, b, 0x53485031}, {seed lo, hi}),
+// b = 0, 1, k = 0..3 (noise/keyed_normal.hpp's Philox). u0 size, u1 centre x, u2 centre y, u3 background,
+// u4..u6 colour jitter (r, g, b), u7 the prompt when the batch draws it (floor(12 u7)).
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <numbers>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/model_specs/flux/config.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/torch/compat.hpp"
+#include "branchgrpo/torch/flux/denoiser.hpp"
+#include "branchgrpo/torch/flux/prompt_embeddings.hpp"
+#include "branchgrpo/torch/flux/transformer.hpp"
+#include "branchgrpo/torch/safetensors.hpp"
+
+namespace branchgrpo {
+
+// ---- The data set ---------------------------------------------------------------------------------------------
+
+/// Side of every shapes image, in pixels.
+inline constexpr std::int64_t shapes_image_size = 16;
+
+inline constexpr std::array<std::string_view, 4> shapes_colour_names = {"red", "green", "blue", "yellow"};
+inline constexpr std::array<std::string_view, 3> shapes_shape_names = {"circle", "square", "triangle"};
+
+/// The colours' RGB in [0, 1] (before the per-sample jitter of +-0.06 per channel).
+inline constexpr std::array<std::array<double, 3>, 4> shapes_palette = {{
+    {0.90, 0.10, 0.10},  // red
+    {0.10, 0.75, 0.15},  // green
+    {0.15, 0.25, 0.95},  // blue
+    {0.95, 0.85, 0.10},  // yellow
+}};
+
+/// The background grey level (all three channels), before its jitter of +-0.03.
+inline constexpr double shapes_background = 0.92;
+
+/// Number of prompts: colours x shapes.
+inline constexpr std::int64_t shapes_prompt_count =
+    static_cast<std::int64_t>(shapes_colour_names.size() * shapes_shape_names.size());
+
+/// The 12 prompts in index order: prompt 3 c + s is "a <colour c> <shape s>".
+/// Example: shapes_prompts()[0] == "a red circle", [4] == "a green square", [11] == "a yellow triangle".
+inline std::vector<std::string> shapes_prompts() {
+  std::vector<std::string> out;
+  for (const std::string_view colour : shapes_colour_names)
+    for (const std::string_view shape : shapes_shape_names)
+      out.push_back("a " + std::string(colour) + " " + std::string(shape));
+  return out;
+}
+
+/// What a prompt asks for: indices into shapes_colour_names and shapes_shape_names.
+struct shapes_target {
+  int colour = 0;
+  int shape = 0;
+
+  friend bool operator==(const shapes_target&, const shapes_target&) = default;
+};
+
+/// The colour and the shape a prompt names: its first word that is a colour name and its first word that is a
+/// shape name (ASCII case-insensitive, words split at whitespace).
+/// Example: "A Blue triangle" -> {.colour = 2, .shape = 2}; "a red dog" throws "prompt 'a red dog' names no shape
+///   (circle, square, triangle)".
+/// @pre the prompt holds one colour word and one shape word (else invalid_input naming the prompt).
+inline shapes_target parse_shapes_prompt(std::string_view prompt) {
+  std::optional<int> colour, shape;
+  std::size_t at = 0;
+  while (at < prompt.size()) {
+    while (at < prompt.size() && std::isspace(static_cast<unsigned char>(prompt[at]))) ++at;
+    std::size_t end = at;
+    while (end < prompt.size() && !std::isspace(static_cast<unsigned char>(prompt[end]))) ++end;
+    std::string word(prompt.substr(at, end - at));
+    for (char& ch : word) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    for (std::size_t c = 0; c < shapes_colour_names.size() && !colour; ++c)
+      if (word == shapes_colour_names[c]) colour = static_cast<int>(c);
+    for (std::size_t s = 0; s < shapes_shape_names.size() && !shape; ++s)
+      if (word == shapes_shape_names[s]) shape = static_cast<int>(s);
+    at = end;
+  }
+  require(colour.has_value(), "prompt '", prompt, "' names no colour (red, green, blue, yellow)");
+  require(shape.has_value(), "prompt '", prompt, "' names no shape (circle, square, triangle)");
+  return {.colour = *colour, .shape = *shape};
+}
+
+/// Everything that defines one image of the data set (pixel coordinates: x to the right, y down, pixel (row i,
+/// column j) covers [j, j + 1) x [i, i + 1)).
+struct shapes_sample {
+  std::int64_t prompt = 0;
+  double radius = 4;      ///< size R in [3, 5]: circle radius R, square half-side 0.85 R, triangle half-extent 1.2 R
+  double cx = 8, cy = 8;  ///< centre
+  std::array<double, 3> colour = shapes_palette[0];
+  double background = shapes_background;
+
+  friend bool operator==(const shapes_sample&, const shapes_sample&) = default;
+};
+
+namespace detail {
+
+inline constexpr std::uint32_t shapes_philox_tag = 0x53485031u;  // "SHP1"
+
+inline std::array<double, 8> shapes_uniforms(std::uint64_t seed, std::uint64_t index) {
+  std::array<double, 8> u{};
+  for (std::uint32_t block = 0; block < 2; ++block) {
+    const auto bits = philox4x32_10(
+        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), block, shapes_philox_tag},
+        {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+    for (std::size_t k = 0; k < 4; ++k) u[4 * block + k] = (static_cast<double>(bits[k]) + 0.5) * 0x1p-32;
+  }
+  return u;
+}
+
+/// Half the width (and height) of a shape of size `radius`.
+inline double shapes_half_extent(int shape, double radius) {
+  return shape == 0 ? radius : shape == 1 ? 0.85 * radius : 1.2 * radius;
+}
+
+/// Whether point (x, y) lies inside the shape of `sample`.
+inline bool shapes_inside(const shapes_sample& s, int shape, double x, double y) {
+  const double e = shapes_half_extent(shape, s.radius);
+  const double dx = x - s.cx, dy = y - s.cy;
+  if (shape == 0) return dx * dx + dy * dy <= e * e;
+  if (shape == 1) return std::abs(dx) <= e && std::abs(dy) <= e;
+  // Upward triangle: apex (cx, cy - e), base from (cx - e, cy + e) to (cx + e, cy + e); half-width (dy + e) / 2.
+  return dy <= e && std::abs(dx) <= (dy + e) / 2;
+}
+
+}  // namespace detail
+
+/// Sample `index` of the data set drawn with `seed` (see the file comment for the uniforms u0..u7):
+///   prompt = floor(12 u7) unless given; R = 3 + 2 u0; e = half extent (R, 0.85 R, 1.2 R for circle, square,
+///   triangle); cx = 1 + e + (14 - 2 e) u1, cy = 1 + e + (14 - 2 e) u2 (the shape stays one pixel off the
+///   border); background = 0.92 + 0.06 (u3 - 0.5); colour_k = clamp(palette_k + 0.12 (u_{4+k} - 0.5), 0, 1).
+/// Example: any seed, index 5, prompt 4 -> prompt 4 (a green square), R in [3, 5], e = 0.85 R, cx and cy in
+///   [1 + e, 15 - e], colour within 0.06 of (0.10, 0.75, 0.15) per channel.
+/// @pre prompt, when given, in [0, 12) (else invalid_input).
+/// @post a pure function of (seed, index, prompt).
+inline shapes_sample shapes_draw(std::uint64_t seed, std::uint64_t index, std::optional<std::int64_t> prompt = {}) {
+  const std::array<double, 8> u = detail::shapes_uniforms(seed, index);
+  shapes_sample s;
+  s.prompt =
+      prompt ? *prompt
+             : std::min<std::int64_t>(static_cast<std::int64_t>(u[7] * shapes_prompt_count), shapes_prompt_count - 1);
+  require(s.prompt >= 0 && s.prompt < shapes_prompt_count, "shapes prompt ", s.prompt, " is outside [0, ",
+          shapes_prompt_count, ")");
+  const int colour = static_cast<int>(s.prompt / 3), shape = static_cast<int>(s.prompt % 3);
+  s.radius = 3.0 + 2.0 * u[0];
+  const double e = detail::shapes_half_extent(shape, s.radius);
+  const auto side = static_cast<double>(shapes_image_size);
+  s.cx = 1.0 + e + (side - 2.0 - 2.0 * e) * u[1];
+  s.cy = 1.0 + e + (side - 2.0 - 2.0 * e) * u[2];
+  s.background = shapes_background + 0.06 * (u[3] - 0.5);
+  for (std::size_t k = 0; k < 3; ++k)
+    s.colour[k] = std::clamp(shapes_palette[static_cast<std::size_t>(colour)][k] + 0.12 * (u[4 + k] - 0.5), 0.0, 1.0);
+  return s;
+}
+
+/// The image of `sample`, [3, 16, 16] float32 in [-1, 1]: per pixel the fraction c of its 4 x 4 sub-pixel
+/// centres (offsets 0.125, 0.375, 0.625, 0.875) inside the shape, value = 2 (c colour + (1 - c) background) - 1.
+/// Example: a red circle of radius 4 at (8, 8): pixel (8, 8) -> (0.8, -0.8, -0.8) without jitter; a corner pixel
+///   -> the background 2 * 0.92 - 1 = 0.84 in every channel.
+/// @pre sample.prompt in [0, 12).
+inline torch::Tensor shapes_render(const shapes_sample& sample) {
+  require(sample.prompt >= 0 && sample.prompt < shapes_prompt_count, "shapes prompt ", sample.prompt,
+          " is outside [0, ", shapes_prompt_count, ")");
+  const int shape = static_cast<int>(sample.prompt % 3);
+  constexpr std::int64_t n = shapes_image_size;
+  torch::Tensor image = torch::empty({3, n, n}, torch::kFloat32);
+  float* out = image.data_ptr<float>();
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      int inside = 0;
+      for (int a = 0; a < 4; ++a)
+        for (int b = 0; b < 4; ++b)
+          inside += detail::shapes_inside(sample, shape, static_cast<double>(j) + 0.125 + 0.25 * b,
+                                          static_cast<double>(i) + 0.125 + 0.25 * a);
+      const double c = inside / 16.0;
+      for (std::int64_t k = 0; k < 3; ++k)
+        out[(k * n + i) * n + j] = static_cast<float>(
+            2.0 * (c * sample.colour[static_cast<std::size_t>(k)] + (1.0 - c) * sample.background) - 1.0);
+    }
+  return image;
+}
+
+/// Images [count, 3, 16, 16] and prompts of a batch of the data set.
+struct shapes_batch {
+  torch::Tensor images;
+  std::vector<std::int64_t> prompts;
+};
+
+/// Samples first, first + 1, ..., first + count - 1 of the data set drawn with `seed` (random prompts).
+/// Example: make_shapes_batch(0, 10, 2).images[1] equals shapes_render(shapes_draw(0, 11)).
+/// @pre count >= 0.
+inline shapes_batch make_shapes_batch(std::uint64_t seed, std::uint64_t first, std::int64_t count) {
+  require(count >= 0, "shapes batch size must be non-negative, got ", count);
+  shapes_batch batch;
+  std::vector<torch::Tensor> images;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const shapes_sample s = shapes_draw(seed, first + static_cast<std::uint64_t>(r));
+    batch.prompts.push_back(s.prompt);
+    images.push_back(shapes_render(s));
+  }
+  batch.images = count == 0 ? torch::empty({0, 3, shapes_image_size, shapes_image_size}) : torch::stack(images);
+  return batch;
+}
+
+// ---- Prompt embeddings from words -----------------------------------------------------------------------------
+
+/// Seed of the word vectors (ASCII "SHAPES").
+inline constexpr std::uint64_t shapes_embedding_seed = 0x534841504553ull;
+
+/// FNV-1a, 32 bits, of a word: the word's key into the keyed noise.
+/// Example: fnv1a32("") == 0x811c9dc5, fnv1a32("a") == 0xe40c292c.
+constexpr std::uint32_t fnv1a32(std::string_view word) {
+  std::uint32_t hash = 0x811c9dc5u;
+  for (const char ch : word) hash = (hash ^ static_cast<unsigned char>(ch)) * 0x01000193u;
+  return hash;
+}
+
+/// The words of a prompt: split at ASCII whitespace, lower-cased.
+inline std::vector<std::string> prompt_words(std::string_view prompt) {
+  std::vector<std::string> words;
+  std::string word;
+  std::string text(prompt);
+  text.push_back(' ');  // ends the last word
+  for (const char ch : text) {
+    if (std::isspace(static_cast<unsigned char>(ch))) {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
+    }
+  }
+  return words;
+}
+
+/// Fixed random vector of a word: element j of table t (0 = context, 1 = pooled) is
+///   keyed_normal(noise_key{.seed = shapes_embedding_seed, .tree = fnv1a32(word), .node = t,
+///                          .stream = noise_stream::auxiliary}, j).
+inline std::vector<double> shapes_word_vector(std::string_view word, std::uint32_t table, std::int64_t dim) {
+  std::vector<double> v(static_cast<std::size_t>(dim));
+  fill_keyed_normal(
+      {.seed = shapes_embedding_seed, .tree = fnv1a32(word), .node = table, .stream = noise_stream::auxiliary}, v);
+  return v;
+}
+
+/// Deterministic text conditioning built from words, the stand-in for T5 / CLIP of the shapes model:
+///   context[n, i] = word vector (table 0) of word i of prompt n for i < its word count, zeros after;
+///   pooled[n]     = sum over its words of the word vector (table 1) / sqrt(word count)  (zeros for no word).
+/// L = `length`, or the longest prompt's word count when 0 (at least 1). float32 on the CPU.
+/// Example: {"a red circle"}, context_in 32, vec_in 32 -> context [1, 3, 32], pooled [1, 32]; context[0, 1] is
+///   the vector of "red", the same in every prompt holding "red".
+/// @pre prompts not empty; context_in, vec_in >= 1; length 0 or at least every prompt's word count.
+inline prompt_embeddings shapes_word_embeddings(std::span<const std::string> prompts, std::int64_t context_in,
+                                                std::int64_t vec_in, std::int64_t length = 0) {
+  require(!prompts.empty(), "word embeddings need at least one prompt");
+  require(context_in >= 1 && vec_in >= 1, "word embeddings need positive widths, got context_in ", context_in,
+          " and vec_in ", vec_in);
+  std::vector<std::vector<std::string>> words;
+  std::int64_t longest = 1;
+  for (const std::string& prompt : prompts) {
+    words.push_back(prompt_words(prompt));
+    longest = std::max(longest, static_cast<std::int64_t>(words.back().size()));
+  }
+  require(length == 0 || length >= longest, "word embedding length ", length, " is below the longest prompt's ",
+          longest, " words");
+  const std::int64_t l = length == 0 ? longest : length;
+  const auto n = static_cast<std::int64_t>(prompts.size());
+  torch::Tensor context = torch::zeros({n, l, context_in}, torch::kFloat64);
+  torch::Tensor pooled = torch::zeros({n, vec_in}, torch::kFloat64);
+  auto c = context.accessor<double, 3>();
+  auto p = pooled.accessor<double, 2>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& ws = words[static_cast<std::size_t>(i)];
+    for (std::size_t w = 0; w < ws.size(); ++w) {
+      const std::vector<double> token = shapes_word_vector(ws[w], 0, context_in);
+      const std::vector<double> summary = shapes_word_vector(ws[w], 1, vec_in);
+      for (std::int64_t j = 0; j < context_in; ++j)
+        c[i][static_cast<std::int64_t>(w)][j] = token[static_cast<std::size_t>(j)];
+      for (std::int64_t j = 0; j < vec_in; ++j)
+        p[i][j] += summary[static_cast<std::size_t>(j)] / std::sqrt(static_cast<double>(ws.size()));
+    }
+  }
+  return {.context = context.to(torch::kFloat32), .pooled = pooled.to(torch::kFloat32)};
+}
+
+// ---- flux_config as metadata text -------------------------------------------------------------------------------
+
+/// The safetensors __metadata__ key holding a model's flux_config.
+inline constexpr std::string_view flux_config_metadata_key = "branchgrpo.flux_config";
+
+namespace detail {
+inline std::string shortest_text(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+}  // namespace detail
+
+/// A flux_config as "key=value;..." in field order (booleans 0 / 1, doubles in shortest round-trip form).
+/// Example: the shapes config -> "in_channels=12;hidden=64;heads=2;depth_double=2;depth_single=2;
+///   rope_axes=8,12,12;rope_theta=10000;vec_in=32;context_in=32;mlp_ratio=4;qkv_bias=1;guidance_embed=0".
+inline std::string format_flux_config(const flux_config& c) {
+  std::ostringstream out;
+  out << "in_channels=" << c.in_channels << ";hidden=" << c.hidden << ";heads=" << c.heads
+      << ";depth_double=" << c.depth_double << ";depth_single=" << c.depth_single << ";rope_axes=" << c.rope_axes[0]
+      << ',' << c.rope_axes[1] << ',' << c.rope_axes[2] << ";rope_theta=" << detail::shortest_text(c.rope_theta)
+      << ";vec_in=" << c.vec_in << ";context_in=" << c.context_in << ";mlp_ratio=" << detail::shortest_text(c.mlp_ratio)
+      << ";qkv_bias=" << (c.qkv_bias ? 1 : 0) << ";guidance_embed=" << (c.guidance_embed ? 1 : 0);
+  return out.str();
+}
+
+/// Inverse of format_flux_config. Every one of the 12 keys must appear exactly once; `source` prefixes errors.
+/// Example: parse_flux_config(format_flux_config(c), "m") == c; "hidden=x;..." throws
+///   "m: flux_config value 'x' of 'hidden' is not a number".
+/// @post the result passes validate().
+inline flux_config parse_flux_config(std::string_view text, std::string_view source) {
+  flux_config c;
+  std::map<std::string, std::string> fields;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t end = std::min(text.find(';', at), text.size());
+    const std::string_view item = text.substr(at, end - at);
+    const std::size_t eq = item.find('=');
+    require(eq != std::string_view::npos, source, ": flux_config entry '", item, "' is not key=value");
+    const std::string key(item.substr(0, eq));
+    require(!fields.contains(key), source, ": flux_config key '", key, "' appears twice");
+    fields[key] = std::string(item.substr(eq + 1));
+    at = end + 1;
+  }
+  const auto number = [&](const std::string& key) {
+    const auto it = fields.find(key);
+    require(it != fields.end(), source, ": flux_config has no '", key, "'");
+    double value = 0;
+    const std::string& v = it->second;
+    const auto result = std::from_chars(v.data(), v.data() + v.size(), value);
+    require(result.ec == std::errc() && result.ptr == v.data() + v.size() && !v.empty(), source,
+            ": flux_config value '", v, "' of '", key, "' is not a number");
+    fields.erase(it);
+    return value;
+  };
+  const auto integer = [&](const std::string& key) {
+    const double value = number(key);
+    require(value == std::floor(value) && std::abs(value) < 1e15, source, ": flux_config '", key, "' = ", value,
+            " is not an integer");
+    return static_cast<std::int64_t>(value);
+  };
+  const auto flag = [&](const std::string& key) {
+    const std::int64_t value = integer(key);
+    require(value == 0 || value == 1, source, ": flux_config '", key, "' = ", value, " is not 0 or 1");
+    return value == 1;
+  };
+  c.in_channels = integer("in_channels");
+  c.hidden = integer("hidden");
+  c.heads = integer("heads");
+  c.depth_double = integer("depth_double");
+  c.depth_single = integer("depth_single");
+  {
+    const auto it = fields.find("rope_axes");
+    require(it != fields.end(), source, ": flux_config has no 'rope_axes'");
+    std::string axes = it->second;
+    fields.erase(it);
+    std::size_t from = 0;
+    for (std::size_t a = 0; a < 3; ++a) {
+      const std::size_t comma = a < 2 ? axes.find(',', from) : axes.size();
+      require(comma != std::string::npos, source, ": flux_config rope_axes '", axes, "' is not three integers");
+      const std::string part = axes.substr(from, comma - from);
+      const auto result = std::from_chars(part.data(), part.data() + part.size(), c.rope_axes[a]);
+      require(result.ec == std::errc() && result.ptr == part.data() + part.size() && !part.empty(), source,
+              ": flux_config rope_axes '", axes, "' is not three integers");
+      from = comma + 1;
+    }
+  }
+  c.rope_theta = number("rope_theta");
+  c.vec_in = integer("vec_in");
+  c.context_in = integer("context_in");
+  c.mlp_ratio = number("mlp_ratio");
+  c.qkv_bias = flag("qkv_bias");
+  c.guidance_embed = flag("guidance_embed");
+  require(fields.empty(), source, ": unknown flux_config key '", fields.empty() ? "" : fields.begin()->first, "'");
+  try {
+    validate(c);
+  } catch (const invalid_input& error) {
+    fail(source, ": ", error.what());
+  }
+  return c;
+}
+
+/// The shipped model's transformer shape: 3 x 16 x 16 pixels packed 2 x 2 into 64 tokens of 12 channels,
+/// hidden 64 in 2 heads of 32 (RoPE axes 8, 12, 12), 2 double + 2 single blocks, word embeddings of width 32,
+/// no guidance embedding.
+inline flux_config shapes_flux_config() {
+  return {.in_channels = 12,
+          .hidden = 64,
+          .heads = 2,
+          .depth_double = 2,
+          .depth_single = 2,
+          .rope_axes = {8, 12, 12},
+          .vec_in = 32,
+          .context_in = 32,
+          .guidance_embed = false};
+}
+
+// ---- A pretrained model directory -------------------------------------------------------------------------------
+
+/// A model directory as `branchgrpo pretrain` writes it: model.safetensors (bfl names, __metadata__ holding
+/// "branchgrpo.flux_config") and prompts.safetensors (torch/flux/prompt_embeddings.hpp).
+struct shapes_model {
+  flux_config config;
+  std::map<std::string, torch::Tensor> weights;  ///< bfl names, float32, CPU
+  prompt_embeddings embeddings;                  ///< float32, CPU
+  std::vector<std::string> prompts;
+  std::map<std::string, std::string> metadata;  ///< model.safetensors' __metadata__
+};
+
+/// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks that the weights match the config and the
+/// embeddings' widths match its context_in / vec_in. Errors are one line naming the file.
+/// Example: load_shapes_model("models/shapes-tiny") -> config shapes_flux_config(), 12 prompts.
+inline shapes_model load_shapes_model(const std::filesystem::path& dir) {
+  const std::filesystem::path model_path = dir / "model.safetensors";
+  const std::filesystem::path prompts_path = dir / "prompts.safetensors";
+  require(std::filesystem::is_regular_file(model_path), model_path.string(), ": no such file");
+  shapes_model out;
+  {
+    const safetensors_checkpoint checkpoint(model_path);
+    out.metadata = checkpoint.metadata();
+    const auto it = out.metadata.find(std::string(flux_config_metadata_key));
+    require(it != out.metadata.end(), model_path.string(), ": no __metadata__ key '", flux_config_metadata_key, "'");
+    out.config = parse_flux_config(it->second, model_path.string());
+    out.weights = load_safetensors(checkpoint, {.dtype = torch::kFloat32});
+  }
+  const flux_key_report report = check_flux_tensors(out.config, flux_layout::bfl, detail::tensor_shapes(out.weights));
+  require(report.ok(), model_path.string(), ": weights do not match the config: ", report.message());
+  prompt_file prompts = load_prompt_file(prompts_path);
+  check_prompt_file(prompts, out.config, prompts_path.string());
+  out.embeddings = std::move(prompts.embeddings);
+  out.prompts = std::move(prompts.prompts);
+  return out;
+}
+
+/// A transformer of the model's config holding its weights (float32, CPU, evaluation only: no adapters).
+inline std::shared_ptr<flux_transformer> make_shapes_transformer(const shapes_model& model) {
+  auto transformer = std::make_shared<flux_transformer>(model.config);
+  load_flux_weights(*transformer, model.weights, flux_layout::bfl);
+  return transformer;
+}
+
+// ---- Sampling -----------------------------------------------------------------------------------------------
+
+/// Images [rows, C, H, W] of the deterministic flow ODE: x starts at the keyed normals
+/// noise_key{seed, 0, tree = row, node 0, step 0, root_latent}, then x <- x + (sigma_{i+1} - sigma_i) v(x, sigma_i)
+/// over shifted_linear_schedule(steps, shift) (Euler; v = eps - x0, the core's convention). No autograd.
+/// Example: the shipped model, prompts {0, 4}, seed 1 -> [2, 3, 16, 16]: a red circle and a green square, mostly.
+/// @pre prompts index embeddings' rows; steps >= 1; shift > 0; model on the CPU or any device (result on it).
+inline torch::Tensor shapes_sample_ode(flux_transformer& model, const prompt_embeddings& embeddings,
+                                       std::span<const std::int64_t> prompts, std::uint64_t seed, int steps = 20,
+                                       double shift = 3.0, std::int64_t height = shapes_image_size,
+                                       std::int64_t width = shapes_image_size) {
+  const sigma_schedule schedule = shifted_linear_schedule(steps, shift);
+  const auto rows = static_cast<std::int64_t>(prompts.size());
+  const std::int64_t channels = model.config().latent_channels();
+  const std::int64_t n = embeddings.context.size(0);
+  std::vector<std::int64_t> index(prompts.begin(), prompts.end());
+  for (std::size_t r = 0; r < index.size(); ++r)
+    require(index[r] >= 0 && index[r] < n, "sample row ", r, " has prompt ", index[r], ", the table has ", n);
+  const torch::Device device = model.img_in->weight.device();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  if (rows == 0) return torch::empty({0, channels, height, width}, f32);
+  std::vector<double> noise(static_cast<std::size_t>(rows * channels * height * width));
+  const auto per_row = static_cast<std::size_t>(channels * height * width);
+  for (std::int64_t r = 0; r < rows; ++r)
+    fill_keyed_normal({.seed = seed, .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::root_latent},
+                      std::span<double>(noise).subspan(static_cast<std::size_t>(r) * per_row, per_row));
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = torch::from_blob(noise.data(), {rows, channels, height, width}, torch::kFloat64).to(f32);
+  const torch::Tensor rows_index = torch::tensor(index, torch::kInt64);
+  const torch::Tensor context = embeddings.context.index_select(0, rows_index).to(f32);
+  const torch::Tensor pooled = embeddings.pooled.index_select(0, rows_index).to(f32);
+  for (int i = 0; i < schedule.steps(); ++i) {
+    const double sigma = schedule.sigma(i), next = schedule.sigma(i + 1);
+    const torch::Tensor v =
+        model.forward_latents(x, context, pooled, torch::full({rows}, sigma, f32),
+                              model.config().guidance_embed ? torch::full({rows}, 1.0, f32) : torch::Tensor());
+    x = x + (next - sigma) * v;
+  }
+  return x;
+}
+
+}  // namespace branchgrpo

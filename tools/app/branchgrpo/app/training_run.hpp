@@ -1,0 +1,523 @@
+#pragma once
+// A training run of a FLUX transformer from a run_config (config/run_config.hpp): what `branchgrpo train`, `sample`
+// and `demo` drive.
+//
+//   run_model m = load_run_model(config);              transformer + prompt table + latent shape + decoder
+//   weighted_sum r = make_run_reward(config, m);       the [[rewards]] entries
+//   training_run run(config, std::move(m), std::move(r));
+//   run.resume();                                      from the latest checkpoint, if any
+//   while (!run.done()) { iteration_stats s = run.step(); ... if (...) run.save_checkpoint(); }
+//
+// One iteration: prompts (data.prompts_per_iteration of them, cycling through the table: iteration i uses rows
+// (i P + t) mod N, t < P, so every prompt is trained equally often), one tree per prompt, train_iteration with
+// the config's recipe (one typed method for every configuration, see config/run_config.hpp), the autograd policy
+// (policy.hpp: AdamW, gradient clipping, optional EMA and KL) over the LoRA adapters (or every weight when LoRA
+// is off). Rewards score decoded images: the leaves pass through the run's decoder first (pixels: identity).
+//
+// Resume equality: a run resumed from the checkpoint written after iteration k continues exactly as the
+// uninterrupted run (bit-identical on CPU): the checkpoint restores the trainable weights, AdamW's moments and
+// step counts, the EMA shadows and the stateful normalizer's buffers, and every random draw is keyed by the seed
+// and the iteration (checkpoint.hpp).
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "branchgrpo/app/rewards.hpp"
+#include "branchgrpo/app/shapes.hpp"
+#include "branchgrpo/config/run_config.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/torch/backend.hpp"
+#include "branchgrpo/torch/checkpoint.hpp"
+#include "branchgrpo/torch/compat.hpp"
+#include "branchgrpo/torch/flux/autoencoder.hpp"
+#include "branchgrpo/torch/flux/denoiser.hpp"
+#include "branchgrpo/torch/flux/prompt_embeddings.hpp"
+#include "branchgrpo/torch/flux/transformer.hpp"
+#include "branchgrpo/torch/lora.hpp"
+#include "branchgrpo/torch/policy.hpp"
+#include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/torch/torchscript.hpp"
+#include "branchgrpo/training/trainer.hpp"
+
+namespace branchgrpo {
+
+/// Leaf latents [rows, C, h, w] -> images [rows, 3, H, W] in [-1, 1].
+using latent_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
+
+/// What a run trains: the transformer (base weights loaded, no adapters yet), the prompt table, the latent shape
+/// [C, h, w] and the decoder to images (empty: the latents are the images, as for the shapes model).
+struct run_model {
+  std::shared_ptr<flux_transformer> transformer;
+  prompt_embeddings embeddings;
+  std::vector<std::string> prompts;
+  latent_shape shape;
+  latent_decoder_fn decode;
+};
+
+/// torch dtype and device of the config's model section.
+inline torch::Dtype run_dtype(const run_config& config) {
+  return config.model.dtype == "bfloat16"  ? torch::kBFloat16
+         : config.model.dtype == "float16" ? torch::kFloat16
+                                           : torch::kFloat32;
+}
+inline torch::Device run_device(const run_config& config) {
+  const torch::Device device(config.model.device);
+  require(!device.is_cuda() || torch::cuda::is_available(), config.source, ": model.device = \"", config.model.device,
+          "\": CUDA is not available in this build or on this machine");
+  return device;
+}
+
+/// Loads what [model] and [data] name: a model directory (load_shapes_model) or a FLUX config with its
+/// checkpoint, the prompt embeddings, and the decoder ("pixels", a TorchScript file *.pt / *.ptl, or an
+/// ae.safetensors-layout FLUX autoencoder). Errors are one line naming the file or the key.
+inline run_model load_run_model(const run_config& config) {
+  run_model out;
+  const model_section& m = config.model;
+  flux_config flux;
+  if (!m.dir.empty()) {
+    const shapes_model loaded = load_shapes_model(config.input_path(m.dir));
+    flux = loaded.config;
+    out.transformer = std::make_shared<flux_transformer>(flux);
+    load_flux_weights(*out.transformer, loaded.weights);
+    out.embeddings = loaded.embeddings;
+    out.prompts = loaded.prompts;
+  } else {
+    flux = m.config == "dev"       ? flux_config::dev()
+           : m.config == "schnell" ? flux_config::schnell()
+                                   : flux_config::tiny();
+    torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (tiny without weights)
+    out.transformer = std::make_shared<flux_transformer>(flux);
+    if (!m.weights.empty())
+      load_flux_weights(*out.transformer, load_safetensors(config.input_path(m.weights), {.dtype = run_dtype(config)}));
+  }
+  if (!config.data.embeddings.empty() || m.dir.empty()) {
+    const std::filesystem::path path = config.input_path(config.data.embeddings);
+    prompt_file file = load_prompt_file(path);
+    check_prompt_file(file, flux, path.string());
+    out.embeddings = std::move(file.embeddings);
+    out.prompts = std::move(file.prompts);
+  }
+  const std::int64_t h = m.latent_height > 0 ? m.latent_height : shapes_image_size;
+  const std::int64_t w = m.latent_width > 0 ? m.latent_width : shapes_image_size;
+  out.shape = latent_shape{{flux.latent_channels(), h, w}};
+  const torch::Device device = run_device(config);
+  if (m.decoder != "pixels") {
+    const std::filesystem::path path = config.input_path(m.decoder);
+    const std::string ext = path.extension().string();
+    if (ext == ".pt" || ext == ".ptl") {
+      auto decoder = std::make_shared<torchscript_decoder>(load_torchscript_decoder(path, device));
+      out.decode = [decoder](const torch::Tensor& z) { return (*decoder)(z).clamp(-1.0, 1.0); };
+    } else {
+      auto ae = std::make_shared<flux_autoencoder>(flux_autoencoder_config::dev());
+      load_flux_autoencoder_weights(*ae, path);
+      ae->to(device);
+      out.decode = [ae](const torch::Tensor& z) { return ae->decode(z, /*clamp=*/true); };
+    }
+  } else {
+    require(flux.latent_channels() == 3, config.source, ": model.decoder = \"pixels\": the model's latents have ",
+            flux.latent_channels(), " channels, pixels need 3 (set model.decoder to an autoencoder)");
+  }
+  return out;
+}
+
+namespace detail {
+// A double in its shortest round-trip form (for messages).
+inline std::string run_number_text(double value) {
+  char buffer[64];
+  return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, value).ptr);
+}
+
+// Reads the [[rewards]] params of one entry: numbers, strings and booleans by name; unknown names rejected.
+struct reward_params {
+  const run_config& config;
+  const reward_entry& entry;
+  std::size_t index;
+  std::vector<std::string> known;
+
+  [[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& why) const {
+    fail(config.source, ": rewards[", index, "].params.", key, " = ", value, ": ", why);
+  }
+  [[noreturn]] void bad_type(const std::string& key, const std::string& why) const {
+    const auto& value = entry.params.at(key);
+    const std::string text = std::holds_alternative<std::string>(value) ? "'" + std::get<std::string>(value) + "'"
+                             : std::holds_alternative<bool>(value)      ? (std::get<bool>(value) ? "true" : "false")
+                                                                        : run_number_text(std::get<double>(value));
+    bad(key, text, why);
+  }
+  double number(const std::string& key, double fallback) {
+    known.push_back(key);
+    const auto it = entry.params.find(key);
+    if (it == entry.params.end()) return fallback;
+    if (const double* v = std::get_if<double>(&it->second)) return *v;
+    bad_type(key, "must be a number");
+  }
+  std::string text(const std::string& key, const std::string& fallback) {
+    known.push_back(key);
+    const auto it = entry.params.find(key);
+    if (it == entry.params.end()) return fallback;
+    if (const std::string* v = std::get_if<std::string>(&it->second)) return *v;
+    bad_type(key, "must be a string");
+  }
+  void finish() const {
+    for (const auto& [key, value] : entry.params)
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        fail(config.source, ": unknown key rewards[", index, "].params.", key, " (", entry.name,
+             " has: ", list.empty() ? std::string("no parameters") : list, ")");
+      }
+  }
+};
+}  // namespace detail
+
+/// The [[rewards]] entries as one weighted_sum over images in [-1, 1]:
+///   alignment               shape_alignment{colour_weight, colour_width, fill_width} over the run's prompts
+///   jpeg_compressibility    {quality}          jpeg_incompressibility {quality}
+///   torchscript             {file, batch}: a TorchScript reward module on images in [0, 1] (torchscript.hpp)
+/// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>".
+inline weighted_sum make_run_reward(const run_config& config, const run_model& model) {
+  std::vector<named_reward> terms;
+  std::map<std::string, int> seen;
+  for (std::size_t i = 0; i < config.rewards.size(); ++i) {
+    const reward_entry& entry = config.rewards[i];
+    detail::reward_params p{.config = config, .entry = entry, .index = i, .known = {}};
+    const std::string label = entry.name + (seen[entry.name]++ ? "_" + std::to_string(seen[entry.name]) : "");
+    named_reward term{.name = label, .weight = entry.weight, .score = {}};
+    const auto quality = [&] {
+      const double q = p.number("quality", 95);
+      if (!(q >= 1 && q <= 100 && q == std::floor(q)))
+        p.bad("quality", detail::run_number_text(q), "must be an integer in [1, 100]");
+      return static_cast<int>(q);
+    };
+    if (entry.name == "alignment") {
+      shape_alignment a{.prompts = model.prompts};
+      a.colour_weight = p.number("colour_weight", a.colour_weight);
+      a.colour_width = p.number("colour_width", a.colour_width);
+      a.fill_width = p.number("fill_width", a.fill_width);
+      if (!(a.colour_weight >= 0 && a.colour_weight <= 1))
+        p.bad("colour_weight", detail::run_number_text(a.colour_weight), "must be in [0, 1]");
+      if (!(a.colour_width > 0)) p.bad("colour_width", detail::run_number_text(a.colour_width), "must be positive");
+      if (!(a.fill_width > 0)) p.bad("fill_width", detail::run_number_text(a.fill_width), "must be positive");
+      for (std::size_t n = 0; n < model.prompts.size(); ++n) {
+        try {
+          (void)parse_shapes_prompt(model.prompts[n]);
+        } catch (const invalid_input& error) {
+          fail(config.source, ": rewards[", i, "].name = 'alignment': prompt ", n, ": ", error.what());
+        }
+      }
+      term.score = a;
+    } else if (entry.name == "jpeg_compressibility") {
+      term.score = jpeg_compressibility{.quality = quality()};
+    } else if (entry.name == "jpeg_incompressibility") {
+      term.score = jpeg_incompressibility{.quality = quality()};
+    } else {
+      const std::string file = p.text("file", "");
+      if (file.empty()) fail(config.source, ": rewards[", i, "].params.file: the TorchScript reward needs a file");
+      const double batch = p.number("batch", 16);
+      if (!(batch >= 1 && batch == std::floor(batch)))
+        p.bad("batch", detail::run_number_text(batch), "must be an integer >= 1");
+      auto module = std::make_shared<torchscript_reward>(load_torchscript_reward(
+          config.input_path(file), [](const torch::Tensor& x) { return unit_images(x); }, run_device(config)));
+      module->batch = static_cast<std::int64_t>(batch);
+      term.score = [module](const torch::Tensor& images, std::span<const std::int64_t> prompts) {
+        return (*module)(images, prompts);
+      };
+    }
+    p.finish();
+    terms.push_back(std::move(term));
+  }
+  return weighted_sum(std::move(terms));
+}
+
+/// The trainable tensors of `model` by name, in the order of flux_denoiser::trainable_parameters(): the LoRA
+/// factors ("<layer>.lora_A.weight", "<layer>.lora_B.weight") when it has adapters, else every weight.
+inline std::vector<std::pair<std::string, torch::Tensor>> named_trainable(flux_transformer& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [name, layer] : lora_layers(model))
+    if (layer->has_adapter()) {
+      out.emplace_back(name + ".lora_A.weight", layer->lora_A);
+      out.emplace_back(name + ".lora_B.weight", layer->lora_B);
+    }
+  if (!out.empty()) return out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+/// lora_options of the [lora] section (seeded with the run's seed).
+inline lora_options run_lora_options(const run_config& config) {
+  lora_options options{.rank = config.lora.rank,
+                       .alpha = config.lora.alpha,
+                       .attention = false,
+                       .mlp = false,
+                       .modulation = false,
+                       .embedding = false,
+                       .seed = config.run.seed};
+  for (const std::string& t : config.lora.targets) {
+    options.attention = options.attention || t == "attention";
+    options.mlp = options.mlp || t == "mlp";
+    options.modulation = options.modulation || t == "modulation";
+    options.embedding = options.embedding || t == "embedding";
+  }
+  return options;
+}
+
+/// The tree key of held-out (evaluation / sample) roots: far from the rollout's tree keys 0, 1, ... so that
+/// evaluation never reuses a training draw.
+inline constexpr std::uint32_t heldout_tree_key = 0xFFFE0000u;
+
+/// One training run (see the file comment).
+/// @pre config validated (parse_run_config); model.transformer has no adapters; the model's prompts index
+///      model.embeddings' rows.
+class training_run {
+ public:
+  training_run(run_config config, run_model model, weighted_sum reward)
+      : config_(std::move(config)),
+        model_(std::move(model)),
+        reward_(std::move(reward)),
+        schedule_(config_.schedule()),
+        backend_{.device = run_device(config_), .dtype = run_dtype(config_)},
+        recipe_(config_.recipe) {
+    require(model_.transformer != nullptr, "training_run needs a transformer");
+    require(!model_.prompts.empty() &&
+                static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.context.size(0),
+            "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.context.size(0),
+            " embedding rows");
+    model_.transformer->to(backend_.device, backend_.dtype);
+    model_.transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
+    if (config_.lora.enabled) add_lora(*model_.transformer, run_lora_options(config_));
+    const auto like = torch::TensorOptions().device(backend_.device);
+    denoiser_ = std::make_unique<flux_denoiser>(
+        model_.transformer,
+        prompt_embeddings{.context = model_.embeddings.context.to(like), .pooled = model_.embeddings.pooled.to(like)},
+        flux_denoiser_options{.guidance = config_.model.guidance});
+    policy_ = std::make_unique<autograd_policy<flux_denoiser>>(
+        *denoiser_, backend_,
+        autograd_policy_options{
+            .optimizer = config_.optimizer, .kl_beta = config_.loss.kl_beta, .bf16_autocast = false});
+  }
+  training_run(const training_run&) = delete;
+  training_run& operator=(const training_run&) = delete;
+
+  /// Iterations completed (the next one to run).
+  [[nodiscard]] int iteration() const { return iteration_; }
+  [[nodiscard]] bool done() const { return iteration_ >= config_.run.iterations; }
+
+  /// The prompt rows of iteration `i`: (i P + t) mod N for t < P.
+  [[nodiscard]] std::vector<std::int64_t> prompts_of(int i) const {
+    const auto n = static_cast<std::int64_t>(model_.prompts.size());
+    const std::int64_t p = config_.data.prompts_per_iteration;
+    std::vector<std::int64_t> out;
+    for (std::int64_t t = 0; t < p; ++t) out.push_back((static_cast<std::int64_t>(i) * p + t) % n);
+    return out;
+  }
+
+  /// Runs the next iteration. With `keep_images`, last_images() holds its leaves' images afterwards.
+  iteration_stats step(bool keep_images = false) {
+    require(!done(), "the run has done its ", config_.run.iterations, " iterations");
+    keep_images_ = keep_images;
+    last_images_ = torch::Tensor();
+    const std::vector<std::int64_t> prompts = prompts_of(iteration_);
+    scorer score{this};
+    const iteration_stats stats = train_iteration(backend_, *policy_, score, recipe_, schedule_, model_.shape, prompts,
+                                                  iteration_, config_.training());
+    ++iteration_;
+    return stats;
+  }
+
+  /// The mean unweighted score of each reward over the last iteration's leaves (weighted_sum::last_components).
+  [[nodiscard]] const std::map<std::string, double>& last_components() const { return reward_.last_components(); }
+  /// The last iteration's leaf images [leaves, 3, H, W] in [-1, 1] (CPU) and prompts, when step kept them.
+  [[nodiscard]] const torch::Tensor& last_images() const { return last_images_; }
+  [[nodiscard]] const std::vector<std::int64_t>& last_prompts() const { return last_prompts_; }
+
+  /// Deterministic Euler ODE samples under the current weights: row r starts at the keyed normals
+  /// {seed, iteration 0, tree heldout_tree_key + first + r, node 0, step 0, root_latent}. Returns images
+  /// [rows, 3, H, W] in [-1, 1] on the CPU (float32).
+  torch::Tensor sample(std::span<const std::int64_t> prompts, std::uint64_t seed, std::uint32_t first = 0) {
+    torch::NoGradGuard no_grad;
+    const auto rows = static_cast<std::int64_t>(prompts.size());
+    const std::int64_t elements = model_.shape.elements();
+    std::vector<torch::Tensor> images;
+    for (std::int64_t begin = 0; begin < rows; begin += config_.rollout.max_batch) {
+      const std::int64_t count = std::min(config_.rollout.max_batch, rows - begin);
+      std::vector<double> noise(static_cast<std::size_t>(count * elements));
+      for (std::int64_t r = 0; r < count; ++r)
+        fill_keyed_normal({.seed = seed,
+                           .iteration = 0,
+                           .tree = heldout_tree_key + first + static_cast<std::uint32_t>(begin + r),
+                           .node = 0,
+                           .step = 0,
+                           .stream = noise_stream::root_latent},
+                          std::span<double>(noise).subspan(static_cast<std::size_t>(r * elements),
+                                                           static_cast<std::size_t>(elements)));
+      torch::Tensor x = backend_.from_host(noise, count, model_.shape);
+      const std::vector<std::int64_t> chunk(prompts.begin() + begin, prompts.begin() + begin + count);
+      for (int s = 0; s < schedule_.steps(); ++s) {
+        const denoise_batch batch{.step = s, .sigma = schedule_.sigma(s), .trees = {}, .prompts = chunk};
+        const torch::Tensor v = (*denoiser_)(x, batch);
+        x = backend_.affine(1.0, x, schedule_.sigma(s + 1) - schedule_.sigma(s), v);
+      }
+      images.push_back(decode(x));
+    }
+    return torch::cat(images, 0);
+  }
+
+  /// Scores images [rows, 3, H, W] in [-1, 1] with the run's reward.
+  std::vector<double> score_images(const torch::Tensor& images, std::span<const std::int64_t> prompts) {
+    return reward_(images, prompts);
+  }
+
+  /// The checkpoint of the current state (see checkpoint.hpp).
+  [[nodiscard]] checkpoint_contents checkpoint() {
+    checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
+    const auto named = named_trainable(*model_.transformer);
+    for (const auto& [name, tensor] : named) out.weights[name] = tensor.detach().clone();
+    out.state = adamw_state_tensors(policy_->optimizer(), named);
+    if (config_.optimizer.ema_decay > 0)
+      for (std::size_t i = 0; i < named.size(); ++i)
+        out.state["ema." + named[i].first] = policy_->ema_parameters()[i].detach().clone();
+    for (const auto& [name, values] : recipe_.normalizer.save_state())
+      out.state["normalizer." + name] = torch::tensor(values, torch::kFloat64);
+    return out;
+  }
+
+  /// Restores a checkpoint of this configuration (weights, optimizer, EMA, normalizer, iteration).
+  /// @pre the checkpoint's trainable tensors match this run's by name and shape (else invalid_input naming them).
+  void restore(const checkpoint_contents& contents) {
+    require(contents.seed == config_.run.seed, "the checkpoint was written with seed ", contents.seed,
+            ", the config has run.seed = ", config_.run.seed);
+    require(contents.iteration >= 0 && contents.iteration <= config_.run.iterations, "the checkpoint is at iteration ",
+            contents.iteration, ", the config has run.iterations = ", config_.run.iterations);
+    const auto named = named_trainable(*model_.transformer);
+    {
+      std::vector<std::string> problems;
+      for (const auto& [name, tensor] : named) {
+        const auto it = contents.weights.find(name);
+        if (it == contents.weights.end())
+          problems.push_back("missing " + name);
+        else if (it->second.sizes() != tensor.sizes())
+          problems.push_back("shape mismatch " + name);
+      }
+      if (contents.weights.size() != named.size() && problems.empty())
+        problems.push_back(std::to_string(contents.weights.size()) + " tensors for " + std::to_string(named.size()) +
+                           " trainable");
+      if (!problems.empty()) {
+        std::string line;
+        for (std::size_t i = 0; i < problems.size() && i < 5; ++i) line += (i ? ", " : "") + problems[i];
+        fail("the checkpoint does not match this config's trainable weights: ", line);
+      }
+    }
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : named) tensor.copy_(contents.weights.at(name));
+    load_adamw_state(policy_->optimizer(), named, contents.state);
+    if (config_.optimizer.ema_decay > 0)
+      for (std::size_t i = 0; i < named.size(); ++i) {
+        const auto it = contents.state.find("ema." + named[i].first);
+        require(it != contents.state.end(), "the checkpoint has no EMA of '", named[i].first,
+                "' (optimizer.ema_decay changed?)");
+        policy_->ema_parameters()[i].copy_(it->second);
+      }
+    component_state normalizer;
+    constexpr std::string_view prefix = "normalizer.";
+    for (const auto& [name, tensor] : contents.state)
+      if (name.starts_with(prefix)) {
+        const torch::Tensor values = tensor.to(torch::kCPU, torch::kFloat64).contiguous();
+        normalizer[name.substr(prefix.size())] =
+            std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
+      }
+    recipe_.normalizer.load_state(normalizer);
+    iteration_ = contents.iteration;
+  }
+
+  /// <output_dir>/checkpoints.
+  [[nodiscard]] std::filesystem::path checkpoint_root() const {
+    return std::filesystem::path(config_.run.output_dir) / "checkpoints";
+  }
+
+  /// Writes the current state to checkpoint_root()/iter-<iteration> atomically and keeps the newest
+  /// run.keep_checkpoints. Returns the directory.
+  std::filesystem::path save_checkpoint() {
+    const std::filesystem::path dir = checkpoint_path(checkpoint_root(), iteration_);
+    write_checkpoint(dir, checkpoint());
+    prune_checkpoints(checkpoint_root(), config_.run.keep_checkpoints);
+    return dir;
+  }
+
+  /// Continues from the latest complete checkpoint under checkpoint_root(); returns its directory, or nullopt
+  /// (nothing changed) when there is none.
+  std::optional<std::filesystem::path> resume() {
+    const auto latest = latest_checkpoint(checkpoint_root());
+    if (latest) restore(read_checkpoint(*latest));
+    return latest;
+  }
+
+  /// Loads trainable weights only (e.g. `branchgrpo sample --checkpoint DIR`).
+  void load_weights(const std::filesystem::path& checkpoint_dir) {
+    checkpoint_contents contents = read_checkpoint(checkpoint_dir);
+    contents.state.clear();
+    const int iterations = config_.run.iterations;
+    config_.run.iterations = std::max(iterations, contents.iteration);
+    const std::uint64_t seed = config_.run.seed;
+    config_.run.seed = contents.seed;
+    restore(contents);
+    config_.run.seed = seed;
+    config_.run.iterations = iterations;
+  }
+
+  [[nodiscard]] const run_config& config() const { return config_; }
+  [[nodiscard]] const run_model& model() const { return model_; }
+  [[nodiscard]] const sigma_schedule& schedule() const { return schedule_; }
+  [[nodiscard]] autograd_policy<flux_denoiser>& policy() { return *policy_; }
+  [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> trainable() {
+    return named_trainable(*model_.transformer);
+  }
+
+  /// Leaf latents -> images [rows, 3, H, W] in [-1, 1], float32 on the CPU.
+  torch::Tensor decode(const torch::Tensor& latents) const {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor images = model_.decode ? model_.decode(latents) : latents;
+    return images.to(torch::kCPU, torch::kFloat32);
+  }
+
+ private:
+  // The Reward the trainer calls: decode, score, keep the images when asked.
+  struct scorer {
+    training_run* run;
+    std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
+      const torch::Tensor images = run->decode(leaves);
+      if (run->keep_images_) {
+        run->last_images_ = images;
+        run->last_prompts_.assign(prompts.begin(), prompts.end());
+      }
+      return run->reward_(images, prompts);
+    }
+  };
+
+  run_config config_;
+  run_model model_;
+  weighted_sum reward_;
+  sigma_schedule schedule_;
+  torch_backend backend_;
+  run_recipe recipe_;
+  std::unique_ptr<flux_denoiser> denoiser_;
+  std::unique_ptr<autograd_policy<flux_denoiser>> policy_;
+  int iteration_ = 0;
+  bool keep_images_ = false;
+  torch::Tensor last_images_;
+  std::vector<std::int64_t> last_prompts_;
+};
+
+}  // namespace branchgrpo

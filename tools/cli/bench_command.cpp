@@ -1,0 +1,127 @@
+#include "cli/commands.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/toy.hpp"
+#include "branchgrpo/training/concepts.hpp"
+#include "cli/bench_harness.hpp"
+#ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
+#include "cli/bench_flux.hpp"
+#endif
+
+namespace branchgrpo::cli {
+namespace {
+
+static_assert(Policy<timed_policy<host_backend, fourier_policy<host_backend>>, host_backend>);
+static_assert(Reward<timed_reward<host_backend, mode_reward<>>, host_backend>);
+
+void run_iteration_bench(const bench_options& options) {
+  // Models: the toy on the host backend here; flux-tiny (the shipped shapes model) and flux (a random FLUX
+  // transformer of a config's size) on LibTorch in bench_flux.cpp.
+  if (options.model == "flux-tiny" || options.model == "flux") {
+#ifdef BRANCHGRPO_CLI_BENCH_FLUX
+    run_flux_iteration_bench(options);
+    return;
+#else
+    fail("model ", options.model, " needs the LibTorch adapter (not built)");
+#endif
+  }
+  require(options.model == "toy", "unknown model '", options.model, "' (expected toy, flux-tiny or flux)");
+  validate_bench_options(options);
+  const fourier_policy<host_backend> base = make_toy_policy(options.seed);
+  // Each variant trains its own copy of the toy; prompts cycle through its 8 modes, as `branchgrpo toy` does.
+  const std::vector<variant_run> runs = run_harness<host_backend>(
+      options, [&](std::size_t) { return base; }, mode_reward<>{}, toy_latent_shape(), 8);
+  report_runs(runs, options);
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks of the training loop (docs/performance.md)");
+  bench->require_subcommand(1);
+  auto options = std::make_shared<bench_options>();
+  CLI::App* iteration = bench->add_subcommand(
+      "iteration", "Seconds per iteration of dance and the BranchGRPO variants, run alternately on one model");
+  iteration
+      ->add_option("--model", options->model,
+                   "toy; flux-tiny (the shipped shapes model) or flux (random weights of --flux-config) need "
+                   "the LibTorch adapter")
+      ->type_name("NAME")
+      ->capture_default_str();
+  iteration->add_option("--iters", options->iters, "Measured iterations per variant")
+      ->type_name("N")
+      ->capture_default_str();
+  iteration->add_option("--warmup", options->warmup, "Unmeasured iterations per variant first")
+      ->type_name("N")
+      ->capture_default_str();
+  iteration->add_option("--prompts", options->prompts, "Trees (prompts) per iteration")
+      ->type_name("P")
+      ->capture_default_str();
+  iteration->add_option("--max-batch", options->max_batch, "Rows per model call in training")
+      ->type_name("B")
+      ->capture_default_str();
+  iteration->add_option("--steps", options->steps, "Denoising steps")->type_name("N")->capture_default_str();
+  iteration
+      ->add_option("--batching-repeats", options->batching_repeats,
+                   "Rollouts per setting for the batching speedup (median)")
+      ->type_name("R")
+      ->capture_default_str();
+  iteration->add_option("--seed", options->seed, "Seed of the model and the rollout noise")
+      ->type_name("S")
+      ->capture_default_str();
+  iteration
+      ->add_option("--methods", options->methods,
+                   "Comma-separated subset of dance, branch, branch-widpru, branch-deppru, branch-mix "
+                   "(default: all; must include dance)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  iteration->add_flag("--json", options->json, "One JSON object keyed by variant");
+  iteration->add_option("--json-file", options->json_file, "Also write the JSON object to this file")
+      ->type_name("FILE");
+  // FLUX models (bench_flux.cpp).
+  iteration->add_option("--model-dir", options->model_dir, "flux-tiny: model directory (default models/shapes-tiny)")
+      ->type_name("DIR");
+  iteration->add_option("--flux-config", options->flux_config, "flux: dev, schnell or tiny (random weights)")
+      ->type_name("NAME")
+      ->capture_default_str();
+  iteration->add_option("--device", options->device, "flux models: cpu, cuda, cuda:N")
+      ->type_name("DEV")
+      ->capture_default_str();
+  iteration->add_option("--dtype", options->dtype, "flux models: weights in float32 or bfloat16")
+      ->type_name("T")
+      ->capture_default_str();
+  iteration->add_option("--latent", options->latent, "flux: latent C,H,W (default: C of the config, pixels / 8)")
+      ->delimiter(',')
+      ->expected(3)
+      ->type_name("C,H,W");
+  iteration->add_option("--height", options->height, "flux: image height in pixels (latent H = height / 8)")
+      ->type_name("PX")
+      ->capture_default_str();
+  iteration->add_option("--width", options->width, "flux: image width in pixels (latent W = width / 8)")
+      ->type_name("PX")
+      ->capture_default_str();
+  iteration->add_option("--text-tokens", options->text_tokens, "flux: text tokens per prompt (random embeddings)")
+      ->type_name("L")
+      ->capture_default_str();
+  iteration->add_option("--rank", options->lora_rank, "flux models: LoRA rank (attention and MLP layers)")
+      ->type_name("R")
+      ->capture_default_str();
+  iteration->add_flag("--gradient-checkpointing", options->gradient_checkpointing,
+                      "flux models: recompute each block in the backward (less memory)");
+  iteration
+      ->add_option("--peak-tflops", options->peak_tflops,
+                   "flux models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
+      ->type_name("TF")
+      ->capture_default_str();
+  iteration->callback([options] { run_iteration_bench(*options); });
+}
+
+}  // namespace branchgrpo::cli

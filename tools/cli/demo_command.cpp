@@ -1,0 +1,371 @@
+#include "cli/commands.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "branchgrpo/app/training_run.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "cli/image_grid.hpp"
+#include "cli/plot.hpp"
+#include "cli/png.hpp"
+#include "cli/run_support.hpp"
+#include "cli/shipped_model.hpp"
+
+namespace branchgrpo::cli {
+namespace {
+
+struct demo_options {
+  std::string out = "out/demo";
+  std::string model = "";  // "" = models/shapes-tiny, here or in the source tree
+  bool quick = false;
+  int iters = 0;  // 0 = 16, or 2 with --quick
+  int prompts = 2;
+  int steps = 20;
+  int eval_samples = 8;
+  int eval_every = 0;  // 0 = a quarter of the run
+  double lr = 2e-3;
+  double eta = 0.3;  // dance_sde's noise scale, the methods' (every method uses dance_sde)
+  int updates = 4;   // optimizer steps per iteration (the kept edges split into this many groups)
+  std::int64_t rank = 8;
+  std::uint64_t seed = 0;
+  // The prompts trained and evaluated: "all", or rows of the model's prompt table. The default: one prompt
+  // per colour, the shapes mixed, so 16 iterations x 2 prompts see each prompt 8 times.
+  std::string prompt_rows = "1,5,6,11";
+  std::vector<std::string> methods;  // empty = every method, dance first
+  bool quiet = false;
+};
+
+std::filesystem::path model_dir(const demo_options& options) { return shipped_model_dir(options.model); }
+
+// Every method runs this configuration with its method's components.
+run_config demo_config(const demo_options& options, int iterations, std::string_view method) {
+  run_config config;
+  config.source = "demo";
+  config.model.dir = std::filesystem::absolute(model_dir(options)).string();
+  config.data.prompts_per_iteration = options.prompts;
+  config.rollout.steps = options.steps;
+  config.recipe = method_recipe(method);
+  config.recipe.stepper.policy = dance_sde{.eta = options.eta};
+  config.optimizer.lr = options.lr;
+  config.optimizer.weight_decay = 0;
+  config.run.updates_per_iteration = options.updates;
+  config.lora.rank = options.rank;
+  config.lora.alpha = static_cast<double>(options.rank);
+  config.rewards = {{.name = "alignment", .weight = 1.0, .params = {}},
+                    {.name = "jpeg_compressibility", .weight = 0.1, .params = {}}};
+  config.run.iterations = iterations;
+  config.run.seed = options.seed;
+  config.run.output_dir = (std::filesystem::path(options.out) / std::string(method)).string();
+  return config;
+}
+
+// "all" -> {} (every row); "1,5" -> {1, 5}. Anything else is one line naming the bad entry.
+std::vector<std::int64_t> parse_prompt_rows(const std::string& text) {
+  if (text == "all") return {};
+  std::vector<std::int64_t> rows;
+  std::istringstream in(text);
+  for (std::string entry; std::getline(in, entry, ',');) {
+    std::int64_t row = 0;
+    const auto [end, error] = std::from_chars(entry.data(), entry.data() + entry.size(), row);
+    require(error == std::errc() && end == entry.data() + entry.size(), "--prompt-rows: '", entry,
+            "' is not a row number (expected all or rows like 1,5,6,11)");
+    rows.push_back(row);
+  }
+  require(!rows.empty(), "--prompt-rows is empty (expected all or rows like 1,5,6,11)");
+  return rows;
+}
+
+// Keeps the prompt table's `rows` (in that order), so prompt index i of the run is rows[i] of the table;
+// no rows: the whole table.
+void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& rows) {
+  if (rows.empty()) return;
+  const auto table = static_cast<std::int64_t>(model.prompts.size());
+  std::vector<std::string> prompts;
+  for (const std::int64_t row : rows) {
+    require(row >= 0 && row < table, "--prompt-rows: row ", row, " is not in the model's ", table, " prompts");
+    prompts.push_back(model.prompts[static_cast<std::size_t>(row)]);
+  }
+  const torch::Tensor index = torch::tensor(rows, torch::kLong);
+  model.embeddings = {.context = model.embeddings.context.index_select(0, index),
+                      .pooled = model.embeddings.pooled.index_select(0, index)};
+  model.prompts = std::move(prompts);
+}
+
+std::unique_ptr<training_run> make_run(const run_config& config, const demo_options& options) {
+  run_model model = load_run_model(config);
+  keep_prompt_rows(model, parse_prompt_rows(options.prompt_rows));
+  weighted_sum reward = make_run_reward(config, model);
+  return std::make_unique<training_run>(config, std::move(model), std::move(reward));
+}
+
+// The held-out set: every prompt of the table, eval_samples keyed ODE samples each (never a training draw).
+struct evaluation {
+  double reward = 0;
+  std::map<std::string, double> components;
+  torch::Tensor images;  // [prompts * samples, 3, H, W], prompt-major
+};
+
+evaluation evaluate(training_run& run, const demo_options& options) {
+  std::vector<std::int64_t> prompts;
+  for (std::size_t p = 0; p < run.model().prompts.size(); ++p)
+    for (int k = 0; k < options.eval_samples; ++k) prompts.push_back(static_cast<std::int64_t>(p));
+  evaluation out;
+  out.images = run.sample(prompts, options.seed);
+  const std::vector<double> scores = run.score_images(out.images, prompts);
+  double sum = 0;
+  for (const double s : scores) sum += s;
+  out.reward = sum / static_cast<double>(scores.size());
+  out.components = run.last_components();
+  return out;
+}
+
+struct method_result {
+  std::string name;
+  std::vector<iteration_stats> stats;
+  std::vector<std::pair<double, double>> curve;  // (cumulative training seconds, held-out reward)
+  evaluation after;
+  double evaluations = 0, update_evaluations = 0, edges = 0, edges_trained = 0, seconds_per_iter = 0;
+};
+
+std::string fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+std::string signed_fixed(double value, int digits) { return (value >= 0 ? "+" : "") + fixed(value, digits); }
+
+void write_report(const std::filesystem::path& path, const demo_options& options, int iterations,
+                  const std::vector<std::string>& prompts, const evaluation& before,
+                  const std::vector<method_result>& results, double total_seconds) {
+  double dance = 0;  // the ratio column needs dance among the methods
+  for (const method_result& r : results)
+    if (r.name == "dance") dance = r.seconds_per_iter;
+  std::ofstream out(path);
+  out << "# branchgrpo demo: aligning the shipped shapes model\n\n"
+      << "Model: the tiny FLUX-architecture transformer of `models/shapes-tiny` (3 x 16 x 16 pixels, "
+      << "pretrained by `branchgrpo pretrain`), LoRA rank " << options.rank << ", AdamW lr " << options.lr << ".\n"
+      << "Reward: prompt alignment (colour and shape of the image against \"a <colour> <shape>\", in [0, 1]) + 0.1 x "
+      << "JPEG compressibility (-kB at quality 95).\n"
+      << "Each method: " << iterations << " iterations x " << options.prompts << " prompts, " << options.steps
+      << " denoising steps, seed " << options.seed << ", from the same base model, " << options.updates
+      << " optimizer steps per iteration.\n"
+      << "Prompts (trained and held out): ";
+  for (std::size_t p = 0; p < prompts.size(); ++p) out << (p > 0 ? ", " : "") << '"' << prompts[p] << '"';
+  out << ".\n"
+      << "Held-out reward: deterministic ODE samples, every prompt x " << options.eval_samples
+      << " keyed noises never used in training.\n\n";
+  out << "| method | reward before | reward after | gain | alignment after | evaluations / iter | edges / iter | "
+         "trained edges / iter | s / iter | vs dance |\n"
+      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const method_result& r : results) {
+    const auto align = r.after.components.find("alignment");
+    out << "| " << r.name << " | " << fixed(before.reward, 4) << " | " << fixed(r.after.reward, 4) << " | "
+        << signed_fixed(r.after.reward - before.reward, 4) << " | "
+        << (align == r.after.components.end() ? std::string("-") : fixed(align->second, 4)) << " | "
+        << fixed(r.evaluations, 0) << " | " << fixed(r.edges, 0) << " | " << fixed(r.edges_trained, 0) << " | "
+        << fixed(r.seconds_per_iter, 3) << " | " << (dance > 0 ? fixed(r.seconds_per_iter / dance, 2) : "-") << " |\n";
+  }
+  const auto align = before.components.find("alignment");
+  out << "\nBase model: held-out reward " << fixed(before.reward, 4)
+      << (align == before.components.end() ? std::string() : ", alignment " + fixed(align->second, 4)) << ".\n"
+      << "Evaluations and edges are per iteration over all trees (denoiser rows in the rollout; edges of the "
+      << "rollout and those the pruner kept for the update). Seconds per iteration: rollout + reward + update, "
+      << "wall time on this machine (total for the demo: " << fixed(total_seconds, 1) << " s).\n\n"
+      << "![held-out reward against training time](reward_vs_time.png)\n\n"
+      << "![held-out samples before and after](before_after.png)\n\n"
+      << "Every iteration of every method: `demo.csv`.\n";
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void write_csv(const std::filesystem::path& path, const std::vector<method_result>& results) {
+  std::ofstream out(path);
+  out << "method,iteration,reward_mean,reward_std,evaluations,edges,edges_trained,update_evaluations,loss,seconds,"
+         "cumulative_seconds\n";
+  for (const method_result& r : results) {
+    double cumulative = 0;
+    for (const iteration_stats& s : r.stats) {
+      cumulative += s.seconds;
+      out << r.name << ',' << s.iteration << ',' << number_text(s.reward_mean) << ',' << number_text(s.reward_std)
+          << ',' << s.rollout_evaluations << ',' << s.edges << ',' << s.edges_trained << ',' << s.update_evaluations
+          << ',' << number_text(s.loss) << ',' << number_text(s.seconds) << ',' << number_text(cumulative) << '\n';
+    }
+  }
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void write_plot(const std::filesystem::path& path, const std::vector<method_result>& results) {
+  line_chart chart{.title = "SHAPES DEMO: HELD-OUT REWARD VS TRAINING TIME",
+                   .x_label = "CUMULATIVE TRAINING TIME (S)",
+                   .y_label = "HELD-OUT MEAN REWARD",
+                   .width = 900,
+                   .height = 520,
+                   .lines = {}};
+  for (std::size_t m = 0; m < results.size(); ++m) {
+    series s{.name = results[m].name, .colour = palette[m % palette.size()], .x = {}, .y = {}};
+    for (const auto& [x, y] : results[m].curve) {
+      s.x.push_back(x);
+      s.y.push_back(y);
+    }
+    chart.lines.push_back(std::move(s));
+  }
+  write_png(path.string(), render(chart));
+}
+
+void write_grid(const std::filesystem::path& path, const std::vector<std::string>& prompts, const demo_options& options,
+                const evaluation& before, const std::vector<method_result>& results) {
+  image_grid grid{.title = "HELD-OUT SAMPLES: BASE MODEL, THEN EACH METHOD",
+                  .columns = static_cast<int>(prompts.size()),
+                  .scale = 4,
+                  .row_labels = {"BASE " + fixed(before.reward, 3)},
+                  .column_labels = {},
+                  .cells = {}};
+  for (const std::string& p : prompts) grid.column_labels.push_back(prompt_label(p));
+  const auto add_row = [&](const torch::Tensor& images) {
+    for (std::size_t p = 0; p < prompts.size(); ++p)
+      grid.cells.push_back(to_rgb(images[static_cast<std::int64_t>(p) * options.eval_samples]));
+  };
+  add_row(before.images);
+  for (const method_result& r : results) {
+    grid.row_labels.push_back(r.name + " " + fixed(r.after.reward, 3));
+    add_row(r.after.images);
+  }
+  write_png(path.string(), render(grid));
+}
+
+void run_demo(demo_options options) {
+  const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
+  require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
+  require(options.eval_samples >= 1, "--eval-samples must be at least 1, got ", options.eval_samples);
+  (void)parse_prompt_rows(options.prompt_rows);  // a bad list fails here, before any work
+  require(options.updates >= 1, "--updates must be at least 1, got ", options.updates);
+  require(options.lr > 0 && std::isfinite(options.lr), "--lr must be positive, got ", options.lr);
+  require(options.eta > 0 && std::isfinite(options.eta), "--eta must be positive, got ", options.eta);
+  if (options.quick) options.eval_samples = 1;
+  const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
+  if (options.methods.empty()) options.methods.assign(method_names.begin(), method_names.end());
+  for (const std::string& name : options.methods)  // a bad name or --steps fails here, before any work
+    (void)demo_config(options, iterations, name).recipe.topology(options.steps);
+  const std::filesystem::path out = make_directory(options.out);
+  const auto start = std::chrono::steady_clock::now();
+
+  run_progress bar(!options.quiet, static_cast<int>(options.methods.size()) * iterations);
+  evaluation before;
+  std::vector<std::string> prompts;
+  std::vector<method_result> results;
+  for (std::size_t m = 0; m < options.methods.size(); ++m) {
+    const std::string name = options.methods[m];
+    auto run = make_run(demo_config(options, iterations, name), options);
+    if (m == 0) {  // the base model (LoRA B = 0), also the warm-up before any timing
+      before = evaluate(*run, options);
+      prompts = run->model().prompts;
+      std::cout << "base model: held-out reward " << fixed(before.reward, 4) << '\n' << std::flush;
+    }
+    method_result result;
+    result.name = name;
+    result.curve.emplace_back(0.0, before.reward);
+    double cumulative = 0;
+    while (!run->done()) {
+      const iteration_stats stats = run->step();
+      result.stats.push_back(stats);
+      cumulative += stats.seconds;
+      const int done = run->iteration();
+      if (done % eval_every == 0 && !run->done() && !options.quick)
+        result.curve.emplace_back(cumulative, evaluate(*run, options).reward);
+      bar.update(static_cast<int>(m) * iterations + done,
+                 name + " " + std::to_string(done) + "/" + std::to_string(iterations), stats.reward_mean,
+                 cumulative / done);
+    }
+    result.after = evaluate(*run, options);
+    result.curve.emplace_back(cumulative, result.after.reward);
+    for (const iteration_stats& s : result.stats) {
+      result.evaluations += static_cast<double>(s.rollout_evaluations);
+      result.update_evaluations += static_cast<double>(s.update_evaluations);
+      result.edges += static_cast<double>(s.edges);
+      result.edges_trained += static_cast<double>(s.edges_trained);
+    }
+    const auto n = static_cast<double>(result.stats.size());
+    result.evaluations /= n;
+    result.update_evaluations /= n;
+    result.edges /= n;
+    result.edges_trained /= n;
+    result.seconds_per_iter = cumulative / n;
+    bar.clear();
+    std::cout << std::left << std::setw(14) << name << std::right << " held-out reward " << fixed(before.reward, 4)
+              << " -> " << fixed(result.after.reward, 4) << " (" << signed_fixed(result.after.reward - before.reward, 4)
+              << "), " << fixed(result.seconds_per_iter, 3) << " s/iter\n"
+              << std::flush;
+    results.push_back(std::move(result));
+  }
+  bar.clear();
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  write_report(out / "report.md", options, iterations, prompts, before, results, total);
+  write_csv(out / "demo.csv", results);
+  write_plot(out / "reward_vs_time.png", results);
+  write_grid(out / "before_after.png", prompts, options, before, results);
+  std::cout << "wrote " << (out / "report.md").string() << ", " << (out / "reward_vs_time.png").string() << ", "
+            << (out / "before_after.png").string() << ", " << (out / "demo.csv").string() << '\n';
+}
+
+}  // namespace
+
+void add_demo_command(CLI::App& app) {
+  auto options = std::make_shared<demo_options>();
+  CLI::App* demo = app.add_subcommand(
+      "demo", "Align the shipped shapes model with dance and every BranchGRPO variant; write a report");
+  demo->add_option("--out", options->out, "Directory for report.md and its PNG files (created)")
+      ->type_name("DIR")
+      ->capture_default_str();
+  demo->add_flag("--quick", options->quick, "2 iterations per method and 1 held-out sample per prompt (CI)");
+  demo->add_option("--iters", options->iters, "Iterations per method (default 16; 2 with --quick)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  demo->add_option("--model", options->model, "Model directory (default models/shapes-tiny)")->type_name("DIR");
+  demo->add_option("--prompt-rows", options->prompt_rows,
+                   "Rows of the model's prompt table to train and evaluate on, or all")
+      ->type_name("ROW,...|all")
+      ->capture_default_str();
+  demo->add_option("--prompts", options->prompts, "Prompts (trees) per iteration")
+      ->type_name("P")
+      ->capture_default_str();
+  demo->add_option("--steps", options->steps, "Denoising steps")->type_name("N")->capture_default_str();
+  demo->add_option("--eval-samples", options->eval_samples, "Held-out samples per prompt")
+      ->type_name("K")
+      ->capture_default_str();
+  demo->add_option("--lr", options->lr, "AdamW learning rate of the LoRA factors")
+      ->type_name("LR")
+      ->capture_default_str();
+  demo->add_option("--eta", options->eta, "SDE noise scale of every method (dance_sde)")
+      ->type_name("ETA")
+      ->capture_default_str();
+  demo->add_option("--updates", options->updates, "Optimizer steps per iteration (PPO-clipped after the first)")
+      ->type_name("N")
+      ->capture_default_str();
+  demo->add_option("--rank", options->rank, "LoRA rank")->type_name("R")->capture_default_str();
+  demo->add_option("--seed", options->seed, "Seed of every method's rollouts and of the held-out set")
+      ->type_name("S")
+      ->capture_default_str();
+  demo->add_option("--methods", options->methods,
+                   "Comma-separated subset of dance, branch, branch-widpru, "
+                   "branch-deppru, branch-mix (default: all, in that order)")
+      ->delimiter(',')
+      ->type_name("LIST");
+  demo->add_flag("--quiet", options->quiet, "No progress bar");
+  demo->callback([options] { run_demo(*options); });
+}
+
+}  // namespace branchgrpo::cli

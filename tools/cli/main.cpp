@@ -1,0 +1,77 @@
+// The branchgrpo command-line tool. Each subcommand lives in its own <name>_command.cpp (declared in
+// cli/commands.hpp) and registers itself on the app; errors end the run with one line on stderr and a non-zero
+// exit status.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include "branchgrpo/core/error.hpp"
+#include "cli/commands.hpp"
+
+namespace {
+
+// One line whatever the message holds, so scripts can rely on it.
+int report_error(std::string message, int exit_code) {
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  std::cerr << "branchgrpo: " << message << '\n';
+  return exit_code;
+}
+
+#ifndef BRANCHGRPO_CLI_TORCH
+// Without LibTorch the LibTorch subcommands still exist, and say what they need.
+void add_unavailable_command(CLI::App& app, const std::string& name, const std::string& description) {
+  CLI::App* command = app.add_subcommand(name, description + " (needs LibTorch: not built)");
+  command->allow_extras();
+  command->callback([name] {
+    branchgrpo::fail("branchgrpo ", name,
+                     " needs the LibTorch adapter (not built): install LibTorch, toml++ and "
+                     "TurboJPEG (scripts/setup.sh) and rebuild");
+  });
+}
+#endif
+
+std::string missing_subcommand(CLI::App& app) {
+  std::string names;
+  for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + command->get_name();
+  return "a subcommand is required: " + names + " (see --help)";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"BranchGRPO: tree-structured GRPO for diffusion and flow-matching models", "branchgrpo"};
+  app.require_subcommand(0, 1);  // "none" is reported below; an unknown word is an ExtrasError naming it
+  branchgrpo::cli::add_tree_command(app);
+  branchgrpo::cli::add_toy_command(app);
+  branchgrpo::cli::add_bench_command(app);
+  branchgrpo::cli::add_weights_command(app);
+  branchgrpo::cli::add_policies_command(app);
+#ifdef BRANCHGRPO_CLI_TORCH
+  branchgrpo::cli::add_pretrain_command(app);
+  branchgrpo::cli::add_train_command(app);
+  branchgrpo::cli::add_sample_command(app);
+  branchgrpo::cli::add_demo_command(app);
+#else
+  add_unavailable_command(app, "train", "Align a model with the run a TOML config describes");
+  add_unavailable_command(app, "sample", "Render a grid of a checkpoint's samples");
+  add_unavailable_command(app, "demo", "Align the shipped shapes model with every method; write a report");
+#endif
+
+  try {
+    app.parse(argc, argv);
+    if (app.get_subcommands().empty())
+      return report_error(missing_subcommand(app), static_cast<int>(CLI::ExitCodes::RequiredError));
+  } catch (const CLI::ParseError& error) {
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help prints the usage and succeeds
+    return report_error(error.what(), error.get_exit_code());
+  } catch (const branchgrpo::invalid_input& error) {
+    return report_error(error.what(), 2);
+  } catch (const std::exception& error) {
+    return report_error(error.what(), 1);
+  }
+  return 0;
+}

@@ -1,0 +1,93 @@
+#include "cli/commands.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "branchgrpo/advantage/catalog.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/policy_list.hpp"
+#include "branchgrpo/correlator/catalog.hpp"
+#include "branchgrpo/fusion/catalog.hpp"
+#include "branchgrpo/pruning/catalog.hpp"
+#include "branchgrpo/schedule/stepper_catalog.hpp"
+#include "branchgrpo/topology/catalog.hpp"
+
+namespace branchgrpo::cli {
+namespace {
+
+// A family as a run config selects it.
+struct family_description {
+  std::string_view name;
+  std::string_view config_key;  // where a run config names the policy
+  std::vector<policy_description> policies;
+};
+
+std::vector<family_description> families() {
+  return {{topology_policies::family, "[topology] kind", describe_policies<topology_policies>()},
+          {stepper_policies::family, "[rollout] stepper", describe_policies<stepper_policies>()},
+          {correlator_policies::family, "[correlator] kind", describe_policies<correlator_policies>()},
+          {fusion_policies::family, "[fusion] kind", describe_policies<fusion_policies>()},
+          {advantage_policies::family, "[advantage] kind", describe_policies<advantage_policies>()},
+          {pruner_policies::family, "[[pruning.pruners]] kind", describe_policies<pruner_policies>()}};
+}
+
+// One markdown table per family; the first policy listed is the default.
+void print_markdown(const family_description& family) {
+  std::cout << "#### " << family.name << " (`" << family.config_key << "`)\n\n"
+            << "| kind | parameter | default | rule | meaning |\n|---|---|---|---|---|\n";
+  for (const policy_description& policy : family.policies) {
+    std::cout << "| `" << policy.name << "` | | | | " << policy.summary << " |\n";
+    for (const parameter_description& p : policy.parameters)
+      std::cout << "| | `" << p.name << "` | `" << p.default_value << "` | " << p.constraint << " | " << p.meaning
+                << " |\n";
+  }
+  std::cout << '\n';
+}
+
+void print_text(const family_description& family) {
+  std::cout << family.name << " (" << family.config_key << ")\n";
+  for (const policy_description& policy : family.policies) {
+    std::cout << "  " << policy.name << std::string(policy.name.size() < 20 ? 20 - policy.name.size() : 1, ' ')
+              << policy.summary << '\n';
+    for (const parameter_description& p : policy.parameters)
+      std::cout << "    " << p.name << " = " << p.default_value
+                << (p.constraint.empty() ? "" : "  (" + p.constraint + ")") << "  " << p.meaning << '\n';
+  }
+}
+
+}  // namespace
+
+void add_policies_command(CLI::App& app) {
+  struct options {
+    std::string family;
+    bool markdown = false;
+  };
+  auto o = std::make_shared<options>();
+  CLI::App* command =
+      app.add_subcommand("policies", "List each component family's policies with their parameters, defaults and rules");
+  command->add_option("--family", o->family,
+                      "Only this family (topology, stepper, correlator, fusion, advantage, pruner)");
+  command->add_flag("--markdown", o->markdown, "Markdown tables (docs/config.md)");
+  command->callback([o] {
+    std::vector<family_description> all = families();
+    std::vector<std::string_view> names;
+    bool found = o->family.empty();
+    for (const family_description& family : all) {
+      names.push_back(family.name);
+      if (!o->family.empty() && family.name != o->family) continue;
+      found = true;
+      if (o->markdown)
+        print_markdown(family);
+      else
+        print_text(family);
+    }
+    require(found, "--family '", o->family, "' is not ", name_list(names));
+  });
+}
+
+}  // namespace branchgrpo::cli

@@ -1,0 +1,499 @@
+#include "cli/commands.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/toy.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/trainer.hpp"
+#include "cli/plot.hpp"
+#include "cli/png.hpp"
+#include "cli/progress_bar.hpp"
+
+namespace branchgrpo::cli {
+namespace {
+
+struct toy_options {
+  std::string method = "branch";
+  bool compare = false;
+  int iters = 30;
+  std::uint64_t seed = 7;
+  int prompts = 8;
+  std::int64_t max_batch = 64;
+  int steps = 20;
+  std::string out = "out/toy";
+  bool json = false;
+  bool quiet = false;
+  int nan_leaf_every = 0;
+};
+
+// --- The held-out evaluation ----------------------------------------------------------------------------------
+
+constexpr int eval_modes = 8;              // prompts 0..7, one per ring mode
+constexpr int eval_samples_per_mode = 64;  // E: held-out samples per prompt
+// The `tree` field of the evaluation roots' noise keys: far from the rollout's tree keys (0, 1, ...) and from
+// the toy's own draws (0xFFFF00xx), so evaluation never reuses a training draw.
+constexpr std::uint32_t eval_tree_key = 0xFFFE0000u;
+
+struct sample {
+  double x = 0, y = 0;
+  std::int64_t prompt = 0;
+};
+
+struct evaluation {
+  double reward = 0;    // mean mode_reward over every sample
+  double hit_rate = 0;  // fraction within mode_reward's width (0.5) of the prompted mode
+  std::vector<sample> samples;
+};
+
+// Deterministic Euler ODE from sigma 1 to 0 over the training schedule, for eval_modes x eval_samples_per_mode
+// keyed N(0, I) roots; sample i has prompt i mod eval_modes.
+evaluation evaluate(fourier_policy<host_backend>& policy, const sigma_schedule& schedule, std::uint64_t seed) {
+  const mode_reward<> reward;
+  evaluation out;
+  double sum = 0;
+  int hits = 0;
+  const int count = eval_modes * eval_samples_per_mode;
+  for (int i = 0; i < count; ++i) {
+    std::array<double, 2> x{};
+    fill_keyed_normal({.seed = seed,
+                       .iteration = 0,
+                       .tree = eval_tree_key,
+                       .node = static_cast<std::uint32_t>(i),
+                       .step = 0,
+                       .stream = noise_stream::auxiliary},
+                      x);
+    const std::int64_t prompt = i % eval_modes;
+    for (int s = 0; s < schedule.steps(); ++s) {
+      const auto v = policy.velocity(x, schedule.sigma(s), prompt);
+      const double d = schedule.sigma(s + 1) - schedule.sigma(s);
+      x = {x[0] + d * v[0], x[1] + d * v[1]};
+    }
+    const double r = reward.score(x[0], x[1], prompt);
+    sum += r;
+    const auto m = reward.ring.mode(prompt);
+    if (std::hypot(x[0] - m[0], x[1] - m[1]) <= reward.width) ++hits;
+    out.samples.push_back({x[0], x[1], prompt});
+  }
+  out.reward = sum / count;
+  out.hit_rate = static_cast<double>(hits) / count;
+  return out;
+}
+
+// --- The training reward, with the NaN testing aid ------------------------------------------------------------
+
+// mode_reward; with nan_leaf_every = K > 0, the first leaf (of the first tree) scores NaN on iterations
+// K - 1, 2K - 1, ... so that the trainer's drop path runs.
+struct toy_reward {
+  mode_reward<> score{};
+  int nan_leaf_every = 0;
+  int iteration = 0;
+
+  std::vector<double> operator()(const host_tensor& leaves, std::span<const std::int64_t> prompts) {
+    std::vector<double> out = score(leaves, prompts);
+    if (nan_leaf_every > 0 && (iteration + 1) % nan_leaf_every == 0 && !out.empty())
+      out.front() = std::numeric_limits<double>::quiet_NaN();
+    return out;
+  }
+};
+static_assert(Reward<toy_reward, host_backend>);
+
+// --- One training run -----------------------------------------------------------------------------------------
+
+struct method_run {
+  std::string name;
+  std::vector<iteration_stats> stats;
+  evaluation trained;
+  int trees_dropped = 0;
+};
+
+std::string plural(int count, std::string_view word) {
+  return std::to_string(count) + " " + std::string(word) + (count == 1 ? "" : "s");
+}
+
+nlohmann::json iteration_json(const std::string& method, const iteration_stats& s) {
+  return {{"iteration", s.iteration},
+          {"method", method},
+          {"reward_mean", s.reward_mean},
+          {"reward_std", s.reward_std},
+          {"reward_min", s.reward_min},
+          {"reward_max", s.reward_max},
+          {"evaluations", s.rollout_evaluations},
+          {"update_evaluations", s.update_evaluations},
+          {"edges", s.edges},
+          {"edges_trained", s.edges_trained},
+          {"trees_dropped", s.trees_dropped},
+          {"loss", s.loss},
+          {"clip_fraction", s.clip_fraction},
+          {"seconds", s.seconds},
+          {"rollout_seconds", s.rollout_seconds},
+          {"reward_seconds", s.reward_seconds},
+          {"update_seconds", s.update_seconds}};
+}
+
+void print_iteration_header(std::ostream& out) {
+  out << std::setw(5) << "iter" << std::setw(10) << "reward" << std::setw(9) << "std" << std::setw(8) << "evals"
+      << std::setw(8) << "edges" << std::setw(9) << "trained" << std::setw(9) << "dropped" << std::setw(11) << "loss"
+      << std::setw(10) << "seconds" << '\n';
+}
+
+void print_iteration_row(std::ostream& out, const iteration_stats& s) {
+  std::ostringstream row;
+  row << std::setw(5) << s.iteration << std::fixed << std::setprecision(4) << std::setw(10) << s.reward_mean
+      << std::setw(9) << s.reward_std << std::setw(8) << s.rollout_evaluations << std::setw(8) << s.edges
+      << std::setw(9) << s.edges_trained << std::setw(9) << s.trees_dropped << std::scientific << std::setprecision(2)
+      << std::setw(11) << s.loss << std::fixed << std::setprecision(3) << std::setw(10) << s.seconds << '\n';
+  out << row.str() << std::flush;
+}
+
+// Trains a copy of `base` with the recipe named `name`. With `stream` set (single-method runs) each
+// iteration is printed as it ends.
+method_run train_method(const std::string& name, const fourier_policy<host_backend>& base, const toy_options& options,
+                        const sigma_schedule& schedule, run_progress& bar, int done_before,
+                        const std::string& bar_prefix, bool stream) {
+  method_run run{.name = name, .stats = {}, .trained = {}, .trees_dropped = 0};
+  fourier_policy<host_backend> policy = base;
+  with_method(name, [&](auto recipe) {
+    toy_reward reward{.score = {}, .nan_leaf_every = options.nan_leaf_every, .iteration = 0};
+    host_backend backend;
+    std::vector<std::int64_t> prompts(static_cast<std::size_t>(options.prompts));
+    double total_seconds = 0;
+    for (int i = 0; i < options.iters; ++i) {
+      // Prompts cycle through the 8 modes across iterations: every mode is trained equally often.
+      for (int t = 0; t < options.prompts; ++t)
+        prompts[static_cast<std::size_t>(t)] = (static_cast<std::int64_t>(i) * options.prompts + t) % eval_modes;
+      reward.iteration = i;
+      const iteration_stats stats =
+          train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
+                          training_options{.max_batch = options.max_batch,
+                                           .seed = options.seed,
+                                           .updates_per_iteration = 1,
+                                           .total_iterations = options.iters,
+                                           .loss = {}});
+      total_seconds += stats.seconds;
+      run.stats.push_back(stats);
+      if (stats.trees_dropped > 0) {
+        run.trees_dropped += stats.trees_dropped;
+        bar.clear();
+        std::cerr << "warning: iteration " << i << (options.compare ? " (" + name + ")" : std::string()) << ": dropped "
+                  << plural(stats.trees_dropped, "tree") << " with a non-finite reward\n";
+      }
+      if (stream) {
+        bar.clear();
+        if (options.json)
+          std::cout << iteration_json(name, stats).dump() << '\n' << std::flush;
+        else
+          print_iteration_row(std::cout, stats);
+      }
+      bar.update(done_before + i + 1, bar_prefix + std::to_string(i + 1) + "/" + std::to_string(options.iters),
+                 stats.reward_mean, total_seconds / (i + 1));
+    }
+  });
+  run.trained = evaluate(policy, schedule, options.seed);
+  return run;
+}
+
+// --- Summaries ------------------------------------------------------------------------------------------------
+
+struct run_summary {
+  double evaluations = 0, update_evaluations = 0, edges = 0, edges_trained = 0, seconds_per_iter = 0;
+  double total_seconds = 0;
+};
+
+run_summary summarize(const method_run& run) {
+  run_summary s;
+  for (const iteration_stats& it : run.stats) {
+    s.evaluations += static_cast<double>(it.rollout_evaluations);
+    s.update_evaluations += static_cast<double>(it.update_evaluations);
+    s.edges += static_cast<double>(it.edges);
+    s.edges_trained += static_cast<double>(it.edges_trained);
+    s.total_seconds += it.seconds;
+  }
+  const auto n = static_cast<double>(run.stats.size());
+  s.evaluations /= n;
+  s.update_evaluations /= n;
+  s.edges /= n;
+  s.edges_trained /= n;
+  s.seconds_per_iter = s.total_seconds / n;
+  return s;
+}
+
+// --- Files ----------------------------------------------------------------------------------------------------
+
+std::string csv_number(double value) {
+  if (!std::isfinite(value)) return "nan";
+  std::ostringstream out;
+  out << std::setprecision(9) << value;
+  return out.str();
+}
+
+void write_csv(const std::string& path, const std::vector<method_run>& runs) {
+  std::ofstream out(path);
+  out << "iteration,method,reward_mean,reward_std,evaluations,edges_trained,seconds,cumulative_seconds,loss,"
+         "update_evaluations,trees_dropped\n";
+  for (const method_run& run : runs) {
+    double cumulative = 0;
+    for (const iteration_stats& s : run.stats) {
+      cumulative += s.seconds;
+      out << s.iteration << ',' << run.name << ',' << csv_number(s.reward_mean) << ',' << csv_number(s.reward_std)
+          << ',' << s.rollout_evaluations << ',' << s.edges_trained << ',' << csv_number(s.seconds) << ','
+          << csv_number(cumulative) << ',' << csv_number(s.loss) << ',' << s.update_evaluations << ','
+          << s.trees_dropped << '\n';
+    }
+  }
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+void write_reward_plot(const std::string& path, const std::vector<method_run>& runs) {
+  line_chart chart{.title = "TOY: TRAINING REWARD VS WALL TIME",
+                   .x_label = "CUMULATIVE TRAINING TIME (S)",
+                   .y_label = "MEAN LEAF REWARD",
+                   .width = 900,
+                   .height = 520,
+                   .lines = {}};
+  for (std::size_t m = 0; m < runs.size(); ++m) {
+    series s{.name = runs[m].name, .colour = palette[m % palette.size()], .x = {}, .y = {}};
+    double cumulative = 0;
+    for (const iteration_stats& it : runs[m].stats) {
+      cumulative += it.seconds;
+      s.x.push_back(cumulative);
+      s.y.push_back(it.reward_mean);
+    }
+    chart.lines.push_back(std::move(s));
+  }
+  write_png(path, render(chart));
+}
+
+scatter_panel samples_panel(std::string title, const evaluation& eval) {
+  scatter_panel panel{.title = std::move(title), .points = {}, .circles = {}};
+  const ring_mixture ring;
+  for (int k = 0; k < ring.modes; ++k) {
+    const auto m = ring.mode(k);
+    panel.circles.push_back({m[0], m[1], palette[static_cast<std::size_t>(k) % palette.size()]});
+  }
+  for (const sample& s : eval.samples)
+    panel.points.push_back({s.x, s.y, palette[static_cast<std::size_t>(s.prompt) % palette.size()]});
+  return panel;
+}
+
+std::string reward_text(double reward) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3f", reward);
+  return buffer;
+}
+
+void write_samples_plot(const std::string& path, const evaluation& base, const std::vector<method_run>& runs) {
+  scatter_grid grid{.title = "HELD-OUT ODE SAMPLES BEFORE / AFTER TRAINING",
+                    .caption = "COLOUR = PROMPTED MODE; CIRCLES = THE 8 RING MODES (RADIUS 0.5); NUMBER = MEAN REWARD",
+                    .columns = runs.size() > 1 ? 3 : 2,
+                    .panel_size = 300,
+                    .extent = 3.0,
+                    .circle_radius = 0.5,
+                    .panels = {}};
+  grid.panels.push_back(samples_panel("BASE " + reward_text(base.reward), base));
+  for (const method_run& run : runs)
+    grid.panels.push_back(samples_panel(run.name + " " + reward_text(run.trained.reward), run.trained));
+  write_png(path, render(grid));
+}
+
+// --- The two modes --------------------------------------------------------------------------------------------
+
+void validate(const toy_options& options) {
+  require(options.iters >= 1, "--iters must be at least 1, got ", options.iters);
+  require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
+  require(options.max_batch >= 1, "--max-batch must be at least 1, got ", options.max_batch);
+  require(options.steps >= 1, "--steps must be at least 1, got ", options.steps);
+  require(options.nan_leaf_every >= 0, "--nan-leaf-every must be non-negative, got ", options.nan_leaf_every);
+  // Unknown names and topologies that do not fit the steps fail here, with the library's message, before
+  // anything is printed or fitted.
+  const auto check_topology = [&](auto recipe) { (void)recipe.topology(options.steps); };
+  if (options.compare)
+    for (const std::string_view name : method_names) with_method(name, check_topology);
+  else
+    with_method(options.method, check_topology);
+}
+
+std::filesystem::path prepare_out(const toy_options& options) {
+  const std::filesystem::path out(options.out);
+  std::error_code error;
+  std::filesystem::create_directories(out, error);
+  if (error || !std::filesystem::is_directory(out))
+    throw std::runtime_error("cannot create the output directory " + options.out +
+                             (error ? ": " + error.message() : std::string()));
+  return out;
+}
+
+void print_files(const std::vector<std::filesystem::path>& files) {
+  std::cout << "wrote";
+  for (const auto& file : files) std::cout << ' ' << file.string();
+  std::cout << '\n';
+}
+
+void run_single(const toy_options& options) {
+  const std::filesystem::path out = prepare_out(options);
+  const sigma_schedule schedule = shifted_linear_schedule(options.steps);
+  run_progress bar(!options.quiet, options.iters);
+  fourier_policy<host_backend> base = make_toy_policy(options.seed);
+  const evaluation before = evaluate(base, schedule, options.seed);
+  if (!options.json) print_iteration_header(std::cout);
+  std::vector<method_run> runs;
+  runs.push_back(train_method(options.method, base, options, schedule, bar, 0, options.method + " ", true));
+  bar.clear();
+
+  const std::vector<std::filesystem::path> files = {out / ("toy_" + options.method + ".csv"),
+                                                    out / "reward_vs_time.png", out / "samples_before_after.png"};
+  write_csv(files[0].string(), runs);
+  write_reward_plot(files[1].string(), runs);
+  write_samples_plot(files[2].string(), before, runs);
+  if (options.json) return;
+  const method_run& run = runs.front();
+  const run_summary summary = summarize(run);
+  std::cout << std::fixed << std::setprecision(4) << "\nheld-out reward (ODE, " << eval_modes << " prompts x "
+            << eval_samples_per_mode << " samples): base " << before.reward << " -> trained " << run.trained.reward
+            << " (gain " << std::showpos << run.trained.reward - before.reward << std::noshowpos << ")\n"
+            << "hit rate (within 0.5 of the prompted mode): base " << before.hit_rate << " -> trained "
+            << run.trained.hit_rate << '\n'
+            << std::setprecision(3) << "seconds per iteration " << summary.seconds_per_iter << ", trees dropped "
+            << run.trees_dropped << '\n'
+            << std::defaultfloat;
+  print_files(files);
+}
+
+void run_compare(const toy_options& options) {
+  const std::filesystem::path out = prepare_out(options);
+  const sigma_schedule schedule = shifted_linear_schedule(options.steps);
+  run_progress bar(!options.quiet, static_cast<int>(method_names.size()) * options.iters);
+  fourier_policy<host_backend> base = make_toy_policy(options.seed);  // fitted once, copied per method
+  const evaluation before = evaluate(base, schedule, options.seed);
+  std::vector<method_run> runs;
+  for (std::size_t m = 0; m < method_names.size(); ++m) {
+    const std::string name(method_names[m]);
+    const std::string prefix = name + " (" + std::to_string(m + 1) + "/" + std::to_string(method_names.size()) + ") ";
+    runs.push_back(
+        train_method(name, base, options, schedule, bar, static_cast<int>(m) * options.iters, prefix, false));
+  }
+  bar.clear();
+
+  const std::vector<std::filesystem::path> files = {out / "compare.csv", out / "reward_vs_time.png",
+                                                    out / "samples_before_after.png"};
+  write_csv(files[0].string(), runs);
+  write_reward_plot(files[1].string(), runs);
+  write_samples_plot(files[2].string(), before, runs);
+
+  std::vector<run_summary> summaries;
+  for (const method_run& run : runs) summaries.push_back(summarize(run));
+  const double dance_seconds = summaries.front().seconds_per_iter;  // method_names[0] is dance
+  const auto ratio = [&](double seconds) { return dance_seconds > 0 ? seconds / dance_seconds : 0.0; };
+
+  if (options.json) {
+    nlohmann::json result = nlohmann::json::object();
+    for (std::size_t m = 0; m < runs.size(); ++m) {
+      const method_run& run = runs[m];
+      const run_summary& s = summaries[m];
+      result[run.name] = {{"base_reward", before.reward},
+                          {"final_reward", run.trained.reward},
+                          {"reward_gain", run.trained.reward - before.reward},
+                          {"base_hit_rate", before.hit_rate},
+                          {"final_hit_rate", run.trained.hit_rate},
+                          {"final_train_reward", run.stats.back().reward_mean},
+                          {"evaluations", s.evaluations},
+                          {"update_evaluations", s.update_evaluations},
+                          {"edges", s.edges},
+                          {"edges_trained", s.edges_trained},
+                          {"seconds_per_iter", s.seconds_per_iter},
+                          {"total_seconds", s.total_seconds},
+                          {"time_ratio_vs_dance", ratio(s.seconds_per_iter)},
+                          {"trees_dropped", run.trees_dropped},
+                          {"iterations", options.iters},
+                          {"prompts", options.prompts},
+                          {"seed", options.seed}};
+    }
+    std::cout << result.dump() << '\n';
+    return;
+  }
+  std::cout << "toy compare: " << options.iters << " iterations x " << options.prompts << " trees, seed "
+            << options.seed << ", " << options.steps << " steps\n"
+            << "final reward: held-out ODE mean reward (" << eval_modes << " prompts x " << eval_samples_per_mode
+            << " samples); evaluations, edges and seconds are per iteration\n\n";
+  std::cout << std::left << std::setw(15) << "method" << std::right << std::setw(8) << "final" << std::setw(9) << "gain"
+            << std::setw(8) << "hits" << std::setw(9) << "evals" << std::setw(9) << "edges" << std::setw(9) << "trained"
+            << std::setw(9) << "s/iter" << std::setw(10) << "vs dance" << std::setw(9) << "dropped" << '\n';
+  std::cout << std::fixed << std::left << std::setw(15) << "base model" << std::right << std::setprecision(4)
+            << std::setw(8) << before.reward << std::setw(9) << "" << std::setprecision(3) << std::setw(8)
+            << before.hit_rate << '\n';
+  for (std::size_t m = 0; m < runs.size(); ++m) {
+    const method_run& run = runs[m];
+    const run_summary& s = summaries[m];
+    std::cout << std::left << std::setw(15) << run.name << std::right << std::setprecision(4) << std::setw(8)
+              << run.trained.reward << std::showpos << std::setw(9) << run.trained.reward - before.reward
+              << std::noshowpos << std::setprecision(3) << std::setw(8) << run.trained.hit_rate << std::setprecision(0)
+              << std::setw(9) << s.evaluations << std::setw(9) << s.edges << std::setw(9) << s.edges_trained
+              << std::setprecision(4) << std::setw(9) << s.seconds_per_iter << std::setprecision(2) << std::setw(10)
+              << ratio(s.seconds_per_iter) << std::setw(9) << run.trees_dropped << '\n';
+  }
+  std::cout << std::defaultfloat << '\n';
+  print_files(files);
+}
+
+}  // namespace
+
+void add_toy_command(CLI::App& app) {
+  auto options = std::make_shared<toy_options>();
+  CLI::App* toy = app.add_subcommand("toy", "Train the 2-D toy with one method, or compare every method");
+
+  auto* method =
+      toy->add_option("--method", options->method, "dance, branch, branch-widpru, branch-deppru or branch-mix")
+          ->type_name("NAME")
+          ->capture_default_str();
+  toy->add_flag("--compare", options->compare, "Train every method from the same base model and print a table")
+      ->excludes(method);
+  toy->add_option("--iters", options->iters, "Training iterations per method")->type_name("N")->capture_default_str();
+  toy->add_option("--seed", options->seed, "Seed of the base model, the rollout noise and the held-out roots")
+      ->type_name("S")
+      ->capture_default_str();
+  toy->add_option("--prompts", options->prompts, "Trees (prompts) per iteration")
+      ->type_name("P")
+      ->capture_default_str();
+  toy->add_option("--max-batch", options->max_batch, "Rows per denoiser call")->type_name("B")->capture_default_str();
+  toy->add_option("--steps", options->steps, "Denoising steps")->type_name("N")->capture_default_str();
+  toy->add_option("--out", options->out, "Directory for the CSV and PNG files (created)")
+      ->type_name("DIR")
+      ->capture_default_str();
+  toy->add_flag("--json", options->json, "JSON lines per iteration; with --compare one JSON object");
+  toy->add_flag("--quiet", options->quiet, "No progress bar");
+  toy->add_option("--nan-leaf-every", options->nan_leaf_every,
+                  "Testing aid: one leaf scores NaN every K-th iteration, so its tree is dropped (0: never)")
+      ->type_name("K")
+      ->capture_default_str();
+
+  toy->callback([options] {
+    validate(*options);
+    if (options->compare)
+      run_compare(*options);
+    else
+      run_single(*options);
+  });
+}
+
+}  // namespace branchgrpo::cli

@@ -1,0 +1,210 @@
+#include "cli/commands.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/app/training_run.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "cli/image_grid.hpp"
+#include "cli/png.hpp"
+#include "cli/run_support.hpp"
+
+namespace branchgrpo::cli {
+namespace {
+
+struct train_options {
+  std::string config;
+  bool resume = false;
+  bool json = false;
+  bool quiet = false;
+};
+
+std::unique_ptr<training_run> make_run(const run_config& config) {
+  run_model model = load_run_model(config);
+  weighted_sum reward = make_run_reward(config, model);
+  return std::make_unique<training_run>(config, std::move(model), std::move(reward));
+}
+
+// The leaf images of an iteration: one row per tree, its leaves side by side.
+void write_leaf_grid(const std::filesystem::path& path, training_run& run, int iteration) {
+  const torch::Tensor& images = run.last_images();
+  const std::vector<std::int64_t>& prompts = run.last_prompts();
+  if (!images.defined() || images.size(0) == 0) return;
+  const std::int64_t trees = run.config().data.prompts_per_iteration;
+  const std::int64_t per_tree = images.size(0) / trees;
+  image_grid grid{.title = "ITERATION " + std::to_string(iteration) + ": LEAVES",
+                  .columns = static_cast<int>(per_tree),
+                  .scale = images.size(2) <= 32 ? 4 : 1,
+                  .row_labels = {},
+                  .column_labels = {},
+                  .cells = to_cells(images)};
+  for (std::int64_t t = 0; t < trees; ++t)
+    grid.row_labels.push_back(
+        run.model().prompts[static_cast<std::size_t>(prompts[static_cast<std::size_t>(t * per_tree)])]);
+  write_png(path.string(), render(grid));
+}
+
+void print_header(std::ostream& out) {
+  out << std::setw(5) << "iter" << std::setw(10) << "reward" << std::setw(9) << "std" << std::setw(8) << "evals"
+      << std::setw(9) << "trained" << std::setw(9) << "dropped" << std::setw(11) << "loss" << std::setw(10) << "seconds"
+      << '\n';
+}
+
+void print_row(std::ostream& out, const iteration_stats& s) {
+  std::ostringstream row;
+  row << std::setw(5) << s.iteration << std::fixed << std::setprecision(4) << std::setw(10) << s.reward_mean
+      << std::setw(9) << s.reward_std << std::setw(8) << s.rollout_evaluations << std::setw(9) << s.edges_trained
+      << std::setw(9) << s.trees_dropped << std::scientific << std::setprecision(2) << std::setw(11) << s.loss
+      << std::fixed << std::setprecision(3) << std::setw(10) << s.seconds << '\n';
+  out << row.str() << std::flush;
+}
+
+void run_train(const train_options& options) {
+  const run_config config = load_run_config(options.config);
+  const std::filesystem::path out = make_directory(config.run.output_dir);
+  const auto existing = latest_checkpoint(out / "checkpoints");
+  require(options.resume || !existing.has_value(), config.run.output_dir, " already holds checkpoint ",
+          existing ? existing->filename().string() : std::string(),
+          ": pass --resume to continue it, or set another run.output_dir");
+
+  auto run = make_run(config);
+  if (options.resume) {
+    if (const auto from = run->resume())
+      std::cerr << "resuming from " << from->string() << " (iteration " << run->iteration() << ")\n";
+    else
+      std::cerr << "no checkpoint in " << (out / "checkpoints").string() << ": starting from iteration 0\n";
+  }
+  {  // The config next to its results (`branchgrpo sample --config out/config.toml` works from there too only
+     // when its relative input paths do: they are resolved against the original file's directory).
+    std::error_code ignored;
+    std::filesystem::copy_file(options.config, out / "config.toml", std::filesystem::copy_options::overwrite_existing,
+                               ignored);
+  }
+  metrics_files metrics(out, run->iteration());
+  const std::filesystem::path grids = make_directory(out / "grids");
+  run_progress bar(!options.quiet, config.run.iterations);
+  if (!options.json) print_header(std::cout);
+  double seconds = 0;
+  int timed = 0;
+  while (!run->done()) {
+    const int i = run->iteration();
+    const bool last = i + 1 == config.run.iterations;
+    const bool grid = config.run.grid_every > 0 && ((i + 1) % config.run.grid_every == 0 || last);
+    const iteration_stats stats = run->step(grid);
+    seconds += stats.seconds;
+    ++timed;
+    metrics.append(iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm));
+    bar.clear();
+    if (stats.trees_dropped > 0)
+      std::cerr << "warning: iteration " << i << ": dropped " << stats.trees_dropped
+                << (stats.trees_dropped == 1 ? " tree" : " trees") << " with a non-finite reward\n";
+    if (options.json)
+      std::cout << iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm).dump()
+                << '\n'
+                << std::flush;
+    else
+      print_row(std::cout, stats);
+    if (grid) write_leaf_grid(checkpoint_path(grids, i + 1).replace_extension(".png"), *run, i + 1);
+    if ((config.run.checkpoint_every > 0 && (i + 1) % config.run.checkpoint_every == 0) || last)
+      (void)run->save_checkpoint();
+    bar.update(i + 1, std::to_string(i + 1) + "/" + std::to_string(config.run.iterations), stats.reward_mean,
+               seconds / timed);
+  }
+  bar.clear();
+  if (!options.json)
+    std::cout << "wrote " << (out / "metrics.jsonl").string() << ", " << (out / "metrics.csv").string() << ", "
+              << grids.string() << "/, " << (out / "checkpoints").string() << "/\n";
+}
+
+struct sample_options {
+  std::string config;
+  std::string checkpoint;
+  std::string prompts;
+  int samples = 4;
+  std::uint64_t seed = 0;
+  std::string out = "grid.png";
+};
+
+void run_sample(const sample_options& options) {
+  const run_config config = load_run_config(options.config);
+  require(options.samples >= 1, "--samples must be at least 1, got ", options.samples);
+  auto run = make_run(config);
+  run->load_weights(options.checkpoint);
+  const std::vector<std::string>& table = run->model().prompts;
+  std::vector<std::int64_t> rows;
+  if (options.prompts.empty()) {
+    for (std::size_t n = 0; n < table.size(); ++n) rows.push_back(static_cast<std::int64_t>(n));
+  } else {
+    std::istringstream list(options.prompts);
+    for (std::string prompt; std::getline(list, prompt, ',');) {
+      const auto first = prompt.find_first_not_of(' '), last = prompt.find_last_not_of(' ');
+      prompt = first == std::string::npos ? std::string() : prompt.substr(first, last - first + 1);
+      const auto it = std::find(table.begin(), table.end(), prompt);
+      if (it == table.end()) {
+        std::string known;
+        for (const std::string& p : table) known += (known.empty() ? "" : ", ") + p;
+        fail("--prompts: '", prompt, "' is not in the prompt embeddings (", known, ")");
+      }
+      rows.push_back(it - table.begin());
+    }
+  }
+  std::vector<std::int64_t> prompts;
+  for (const std::int64_t row : rows) prompts.insert(prompts.end(), static_cast<std::size_t>(options.samples), row);
+  const torch::Tensor images = run->sample(prompts, options.seed);
+  const std::vector<double> scores = run->score_images(images, prompts);
+  image_grid grid{.title = "SAMPLES OF " + std::filesystem::path(options.checkpoint).filename().string(),
+                  .columns = options.samples,
+                  .scale = images.size(2) <= 32 ? 4 : 1,
+                  .row_labels = {},
+                  .column_labels = {},
+                  .cells = to_cells(images)};
+  for (const std::int64_t row : rows) grid.row_labels.push_back(table[static_cast<std::size_t>(row)]);
+  write_png(options.out, render(grid));
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    double sum = 0;
+    for (int k = 0; k < options.samples; ++k) sum += scores[r * static_cast<std::size_t>(options.samples) + k];
+    std::cout << std::left << std::setw(24) << table[static_cast<std::size_t>(rows[r])] << std::right << " reward "
+              << std::fixed << std::setprecision(4) << sum / options.samples << '\n';
+  }
+  std::cout << "wrote " << options.out << '\n';
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto options = std::make_shared<train_options>();
+  CLI::App* train = app.add_subcommand("train", "Align a model with the run a TOML config describes (docs/config.md)");
+  train->add_option("--config", options->config, "The run's TOML file")->required()->type_name("FILE");
+  train->add_flag("--resume", options->resume, "Continue from the latest checkpoint in run.output_dir");
+  train->add_flag("--json", options->json, "One JSON object per iteration on stdout");
+  train->add_flag("--quiet", options->quiet, "No progress bar");
+  train->callback([options] { run_train(*options); });
+}
+
+void add_sample_command(CLI::App& app) {
+  auto options = std::make_shared<sample_options>();
+  CLI::App* sample = app.add_subcommand("sample", "Render a grid of a checkpoint's samples");
+  sample->add_option("--config", options->config, "The run's TOML file")->required()->type_name("FILE");
+  sample->add_option("--checkpoint", options->checkpoint, "A checkpoint directory (run.output_dir/checkpoints/iter-N)")
+      ->required()
+      ->type_name("DIR");
+  sample->add_option("--prompts", options->prompts, "Comma-separated prompts of the embeddings file (default: all)")
+      ->type_name("LIST");
+  sample->add_option("--samples", options->samples, "Samples per prompt")->type_name("N")->capture_default_str();
+  sample->add_option("--seed", options->seed, "Seed of the samples' starting noise")
+      ->type_name("S")
+      ->capture_default_str();
+  sample->add_option("--out", options->out, "The PNG to write")->type_name("FILE")->capture_default_str();
+  sample->callback([options] { run_sample(*options); });
+}
+
+}  // namespace branchgrpo::cli
