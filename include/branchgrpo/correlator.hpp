@@ -7,9 +7,9 @@
 //                baseline and whenever siblings should explore as widely as possible.
 //   correlated   xi_b = (xi_0 + s eta_b) / sqrt(1 + s^2), xi_0 shared (paper Eq. 2, default s = 4).
 //                Factor 1; siblings correlate by 1 / (1 + s^2). The paper's method and the default.
-//   scaled       xi_b = scale * eta_b (the official code's split_noise_scale, default 4). Factor scale;
-//                scored with noise_std * scale (the official code used noise_std: a defect). Use only to
-//                reproduce the official code's wide split exploration, correctly scored.
+//   scaled       xi_b = eta_b, factor scale: child b is drawn at std noise_std * scale and scored with it (the
+//                official code's split_noise_scale, default 4, which scored it with noise_std: a defect). Use only
+//                to reproduce the official code's wide split exploration, correctly scored.
 //   antithetic   xi_{2j+1} = -xi_{2j}; odd K: the last child independent. Factor 1. Use for even K (K = 2)
 //                when a pair's mean reward should carry no first-order noise term (lower-variance baselines).
 //   orthogonal   independent draws, Gram-Schmidt orthogonalized, each rescaled to its own draw's norm.

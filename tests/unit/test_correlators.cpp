@@ -94,14 +94,14 @@ TEST_CASE("independent: marginals N(0, 1), siblings uncorrelated", "[correlator]
   CHECK(correlation(row(out, 0, big), row(out, 1, big)) == Approx(0.0).margin(0.01));
 }
 
-TEST_CASE("scaled: doc example, scale times the independent draw", "[correlator][scaled]") {
+TEST_CASE("scaled: doc example, the independent draw with factor scale", "[correlator][scaled]") {
   const split s(2, 2);
   double factor = 0.0;
   const auto out = draw(scaled{}, s, &factor);
   CHECK(factor == 4.0);
   const auto base = draw(independent{}, s);
-  for (std::size_t i = 0; i < out.size(); ++i) CHECK(out[i] == 4.0 * base[i]);
-  const std::vector<double> doc = {-4.229063, -6.062673, 3.470648, 2.936800};
+  for (std::size_t i = 0; i < out.size(); ++i) CHECK(out[i] == base[i]);
+  const std::vector<double> doc = {-1.057266, -1.515668, 0.867662, 0.734200};
   for (std::size_t i = 0; i < doc.size(); ++i) CHECK(out[i] == Approx(doc[i]).margin(1e-6));
 
   double other = 0.0;
@@ -109,13 +109,13 @@ TEST_CASE("scaled: doc example, scale times the independent draw", "[correlator]
   CHECK(other == 2.5);
 }
 
-TEST_CASE("scaled: variance scale^2", "[correlator][scaled]") {
+TEST_CASE("scaled: standardized rows (the engine applies the factor)", "[correlator][scaled]") {
   const split s(2, big);
   const auto out = draw(scaled{.scale = 4.0}, s);
   for (std::size_t b = 0; b < 2; ++b) {
-    CHECK(mean(row(out, b, big)) == Approx(0.0).margin(0.08));
-    // var 16, standard error 16 sqrt(2 / 1e5) = 0.07.
-    CHECK(covariance(row(out, b, big), row(out, b, big)) == Approx(16.0).margin(0.4));
+    CHECK(mean(row(out, b, big)) == Approx(0.0).margin(0.02));
+    // var 1, standard error sqrt(2 / 1e5) = 0.0045.
+    CHECK(covariance(row(out, b, big), row(out, b, big)) == Approx(1.0).margin(0.03));
   }
 }
 

@@ -3,9 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numbers>
 #include <span>
+#include <type_traits>
 #include <vector>
 
+#include "branchgrpo/correlator/catalog.hpp"
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
 #include "branchgrpo/rollout.hpp"
@@ -78,7 +81,9 @@ struct short_denoiser {
 // Returns velocities of shape {2} whatever the latent shape.
 struct wrong_shape_denoiser {
   host_tensor operator()(const host_tensor& x, const denoise_batch&) {
-    return {.rows = x.rows, .shape = latent_shape{{2}}, .values = std::vector<double>(static_cast<std::size_t>(2 * x.rows))};
+    return {.rows = x.rows,
+            .shape = latent_shape{{2}},
+            .values = std::vector<double>(static_cast<std::size_t>(2 * x.rows))};
   }
 };
 
@@ -154,7 +159,8 @@ TEST_CASE("the denoiser is called ceil(frontier / max_batch) times per step", "[
       CHECK(result.denoiser_calls == 20);
       CHECK(denoiser.calls == 20);
       CHECK(denoiser.call_rows == frontier);
-      CHECK(denoiser.call_steps == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19});
+      CHECK(denoiser.call_steps ==
+            std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19});
     }
   }
   SECTION("max_batch 3: 1 + 3 * 1 + 3 * 2 + 3 * 3 + 10 * 6 = 79 calls of at most 3 rows") {
@@ -184,8 +190,8 @@ TEST_CASE("evaluations equal the tree's evaluations", "[rollout]") {
   const sigma_schedule schedule = shifted_linear_schedule(20);
   SECTION("dense: 203 per tree") {
     gaussian_denoiser denoiser;
-    const auto result = rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(two_trees()),
-                                shape3, {});
+    const auto result =
+        rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(two_trees()), shape3, {});
     CHECK(result.evaluations == 406);
     CHECK(result.evaluations == result.tree.evaluations());
     CHECK(denoiser.rows == 406);
@@ -222,8 +228,12 @@ TEST_CASE("a root latent is the keyed normal of its key", "[rollout]") {
   for (const std::int32_t t : {0, 1}) {
     const std::int32_t root = result.tree.nodes_at_depth(t, 0).begin;
     std::vector<double> expected(3);
-    fill_keyed_normal({.seed = 42, .iteration = 3, .tree = two_trees()[static_cast<std::size_t>(t)].key, .node = 0,
-                       .step = 0, .stream = noise_stream::root_latent},
+    fill_keyed_normal({.seed = 42,
+                       .iteration = 3,
+                       .tree = two_trees()[static_cast<std::size_t>(t)].key,
+                       .node = 0,
+                       .step = 0,
+                       .stream = noise_stream::root_latent},
                       expected);
     CHECK(latent_of(backend, result, root) == expected);
     CHECK(result.edge_std[static_cast<std::size_t>(root)] == 0.0);
@@ -244,8 +254,11 @@ TEST_CASE("an edge's sample and log-prob match the hand computation", "[rollout]
     const tree_info info = tree.info(tree.tree(node));
     const affine_step step = dance_sde{}(schedule, s);
     std::vector<double> eps(3);
-    fill_keyed_normal({.seed = 9, .iteration = 4, .tree = info.key,
-                       .node = static_cast<std::uint32_t>(tree.local_index(node)), .step = static_cast<std::uint32_t>(s),
+    fill_keyed_normal({.seed = 9,
+                       .iteration = 4,
+                       .tree = info.key,
+                       .node = static_cast<std::uint32_t>(tree.local_index(node)),
+                       .step = static_cast<std::uint32_t>(s),
                        .stream = noise_stream::edge},
                       eps);
     const double std_dev = step.noise_std * factor;
@@ -259,8 +272,8 @@ TEST_CASE("an edge's sample and log-prob match the hand computation", "[rollout]
 
   SECTION("split and chain edges with independent noise") {
     gaussian_denoiser denoiser{.data_std = data_std};
-    const auto result = rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(two_trees()),
-                                shape3, options);
+    const auto result =
+        rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(two_trees()), shape3, options);
     const std::int32_t per_tree = result.tree.nodes_per_tree();
     check_edge(result, per_tree + 1, 1.0);  // tree 1 (prompt -1), first child of the root: split at step 0
     check_edge(result, per_tree + 2, 1.0);  // its sibling
@@ -272,7 +285,7 @@ TEST_CASE("an edge's sample and log-prob match the hand computation", "[rollout]
     gaussian_denoiser denoiser{.data_std = data_std};
     const auto result = rollout(backend, denoiser, dance_sde{}, own_noise_times{.factor = 2.0}, schedule,
                                 dense_forest(two_trees()), shape3, options);
-    check_edge(result, 1, 2.0);                                         // split at step 0
+    check_edge(result, 1, 2.0);                                        // split at step 0
     check_edge(result, result.tree.nodes_at_depth(1, 10).begin, 2.0);  // split at step 9
     check_edge(result, result.tree.nodes_at_depth(1, 11).begin, 1.0);  // chain at step 10
   }
@@ -305,10 +318,10 @@ TEST_CASE("ODE steps are deterministic with log-prob 0 (flow_grpo_fast)", "[roll
   const double data_std = 0.5;
   gaussian_denoiser denoiser{.data_std = data_std};
   // kinds {ode, ode, sde, sde, ode}, branching {1, 1, 4, 1, 1}: 11 evaluations.
-  const auto result = rollout(backend, denoiser, dance_sde{}, independent{}, schedule,
-                              rollout_tree(flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(5),
-                                           {{.key = 3, .prompt = 1}}),
-                              shape3, {.seed = 1});
+  const auto result = rollout(
+      backend, denoiser, dance_sde{}, independent{}, schedule,
+      rollout_tree(flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(5), {{.key = 3, .prompt = 1}}),
+      shape3, {.seed = 1});
   CHECK(result.evaluations == 11);
   CHECK(result.denoiser_calls == 5);
   int ode_edges = 0, sde_edges = 0;
@@ -319,8 +332,8 @@ TEST_CASE("ODE steps are deterministic with log-prob 0 (flow_grpo_fast)", "[roll
     if (result.tree.kind(n) == edge_kind::ode) {
       ++ode_edges;
       const affine_step step = euler_ode{}(schedule, s);
-      const hand_edge edge = recompute_edge(latent_of(backend, result, parent), schedule.sigma(s), 1.0, data_std,
-                                            step, std::vector<double>(3, 0.0), 0.0);
+      const hand_edge edge = recompute_edge(latent_of(backend, result, parent), schedule.sigma(s), 1.0, data_std, step,
+                                            std::vector<double>(3, 0.0), 0.0);
       check_close(latent_of(backend, result, n), edge.mean);  // next == mean
       CHECK(result.tree.log_prob(n) == 0.0);
       CHECK(result.edge_std[static_cast<std::size_t>(n)] == 0.0);
@@ -406,8 +419,8 @@ TEST_CASE("leaf_latents lists the leaves in tree.leaves() order", "[rollout]") {
   host_backend backend;
   const sigma_schedule schedule = shifted_linear_schedule(20);
   gaussian_denoiser denoiser;
-  const auto result = rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(two_trees()),
-                              shape3, {});
+  const auto result =
+      rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(two_trees()), shape3, {});
   const host_tensor leaves = leaf_latents(backend, result);
   REQUIRE(leaves.rows == result.tree.leaf_count());
   const std::vector<double> values = backend.to_host(leaves);
@@ -440,11 +453,11 @@ TEST_CASE("a non-finite velocity is reported, not propagated", "[rollout]") {
     poisoned_denoiser denoiser{.bad_step = 4, .bad_row = 2};
     // flow_grpo_fast: nodes 0 | 1 | 2 | 3..6 | 7..10 | 11..14; step 4 (ODE) evaluates nodes 7..10; row 2 is
     // node 9, whose edge leads to node 13 (errors name the edge, i.e. its child node).
-    CHECK_THROWS_WITH(rollout(backend, denoiser, dance_sde{}, independent{}, shifted_linear_schedule(5),
-                              rollout_tree(flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(5),
-                                           numbered_trees(1)),
-                              shape3, {}),
-                      "non-finite latent at ODE step 4 for node 13 (a non-finite velocity?)");
+    CHECK_THROWS_WITH(
+        rollout(backend, denoiser, dance_sde{}, independent{}, shifted_linear_schedule(5),
+                rollout_tree(flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(5), numbered_trees(1)),
+                shape3, {}),
+        "non-finite latent at ODE step 4 for node 13 (a non-finite velocity?)");
   }
 }
 
@@ -464,9 +477,9 @@ TEST_CASE("rollout rejects inconsistent inputs", "[rollout]") {
   CHECK_THROWS_WITH(rollout(backend, denoiser, dance_sde{}, independent{}, schedule, dense_forest(numbered_trees(1)),
                             latent_shape{{3, 0}}, {}),
                     "latent dimension 1 is 0, must be at least 1");
-  CHECK_THROWS_WITH(rollout(backend, denoiser, euler_ode{}, independent{}, schedule, dense_forest(numbered_trees(1)),
-                            shape3, {}),
-                    "SDE step 0 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge)");
+  CHECK_THROWS_WITH(
+      rollout(backend, denoiser, euler_ode{}, independent{}, schedule, dense_forest(numbered_trees(1)), shape3, {}),
+      "SDE step 0 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge)");
   CHECK_THROWS_WITH(rollout(backend, denoiser, dance_sde{}, own_noise_times{.factor = 0.0}, schedule,
                             dense_forest(numbered_trees(1)), shape3, {}),
                     "correlator returned factor 0 at step 0 for node 0; it must be positive and finite");
@@ -475,13 +488,13 @@ TEST_CASE("rollout rejects inconsistent inputs", "[rollout]") {
                     "dance_sde eta must be positive and finite, got -1");
 
   short_denoiser short_one;
-  CHECK_THROWS_WITH(rollout(backend, short_one, dance_sde{}, independent{}, schedule, dense_forest(numbered_trees(1)),
-                            shape3, {}),
-                    "denoiser returned 0 rows for a batch of 1 at step 0");
+  CHECK_THROWS_WITH(
+      rollout(backend, short_one, dance_sde{}, independent{}, schedule, dense_forest(numbered_trees(1)), shape3, {}),
+      "denoiser returned 0 rows for a batch of 1 at step 0");
   wrong_shape_denoiser wrong_shape;
-  CHECK_THROWS_WITH(rollout(backend, wrong_shape, dance_sde{}, independent{}, schedule,
-                            dense_forest(numbered_trees(1)), shape3, {}),
-                    "affine operands differ: 1 rows of {3} vs 1 rows of {2}");
+  CHECK_THROWS_WITH(
+      rollout(backend, wrong_shape, dance_sde{}, independent{}, schedule, dense_forest(numbered_trees(1)), shape3, {}),
+      "affine operands differ: 1 rows of {3} vs 1 rows of {2}");
 }
 
 TEST_CASE("rollout overwrites stale log-probs of the tree it is given", "[rollout]") {
@@ -489,12 +502,60 @@ TEST_CASE("rollout overwrites stale log-probs of the tree it is given", "[rollou
   gaussian_denoiser denoiser;
   rollout_tree tree(flow_grpo_fast{.group_size = 2, .split_step = 1, .sde_steps = 1}(3), numbered_trees(1));
   for (double& lp : tree.mutable_log_probs()) lp = 99.0;
-  const auto result = rollout(backend, denoiser, dance_sde{}, independent{}, shifted_linear_schedule(3),
-                              std::move(tree), shape3, {});
+  const auto result =
+      rollout(backend, denoiser, dance_sde{}, independent{}, shifted_linear_schedule(3), std::move(tree), shape3, {});
   // kinds {ode, sde, ode}: root 0, node 1 (ODE), nodes 2 3 (SDE split), leaves 4 5 (ODE).
   CHECK(result.tree.log_prob(0) == 0.0);
   CHECK(result.tree.log_prob(1) == 0.0);
   CHECK(result.tree.log_prob(2) != 99.0);
   CHECK(result.tree.log_prob(4) == 0.0);
   CHECK(result.tree.log_prob(5) == 0.0);
+}
+
+// A denoiser whose velocity is 0: a child's mean is x_coeff times its parent's latent, so its deviation from the
+// mean is exactly the noise the engine drew for it.
+struct zero_velocity {
+  host_tensor operator()(const host_tensor& x, const denoise_batch&) const {
+    return {.rows = x.rows, .shape = x.shape, .values = std::vector<double>(x.values.size(), 0.0)};
+  }
+};
+
+TEST_CASE("every correlator's split children are drawn with the std their edges are scored with", "[rollout]") {
+  // One split at step 0 into K children, 1e5 elements each; every correlator of the family's list (a correlator
+  // added to correlator_policies is covered without touching this test). The children's standardized deviations
+  // (child - mean) / edge_std must have std 1 (within 1 %: the standard error of a std over 1e5 draws is 0.2 %),
+  // and the stored edge log-prob must be the Gaussian log-density, under the sampled distribution, of the sample.
+  host_backend backend;
+  const sigma_schedule schedule = shifted_linear_schedule(2);
+  const affine_step step = dance_sde{}(schedule, 0);
+  const latent_shape shape{{100000}};
+  const auto elements = static_cast<std::size_t>(shape.elements());
+  for (const int k : {2, 3}) {
+    for_each_policy<correlator_policies>([&]<class Correlator>(std::type_identity<Correlator>) {
+      DYNAMIC_SECTION(Correlator::name << ", K = " << k) {
+        const rollout_tree forest(split_schedule{.split_steps = {0}, .branching = {k}}(2), {{.key = 3, .prompt = 0}});
+        zero_velocity denoiser;
+        const auto result = rollout(backend, denoiser, dance_sde{}, Correlator{}, schedule, forest, shape,
+                                    {.seed = 11, .iteration = 1});
+        const std::vector<double> root = latent_of(backend, result, 0);
+        for (std::int32_t child = 1; child <= k; ++child) {
+          const std::vector<double> next = latent_of(backend, result, child);
+          const double edge_std = result.edge_std[static_cast<std::size_t>(child)];
+          REQUIRE(edge_std > 0);
+          std::vector<double> mean(elements);
+          double squares = 0;
+          for (std::size_t i = 0; i < elements; ++i) {
+            mean[i] = step.x_coeff * root[i];
+            const double z = (next[i] - mean[i]) / edge_std;
+            squares += z * z;
+          }
+          CHECK(std::sqrt(squares / static_cast<double>(elements)) == Approx(1.0).epsilon(0.01));
+          // Per element: log N(next; mean, edge_std^2) averaged, as the engine stores it.
+          const double density = -squares / (2.0 * static_cast<double>(elements)) - std::log(edge_std) -
+                                 0.5 * std::log(2.0 * std::numbers::pi);
+          CHECK(result.tree.log_prob(child) == Approx(density).epsilon(1e-12));
+        }
+      }
+    });
+  }
 }

@@ -12,16 +12,17 @@
 
 namespace branchgrpo {
 
-/// The official BranchGRPO code's split_noise_scale: independent draws times `scale` at a split, so the
-/// split edge's noise has std noise_std * scale. Returns `scale`, so the engine scores the edge with the
-/// std the sample was really drawn from (the official code scored it with the unscaled std: each split
-/// sample then sits ~scale standard deviations from the mean and its importance ratio is wrong).
+/// The official BranchGRPO code's split_noise_scale: at a split each child draws its own noise with `scale` times the
+/// stepper's std. As every correlator, it writes standardized rows (here each child's own keyed N(0, 1) draw,
+/// independent's rows) and returns the factor; the engine then samples mean + noise_std * scale * row and scores
+/// the edge with std noise_std * scale, the std the sample was really drawn from. (The official code scored it
+/// with the unscaled std: each split sample then sits ~scale standard deviations from the mean and its importance
+/// ratio is wrong.)
 /// Example: scale 4, the keys and elements of independent's example ->
-///   out = 4 * {-1.057266, -1.515668, 0.867662, 0.734200} = {-4.229063, -6.062673, 3.470648, 2.936800}
-///   (6 digits); returns 4.
+///   out = {-1.057266, -1.515668, 0.867662, 0.734200} (independent's, 6 digits); returns 4.
 /// @pre scale finite and > 0; K = group.children.size() >= 2, group.elements >= 1,
 ///      out.size() == K * group.elements.
-/// @post out == scale * (independent's out) element-wise; every row is N(0, scale^2 I); returns scale.
+/// @post out == independent's out element-wise (every row N(0, I)); returns scale.
 struct scaled {
   double scale = 4.0;
 
@@ -29,7 +30,6 @@ struct scaled {
     require(std::isfinite(scale) && scale > 0.0, "scaled scale must be positive and finite, got ", scale);
     const std::size_t k = detail::check_sibling_group(group, out, "scaled");
     for (std::size_t b = 0; b < k; ++b) detail::fill_own_row(group, b, out);
-    for (double& value : out) value *= scale;
     return scale;
   }
   friend bool operator==(const scaled&, const scaled&) = default;
