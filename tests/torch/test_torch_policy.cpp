@@ -74,6 +74,10 @@ struct no_parameters_model {
 static_assert(TorchVelocityModel<tiny_velocity_model>);
 static_assert(TorchVelocityModel<plain_model>);
 static_assert(!TorchVelocityModel<no_parameters_model>);
+// The frozen base is the KL reference only for a model whose adapters can be switched off.
+static_assert(ReferencePolicy<autograd_policy<tiny_velocity_model>, torch_backend>);
+static_assert(Policy<autograd_policy<plain_model>, torch_backend> &&
+              !ReferencePolicy<autograd_policy<plain_model>, torch_backend>);
 static_assert(!TorchVelocityModel<int>);
 static_assert(AdapterSwitch<tiny_velocity_model>);
 static_assert(!AdapterSwitch<plain_model>);
@@ -269,7 +273,7 @@ TEST_CASE("policy: a BranchGRPO iteration on torch_backend: ratio exactly 1, onl
           "[torch][policy][trainer]") {
   torch_backend backend;                                                      // float32
   auto model = tiny_velocity_model::make(4, 8, 2, torch::kFloat32, true, 3);  // B = 0: starts at the base
-  autograd_policy policy(model, backend, {.optimizer = {.lr = 1e-2}, .kl_beta = 0.5});
+  autograd_policy policy(model, backend, {.optimizer = {.lr = 1e-2}});
   target_reward reward{backend};
   auto recipe = branch_method();
   const sigma_schedule schedule = shifted_linear_schedule(20);
@@ -280,15 +284,17 @@ TEST_CASE("policy: a BranchGRPO iteration on torch_backend: ratio exactly 1, onl
   const auto edges = make_edges(backend, 4);
   CHECK(policy.kl_divergence(edges) == 0.0);  // B = 0: the adapters add exactly nothing
 
-  const training_options options{.max_batch = 16, .seed = 9, .updates_per_iteration = 1, .total_iterations = 2};
+  // The loss's KL term (the trainer's, through accumulate and reference_velocity): one more pass per batch.
+  const training_options options{
+      .max_batch = 16, .seed = 9, .updates_per_iteration = 1, .total_iterations = 2, .loss = {.kl_beta = 0.5}};
   const iteration_stats first = train_iteration(backend, policy, reward, recipe, schedule, shape, prompts, 0, options);
   CHECK(first.edges_trained == 2 * 218);
-  CHECK(first.update_evaluations == 2 * 218);
+  CHECK(first.update_evaluations == 2 * 2 * 218);
   CHECK(first.first_update_log_prob_gap == 0.0);  // batch-invariant model: bit-identical log-probs
   CHECK(first.clip_fraction == 0.0);              // ratio exactly 1 in the first update
   CHECK(policy.last_update().steps == 1);
-  CHECK(policy.last_update().rows == 2 * 218);
-  CHECK(policy.last_update().kl == 0.0);  // measured before the step, at the base
+  CHECK(policy.last_update().rows == 2 * 2 * 218);
+  CHECK(first.kl == Approx(0.0).margin(1e-12));  // measured before the step, at the base
   CHECK(policy.last_update().grad_norm > 0.0);
 
   const std::vector<torch::Tensor> frozen_after{model.w1, model.b1, model.w2, model.b2};
@@ -300,7 +306,7 @@ TEST_CASE("policy: a BranchGRPO iteration on torch_backend: ratio exactly 1, onl
 
   const iteration_stats second = train_iteration(backend, policy, reward, recipe, schedule, shape, prompts, 1, options);
   CHECK(second.first_update_log_prob_gap == 0.0);
-  CHECK(policy.last_update().kl > 0.0);
+  CHECK(second.kl > 0.0);
   CHECK(policy.last_update().steps == 2);
 }
 
@@ -332,8 +338,15 @@ TEST_CASE("policy: EMA of the trainable weights, swappable for evaluation", "[to
 TEST_CASE("policy: invalid options and inputs are one-line invalid_input errors", "[torch][policy]") {
   torch_backend backend;
   plain_model plain;
-  CHECK_THROWS_WITH(autograd_policy(plain, backend, {.kl_beta = 0.1}),
-                    "KL beta 0.1 needs a model with set_adapters_enabled (the frozen base is the reference)");
+  {
+    // A model without adapters has no reference: a KL weight is refused by the trainer, in one line.
+    autograd_policy policy(plain, backend);
+    target_reward reward{backend};
+    auto recipe = branch_method();
+    CHECK_THROWS_WITH(train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20), latent_shape{{1}},
+                                      std::vector<std::int64_t>{0}, 0, training_options{.loss = {.kl_beta = 0.1}}),
+                      "kl_beta = 0.1 needs a policy with a reference model (reference_velocity); this policy has none");
+  }
   // The optimizer's rules are optimizer_options' (the same words as a config's [optimizer] errors).
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.lr = -1.0}}),
                     "optimizer.lr = -1.0: must be positive");

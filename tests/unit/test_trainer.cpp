@@ -177,3 +177,106 @@ TEST_CASE("bad trainer input is rejected with one line", "[trainer]") {
                                     training_options{.updates_per_iteration = 0}),
                     "updates_per_iteration must be at least 1, got 0");
 }
+
+namespace {
+
+// Four toy edges of step 3 by hand (prompts 0..3); `next` is not read by the KL.
+edge_batch<host_backend::tensor> toy_edges(host_backend& backend, const sigma_schedule& schedule) {
+  edge_batch<host_backend::tensor> edges;
+  edges.step = 3;
+  edges.sigma = schedule.sigma(3);
+  edges.coeffs = dance_sde{}(schedule, 3);
+  const std::vector<double> x = {0.3, -0.7, 1.1, 0.2, -0.4, -0.9, 0.8, 0.5};
+  edges.x = backend.from_host(x, 4, toy_latent_shape());
+  edges.next = edges.x;
+  edges.std.assign(4, edges.coeffs.noise_std);
+  edges.trees = {0, 1, 2, 3};
+  edges.prompts = {0, 1, 2, 3};
+  return edges;
+}
+
+// sum_r kl_flow(mean_r, mean_ref_r, std_r) of the toy edges under the policy's current weights, computed
+// directly from the velocities (not through accumulate).
+template <class Policy>
+double toy_kl_sum(Policy& policy, host_backend& backend, const edge_batch<host_backend::tensor>& edges) {
+  const std::vector<double> x = backend.to_host(edges.x);
+  const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
+  const std::vector<double> reference = backend.to_host(policy.reference_velocity(edges.x, batch));
+  double sum = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const auto v = policy.velocity({x[2 * r], x[2 * r + 1]}, edges.sigma, edges.prompts[r]);
+    const double a = edges.coeffs.x_coeff, c = edges.coeffs.velocity_coeff;
+    const std::vector<double> mean = {a * x[2 * r] + c * v[0], a * x[2 * r + 1] + c * v[1]};
+    const std::vector<double> mean_ref = {a * x[2 * r] + c * reference[2 * r],
+                                          a * x[2 * r + 1] + c * reference[2 * r + 1]};
+    sum += kl_flow(mean, mean_ref, edges.std[r]);
+  }
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("the KL term: accumulate_kl's values and gradient on the toy", "[trainer][kl]") {
+  static_assert(ReferencePolicy<fourier_policy<host_backend>, host_backend>);
+  host_backend backend;
+  const auto schedule = shifted_linear_schedule(20);
+  auto policy = make_toy_policy(7);
+  const auto edges = toy_edges(backend, schedule);
+
+  // At the base the policy is its own reference: KL 0, no gradient.
+  const std::vector<double> at_base = accumulate_kl(backend, policy, edges, 1.0);
+  for (const double kl : at_base) CHECK(kl == Approx(0.0).margin(1e-12));
+  for (const double g : policy.gradient()) CHECK(g == Approx(0.0).margin(1e-12));
+  policy.reset_to_base();
+
+  // Away from the base: the values are kl_flow's, the gradient is d/dW sum_r KL_r (central differences).
+  const std::span<double> w = policy.parameters();
+  for (std::size_t j = 0; j < w.size(); ++j) w[j] += 0.02 * std::sin(static_cast<double>(j));
+  const std::vector<double> kl = accumulate_kl(backend, policy, edges, 1.0);
+  double kl_total = 0;
+  for (const double v : kl) kl_total += v;
+  CHECK(kl_total > 1e-4);
+  CHECK(kl_total == Approx(toy_kl_sum(policy, backend, edges)).epsilon(1e-9));
+  const std::vector<double> gradient(policy.gradient().begin(), policy.gradient().end());
+  const double h = 1e-6;
+  int checked = 0;
+  for (std::size_t j = 0; j < w.size(); j += 37) {
+    const double original = w[j];
+    w[j] = original + h;
+    const double up = toy_kl_sum(policy, backend, edges);
+    w[j] = original - h;
+    const double down = toy_kl_sum(policy, backend, edges);
+    w[j] = original;
+    INFO("weight " << j);
+    CHECK(gradient[j] == Approx((up - down) / (2 * h)).epsilon(1e-5).margin(1e-9));
+    ++checked;
+  }
+  CHECK(checked >= 10);
+}
+
+TEST_CASE("the KL term keeps the toy policy near its reference", "[trainer][kl]") {
+  // Same runs but kl_beta: with a large beta the weights move measurably less from the base.
+  const auto distance_from_base = [](double kl_beta) {
+    auto policy = make_toy_policy(7);
+    mode_reward<> reward;
+    host_backend backend;
+    const auto schedule = shifted_linear_schedule(20);
+    auto recipe = branch_method();
+    double kl = 0;
+    for (int i = 0; i < 8; ++i)
+      kl = train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(),
+                           std::vector<std::int64_t>{0, 1}, i,
+                           training_options{.seed = 11, .total_iterations = 8, .loss = {.kl_beta = kl_beta}})
+               .kl;
+    if (kl_beta == 0) CHECK(kl == 0.0);
+    double squares = 0;
+    for (std::size_t j = 0; j < policy.parameters().size(); ++j)
+      squares += std::pow(policy.parameters()[j] - policy.base_parameters()[j], 2);
+    return std::sqrt(squares);
+  };
+  const double free = distance_from_base(0.0);
+  const double held = distance_from_base(100.0);
+  INFO("distance from the base: kl_beta 0 -> " << free << ", kl_beta 100 -> " << held);
+  CHECK(free > 0.0);
+  CHECK(held < 0.6 * free);  // measured 8.16 -> 3.64
+}

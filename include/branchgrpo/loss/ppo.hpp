@@ -5,6 +5,7 @@
 // dependent lookup, so a type such as at::Tensor works unchanged. Finite-value checks apply to floating T.
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -161,6 +162,19 @@ inline std::vector<double> kl_flow_gradient(std::span<const double> mu, std::spa
   std::vector<double> gradient(mu.size());
   for (std::size_t i = 0; i < mu.size(); ++i) gradient[i] = (mu[i] - mu_ref[i]) * scale;
   return gradient;
+}
+
+/// KL of one edge from the policy's log-prob (averaged over elements, as row_log_prob) at the reference mean:
+/// log p_theta(mu_ref) = -kl_flow(mu, mu_ref, sigma) - log sigma - log(2 pi) / 2, so
+/// KL = -log_prob - log sigma - log(2 pi) / 2 (what train_iteration's accumulate_kl uses; its gradient is that of
+/// -log_prob).
+/// Example: mu {1, 2, 3}, mu_ref {1, 1.5, 4}, sigma 0.5: log_prob = -0.833333 + 0.693147 - 0.918939 = -1.059125
+///   -> 0.833333 (= kl_flow's example).
+/// @pre log_prob finite; sigma finite and > 0.
+inline double kl_from_log_prob_at_reference(double log_prob, double sigma) {
+  require(std::isfinite(log_prob), "kl log-prob ", log_prob, " is not finite");
+  require(sigma > 0.0 && std::isfinite(sigma), "kl sigma ", sigma, " is not finite and positive");
+  return -log_prob - std::log(sigma) - 0.5 * std::log(2.0 * std::numbers::pi);
 }
 
 /// The loss of one trained edge: ppo_clipped_loss(log_new, log_old, clip_advantage(A, advantage_clip),

@@ -104,6 +104,7 @@ struct fourier_features {
 ///   log-prob = gaussian log-prob averaged over the D = 2 elements, mean = a x + c v, and
 ///   d log-prob / d W[k, :] = c (next_k - mean_k) / (D std^2) phi;
 /// apply_update() takes one Adam step (options.optimizer) and zeroes the gradient.
+/// Reference (ReferencePolicy<B>, the KL term): reference_velocity() is v with the fitted base W.
 /// Tensors cross to the host (to_host / from_host) for the features; the mean and log-prob are computed by
 /// the backend's own affine and row_log_prob, exactly as the rollout engine does, so for unchanged W an
 /// edge's log-prob in accumulate() is bit-identical to the one the rollout recorded (ratio exactly 1).
@@ -126,19 +127,10 @@ class fourier_policy {
   }
 
   /// Denoiser: v for every row of x at noise level batch.sigma, conditioned on batch.prompts.
-  tensor operator()(const tensor& x, const denoise_batch& batch) {
-    const std::vector<double> host = backend_.to_host(x);
-    const std::int64_t rows = check_rows(host, backend_.rows(x), "denoiser input");
-    check_sigma(batch.sigma);
-    require(static_cast<std::int64_t>(batch.prompts.size()) == rows, "fourier_policy got ", batch.prompts.size(),
-            " prompts for ", rows, " rows");
-    std::vector<double> v(host.size());
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const auto at = static_cast<std::size_t>(r) * dim;
-      velocity_row(&host[at], batch.sigma, batch.prompts[static_cast<std::size_t>(r)], phi_scratch(), &v[at]);
-    }
-    return backend_.from_host(v, rows, toy_latent_shape());
-  }
+  tensor operator()(const tensor& x, const denoise_batch& batch) { return velocities(weights_, x, batch); }
+
+  /// The reference model's velocity: v with the fitted base W (the KL term's reference).
+  tensor reference_velocity(const tensor& x, const denoise_batch& batch) { return velocities(base_, x, batch); }
 
   /// Policy: the rows' log-probs under the current W; adds the gradient of sum_rows w_row log-prob_row
   /// (w = gradient(log-probs)) to the gradient buffer. O(rows * F), no per-row allocation.
@@ -168,8 +160,8 @@ class fourier_policy {
     batch_phi_.resize(count * f);
     std::vector<double> v(count * dim);
     for (std::size_t r = 0; r < count; ++r)
-      velocity_row(&x[r * dim], edges.sigma, edges.prompts[r], std::span<double>(batch_phi_).subspan(r * f, f),
-                   &v[r * dim]);
+      velocity_row(weights_, &x[r * dim], edges.sigma, edges.prompts[r],
+                   std::span<double>(batch_phi_).subspan(r * f, f), &v[r * dim]);
     const tensor mean = backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff,
                                         backend_.from_host(v, rows, toy_latent_shape()));
     std::vector<double> log_probs = backend_.row_log_prob(edges.next, mean, edges.std);
@@ -210,7 +202,7 @@ class fourier_policy {
   [[nodiscard]] std::array<double, 2> velocity(std::array<double, 2> x, double sigma, std::int64_t prompt) {
     check_sigma(sigma);
     std::array<double, 2> v{};
-    velocity_row(x.data(), sigma, prompt, phi_scratch(), v.data());
+    velocity_row(weights_, x.data(), sigma, prompt, phi_scratch(), v.data());
     return v;
   }
 
@@ -248,12 +240,28 @@ class fourier_policy {
     return {x[0], x[1], sigma, options_.prompt_scale * c[0], options_.prompt_scale * c[1]};
   }
 
+  // Every row of x under weights w (the current ones or the base).
+  tensor velocities(std::span<const double> w, const tensor& x, const denoise_batch& batch) {
+    const std::vector<double> host = backend_.to_host(x);
+    const std::int64_t rows = check_rows(host, backend_.rows(x), "denoiser input");
+    check_sigma(batch.sigma);
+    require(static_cast<std::int64_t>(batch.prompts.size()) == rows, "fourier_policy got ", batch.prompts.size(),
+            " prompts for ", rows, " rows");
+    std::vector<double> v(host.size());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto at = static_cast<std::size_t>(r) * dim;
+      velocity_row(w, &host[at], batch.sigma, batch.prompts[static_cast<std::size_t>(r)], phi_scratch(), &v[at]);
+    }
+    return backend_.from_host(v, rows, toy_latent_shape());
+  }
+
   // The one velocity computation shared by the denoiser and accumulate(): bit-identical results.
-  void velocity_row(const double* x, double sigma, std::int64_t prompt, std::span<double> phi, double* v) const {
+  void velocity_row(std::span<const double> weights, const double* x, double sigma, std::int64_t prompt,
+                    std::span<double> phi, double* v) const {
     features_.evaluate(inputs(x, sigma, prompt), phi);
     const std::size_t f = features_.size();
     for (std::size_t k = 0; k < dim; ++k) {
-      const double* w = weights_.data() + k * f;
+      const double* w = weights.data() + k * f;
       double sum = 0.0;
       for (std::size_t j = 0; j < f; ++j) sum += w[j] * phi[j];
       v[k] = sum;

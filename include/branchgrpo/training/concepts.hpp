@@ -44,6 +44,15 @@ concept Policy = Denoiser<P, B> && requires(P& policy, const edge_batch<typename
   { policy.apply_update() };
 };
 
+/// A policy with a frozen reference model (the base without its adapters, or the initial weights):
+///   policy.reference_velocity(x, batch)  the reference model's velocity, without gradient
+/// The loss's KL term (ppo_options::kl_beta > 0) needs it; train_iteration applies the term for every policy
+/// through accumulate (accumulate_kl in training/trainer.hpp).
+template <class P, class B>
+concept ReferencePolicy = Policy<P, B> && requires(P& policy, const typename B::tensor& x, const denoise_batch& batch) {
+  { policy.reference_velocity(x, batch) } -> std::same_as<typename B::tensor>;
+};
+
 /// A reward scores the leaves' final latents (rows of `leaves`) given each leaf's prompt.
 /// A non-finite score marks that leaf as failed; the trainer drops its tree from the update.
 template <class R, class B>

@@ -56,10 +56,41 @@ struct iteration_stats {
   int trees_dropped = 0;                 ///< trees with a non-finite leaf reward, left out of the update
   double loss = 0;                       ///< mean PPO loss over the trained edges
   double clip_fraction = 0;              ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
+  double kl = 0;  ///< mean KL to the reference over the trained edges, as accumulated (0 when kl_beta == 0)
   /// max |log-prob at the first update - log-prob of the rollout|: 0 when the policy is batch-invariant.
   double first_update_log_prob_gap = 0;
   double rollout_seconds = 0, reward_seconds = 0, update_seconds = 0, seconds = 0;
 };
+
+/// The KL term of the loss for one batch of trained edges, added to the policy's gradient through accumulate:
+/// `weight` times the gradient of sum_r KL_r, with KL_r the KL between the edge's Gaussian under the policy and
+/// under its reference model (equal stds; per element, averaged like the log-probs):
+///   KL_r = mean_i (mean_i - mean_ref_i)^2 / (2 std_r^2) = -log p_theta(mean_ref) - log std_r - log(2 pi) / 2,
+/// so its gradient is that of -log p_theta at the reference mean: one accumulate over the batch with `next`
+/// replaced by the reference mean (a x + c v_ref) and every row weighted by -weight. Returns KL_r per row.
+/// Example: a toy policy at its base weights (reference = base) -> every KL_r == 0 (to rounding) and no gradient;
+///   with W = base + 0.01 the KL_r equal kl_flow(mean, mean_ref, std) (tests/unit/test_trainer.cpp, with a
+///   finite-difference check of the gradient).
+/// @pre edges as for accumulate; weight finite and >= 0.
+/// @post the policy's gradient buffer grew by weight * d/dtheta sum_r KL_r; the parameters are unchanged.
+template <Backend B, ReferencePolicy<B> P>
+std::vector<double> accumulate_kl(B& backend, P& policy, const edge_batch<typename B::tensor>& edges, double weight) {
+  require(std::isfinite(weight) && weight >= 0.0, "KL weight ", weight, " is not finite and >= 0");
+  const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
+  edge_batch<typename B::tensor> reference = edges;
+  reference.next = backend.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff,
+                                  policy.reference_velocity(edges.x, batch));
+  std::vector<double> kl;
+  policy.accumulate(reference, loss_gradient_fn([&](std::span<const double> log_probs) {
+                      require(log_probs.size() == edges.std.size(), "policy returned ", log_probs.size(),
+                              " log-probs for ", edges.std.size(), " edges");
+                      kl.resize(log_probs.size());
+                      for (std::size_t r = 0; r < log_probs.size(); ++r)
+                        kl[r] = kl_from_log_prob_at_reference(log_probs[r], edges.std[r]);
+                      return std::vector<double>(log_probs.size(), -weight);
+                    }));
+  return kl;
+}
 
 namespace detail {
 
@@ -100,6 +131,9 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   require(options.updates_per_iteration >= 1, "updates_per_iteration must be at least 1, got ",
           options.updates_per_iteration);
   require(iteration >= 0, "iteration must be non-negative, got ", iteration);
+  if constexpr (!ReferencePolicy<Model, B>)
+    require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta,
+            " needs a policy with a reference model (reference_velocity); this policy has none");
   const auto start = detail::training_clock::now();
   iteration_stats stats{.iteration = iteration};
 
@@ -194,7 +228,7 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   // gradient accumulated, then one optimizer step. The loss is the mean over all trained edges.
   const double per_edge = 1.0 / static_cast<double>(trained.size());
   const auto groups = std::min<std::int64_t>(options.updates_per_iteration, stats.edges_trained);
-  double loss_sum = 0;
+  double loss_sum = 0, kl_sum = 0;
   std::int64_t clipped = 0;
   for (std::int64_t group = 0; group < groups; ++group) {
     const auto group_begin = static_cast<std::size_t>(group * stats.edges_trained / groups);
@@ -248,12 +282,18 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
       };
       policy.accumulate(edges, loss_gradient_fn(gradient));
       stats.update_evaluations += static_cast<std::int64_t>(chunk.size());
+      if constexpr (ReferencePolicy<Model, B>)
+        if (options.loss.kl_beta > 0.0) {
+          for (const double kl : accumulate_kl(backend, policy, edges, options.loss.kl_beta * per_edge)) kl_sum += kl;
+          stats.update_evaluations += static_cast<std::int64_t>(chunk.size());
+        }
       begin = end;
     }
     policy.apply_update();
   }
   stats.loss = loss_sum * per_edge;
   stats.clip_fraction = static_cast<double>(clipped) * per_edge;
+  stats.kl = kl_sum * per_edge;
   stats.update_seconds = detail::seconds_since(update_start);
   stats.seconds = detail::seconds_since(start);
   return stats;

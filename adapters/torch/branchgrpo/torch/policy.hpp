@@ -10,21 +10,15 @@
 //               logp_r = backend.row_log_prob_tensor(next, mean, std)   (the rollout's function, float64)
 //               w = grad_fn(logp)                                       (the trainer's PPO weights)
 //               grad += d/dtheta sum_r w_r logp_r                       (backward; accumulates over batches)
-//             apply_update(): optional KL term, grad-norm clipping, AdamW step, zero grads, EMA.
+//             apply_update(): grad-norm clipping, AdamW step, zero grads, EMA.
+//   reference reference_velocity(x, batch): the frozen base (adapters off, no gradient) for models with
+//             set_adapters_enabled (LoRA): the policy is then a ReferencePolicy, and train_iteration applies the
+//             loss's KL term (ppo_options::kl_beta) through accumulate, as for every other policy.
 //
 // The update recomputes log-probs with the same two backend functions the rollout used, so an edge's
 // log-prob before the first optimizer step equals the rollout's bit for bit when the model is batch-invariant
 // (iteration_stats::first_update_log_prob_gap == 0); the trainer uses the recomputed value as the old
 // log-prob of the first update anyway, so that update's ratio is exactly 1 in every case.
-//
-// KL to the frozen base (kl_beta > 0; the model must have set_adapters_enabled(bool), e.g. LoRA): per row
-//   KL_r = mean over elements of (mean - mean_ref)^2 / (2 std_r^2)
-// (the KL between the two Gaussians of the edge, per element), mean_ref computed with the adapters disabled
-// under NoGradGuard. The loss of one optimizer step is the trainer's PPO loss plus kl_beta times the mean of
-// KL_r over the rows accumulated since the last step. That mean needs the row count, known only at
-// apply_update, so the KL gradient is kept in its own buffer (one extra backward per batch, only when
-// kl_beta > 0) and added as kl_beta / rows * buffer before clipping. With updates_per_iteration = 1 this is
-// exactly mean-PPO + kl_beta * mean-KL over the iteration's trained edges.
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -59,10 +53,9 @@ concept AdapterSwitch = requires(M& m, bool enabled) {
 };
 
 /// The autograd policy's hyperparameters. Defaults: optimizer_options' (AdamW lr 1e-5, weight decay 1e-4,
-/// DanceGRPO's FLUX recipe; gradient-norm clip 1.0; no EMA), no KL (BranchGRPO has none; Flow-GRPO uses 0.01 - 0.04).
+/// DanceGRPO's FLUX recipe; gradient-norm clip 1.0; no EMA). The KL weight is the loss's (ppo_options::kl_beta).
 struct autograd_policy_options {
   optimizer_options optimizer = {};  ///< AdamW, gradient clipping and EMA; a config's [optimizer]
-  double kl_beta = 0.0;              ///< weight of the KL to the frozen base; needs AdapterSwitch
   bool bf16_autocast = false;        ///< CUDA only: matmuls and attention in bfloat16 (no-op on CPU)
 
   friend bool operator==(const autograd_policy_options&, const autograd_policy_options&) = default;
@@ -72,17 +65,16 @@ struct autograd_policy_options {
 struct policy_update_report {
   std::int64_t rows = 0;  ///< edges accumulated since the previous update (0: no step was taken)
   double grad_norm = 0;   ///< global gradient norm before clipping (PPO + KL)
-  double kl = 0;          ///< mean KL_r over those rows (0 when kl_beta == 0)
   int steps = 0;          ///< optimizer steps taken so far
 };
 
-/// A TorchVelocityModel as Policy<torch_backend> (and Denoiser<torch_backend>).
+/// A TorchVelocityModel as Policy<torch_backend> (and Denoiser<torch_backend>); with AdapterSwitch also
+/// ReferencePolicy<torch_backend>.
 /// Example: a model whose adapters start as zero (LoRA B = 0) -> before any update, accumulate returns the
-///   rollout's log-probs exactly and the KL is 0; after apply_update with a non-zero PPO weight, only
-///   trainable_parameters() changed, and the KL is positive.
+///   rollout's log-probs exactly and reference_velocity equals the velocity (KL 0); after apply_update with a
+///   non-zero PPO weight, only trainable_parameters() changed, and the KL is positive.
 /// @pre `model` outlives the policy; its trainable_parameters() are leaf tensors with requires_grad and stay
-///      the same tensors; options valid (optimizer obeys its rules, kl_beta >= 0 and needs AdapterSwitch when
-///      > 0), else invalid_input.
+///      the same tensors; options valid (the optimizer obeys its rules), else invalid_input.
 /// @post apply_update throws invalid_input (and zeroes the gradient, taking no step) when the gradient norm
 ///       is not finite: a NaN never reaches the weights silently.
 template <TorchVelocityModel Model>
@@ -91,11 +83,6 @@ class autograd_policy {
   autograd_policy(Model& model, torch_backend backend, autograd_policy_options options = {})
       : model_(&model), backend_(backend), options_(options), parameters_(model.trainable_parameters()) {
     validate_parameters(options.optimizer, "optimizer");
-    require(std::isfinite(options.kl_beta) && options.kl_beta >= 0, "KL beta must be non-negative, got ",
-            options.kl_beta);
-    if constexpr (!AdapterSwitch<Model>)
-      require(options.kl_beta == 0, "KL beta ", options.kl_beta,
-              " needs a model with set_adapters_enabled (the frozen base is the reference)");
     require(!parameters_.empty(), "the model has no trainable parameters");
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       require(parameters_[i].defined() && parameters_[i].is_leaf() && parameters_[i].requires_grad(),
@@ -112,8 +99,18 @@ class autograd_policy {
     return model_->velocity(x, batch);
   }
 
+  /// The frozen base's velocity (adapters off), without autograd: the reference of the loss's KL term.
+  torch::Tensor reference_velocity(const torch::Tensor& x, const denoise_batch& batch)
+    requires AdapterSwitch<Model>
+  {
+    torch::NoGradGuard no_grad;
+    const autocast_guard autocast(options_.bf16_autocast, backend_.device);
+    adapters_off off(*model_);
+    return model_->velocity(x, batch);
+  }
+
   /// Log-probs of the batch's rows under the current parameters; adds d/dtheta sum_r w_r logp_r (w from
-  /// `gradient`) to the parameters' gradients, and the KL gradient to its buffer when kl_beta > 0.
+  /// `gradient`) to the parameters' gradients.
   std::vector<double> accumulate(const edge_batch<torch::Tensor>& edges, const loss_gradient_fn& gradient) {
     const std::int64_t rows = backend_.rows(edges.x);
     require(backend_.rows(edges.next) == rows && static_cast<std::int64_t>(edges.std.size()) == rows &&
@@ -143,41 +140,21 @@ class autograd_policy {
 
     const torch::Tensor w =
         torch::tensor(weights, torch::TensorOptions().dtype(torch::kFloat64)).to(log_probs.device());
-    const torch::Tensor objective = (w * log_probs).sum();
-    const bool with_kl = AdapterSwitch<Model> && options_.kl_beta > 0;
-    objective.backward({}, /*retain_graph=*/with_kl);
-    if constexpr (AdapterSwitch<Model>)
-      if (with_kl) accumulate_kl(edges, batch, mean);
+    (w * log_probs).sum().backward();
     rows_ += rows;
     return values;
   }
 
-  /// One optimizer step on the accumulated gradient (plus kl_beta times the mean KL gradient), after
-  /// clipping to max_grad_norm; then zeroes the gradient and updates the EMA. No step when nothing was
-  /// accumulated.
+  /// One optimizer step on the accumulated gradient, after clipping to max_grad_norm; then zeroes the gradient
+  /// and updates the EMA. No step when nothing was accumulated.
   policy_update_report apply_update() {
-    policy_update_report report{.rows = rows_, .grad_norm = 0, .kl = 0, .steps = steps_};
+    policy_update_report report{.rows = rows_, .grad_norm = 0, .steps = steps_};
     if (rows_ == 0) return report;
-    if (!kl_gradient_.empty()) {
-      const double scale = options_.kl_beta / static_cast<double>(rows_);
-      torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < parameters_.size(); ++i) {
-        if (!kl_gradient_[i].defined()) continue;
-        torch::Tensor& grad = parameters_[i].mutable_grad();
-        if (grad.defined())
-          grad.add_(kl_gradient_[i] * scale);
-        else
-          grad = kl_gradient_[i] * scale;
-      }
-      report.kl = kl_sum_ / static_cast<double>(rows_);
-    }
     report.grad_norm = clip_gradient_norm(parameters_, options_.optimizer.max_grad_norm);
     const bool finite = std::isfinite(report.grad_norm);
     if (finite) optimizer_->step();
     optimizer_->zero_grad();
     rows_ = 0;
-    kl_sum_ = 0;
-    kl_gradient_.clear();
     require(finite, "gradient norm is ", report.grad_norm, " after ", report.rows,
             " rows; the update was skipped (a non-finite loss weight or model output?)");
     if (options_.optimizer.ema_decay > 0) ema_.update(parameters_);
@@ -186,21 +163,19 @@ class autograd_policy {
     return report;
   }
 
-  /// Mean KL_r of the edges under the current parameters (no gradient, nothing accumulated); 0 without
-  /// adapters to switch off.
-  double kl_divergence(const edge_batch<torch::Tensor>& edges) {
-    if constexpr (AdapterSwitch<Model>) {
-      torch::NoGradGuard no_grad;
-      const denoise_batch batch{
-          .step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
-      const autocast_guard autocast(options_.bf16_autocast, backend_.device);
-      const torch::Tensor mean =
-          backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, model_->velocity(edges.x, batch));
-      const torch::Tensor kl = kl_rows(edges, batch, mean);
-      return kl.mean().item<double>();
-    } else {
-      return 0.0;
-    }
+  /// Mean KL_r of the edges to the frozen base under the current parameters (kl_flow per row; no gradient,
+  /// nothing accumulated).
+  double kl_divergence(const edge_batch<torch::Tensor>& edges)
+    requires AdapterSwitch<Model>
+  {
+    torch::NoGradGuard no_grad;
+    const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
+    const torch::Tensor mean = backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, (*this)(edges.x, batch));
+    const torch::Tensor reference =
+        backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, reference_velocity(edges.x, batch));
+    const torch::Tensor std = torch::tensor(edges.std, torch::TensorOptions().dtype(torch::kFloat64)).to(mean.device());
+    const torch::Tensor squares = (mean.to(torch::kFloat64) - reference.to(torch::kFloat64)).square().flatten(1);
+    return (squares.mean(1) / (2.0 * std.square())).mean().item<double>();
   }
 
   /// Exchanges the trainable weights with their EMA (evaluate, then call again to restore).
@@ -219,37 +194,6 @@ class autograd_policy {
   [[nodiscard]] Model& model() { return *model_; }
 
  private:
-  // Per row: mean over elements of (mean - mean_ref)^2 / (2 std_r^2), mean_ref from the frozen base.
-  torch::Tensor kl_rows(const edge_batch<torch::Tensor>& edges, const denoise_batch& batch, const torch::Tensor& mean) {
-    torch::Tensor reference;
-    {
-      torch::NoGradGuard no_grad;
-      adapters_off off(*model_);
-      reference =
-          backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, model_->velocity(edges.x, batch));
-    }
-    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(mean.device());
-    const torch::Tensor std = torch::tensor(edges.std, torch::TensorOptions().dtype(torch::kFloat64)).to(f64);
-    const torch::Tensor squares = (mean.to(torch::kFloat64) - reference.to(torch::kFloat64)).square().flatten(1);
-    return squares.mean(1) / (2.0 * std.square());
-  }
-
-  void accumulate_kl(const edge_batch<torch::Tensor>& edges, const denoise_batch& batch, const torch::Tensor& mean) {
-    const torch::Tensor kl = kl_rows(edges, batch, mean);
-    kl_sum_ += kl.detach().sum().item<double>();
-    const std::vector<torch::Tensor> grads = torch::autograd::grad({kl.sum()}, parameters_, {},
-                                                                   /*retain_graph=*/false, /*create_graph=*/false,
-                                                                   /*allow_unused=*/true);
-    if (kl_gradient_.empty()) kl_gradient_.resize(parameters_.size());
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      if (kl_gradient_[i].defined())
-        kl_gradient_[i].add_(grads[i]);
-      else
-        kl_gradient_[i] = grads[i].clone();
-    }
-  }
-
   // Switches the model's adapters off for a scope, back on at its end (also when the model throws).
   struct adapters_off {
     Model& model;
@@ -265,8 +209,6 @@ class autograd_policy {
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   ema_weights ema_;
-  std::vector<torch::Tensor> kl_gradient_;
-  double kl_sum_ = 0;
   std::int64_t rows_ = 0;
   int steps_ = 0;
   policy_update_report last_update_;

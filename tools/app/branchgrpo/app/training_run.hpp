@@ -306,7 +306,7 @@ class training_run {
     policy_ = std::make_unique<autograd_policy<flux_denoiser>>(
         *denoiser_, backend_,
         autograd_policy_options{
-            .optimizer = config_.optimizer, .kl_beta = config_.loss.kl_beta, .bf16_autocast = false});
+            .optimizer = config_.optimizer, .bf16_autocast = false});
   }
   training_run(const training_run&) = delete;
   training_run& operator=(const training_run&) = delete;
