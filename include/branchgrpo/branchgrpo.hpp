@@ -16,6 +16,7 @@
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/topology.hpp"
 #include "branchgrpo/training/concepts.hpp"
+#include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/optimizer_options.hpp"
 #include "branchgrpo/training/trainer.hpp"

@@ -11,6 +11,9 @@
 //                        log-prob = mean over elements of log N(next; mean, (std f)^2)
 //                      Denoiser calls per step: ceil(frontier rows / max_batch); results do not depend on it.
 //   latent_of, leaf_latents  read a node's latent / the leaves' latents (tree.leaves() order) back.
+//   sample_ode         (rollout/ode_sampler.hpp)  keyed deterministic Euler ODE samples without a tree (held-out
+//                      evaluation, grids).
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/engine.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/rollout/ode_sampler.hpp"

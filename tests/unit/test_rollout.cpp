@@ -559,3 +559,53 @@ TEST_CASE("every correlator's split children are drawn with the std their edges 
     });
   }
 }
+
+TEST_CASE("sample_ode: keyed roots, Euler steps, chunks of max_batch rows", "[rollout][ode]") {
+  host_backend backend;
+  const sigma_schedule schedule = shifted_linear_schedule(20);
+  const latent_shape shape{{2}};
+  const auto key = [](std::int64_t r) {
+    return noise_key{.seed = 5,
+                     .iteration = 0,
+                     .tree = 9,
+                     .node = static_cast<std::uint32_t>(r),
+                     .step = 0,
+                     .stream = noise_stream::auxiliary};
+  };
+  const std::vector<std::int64_t> prompts = {0, 1, 2};
+
+  // The doc example: v = 0 leaves every row at its keyed root; 3 rows in chunks of 2.
+  zero_velocity still;
+  const auto roots = sample_ode(backend, still, schedule, shape, prompts, key, 2);
+  REQUIRE(roots.size() == 2);
+  CHECK(roots[0].rows == 2);
+  CHECK(roots[1].rows == 1);
+  for (std::int64_t r = 0; r < 3; ++r) {
+    std::vector<double> expected(2);
+    fill_keyed_normal(key(r), expected);
+    const host_tensor& chunk = roots[static_cast<std::size_t>(r / 2)];
+    const auto at = static_cast<std::ptrdiff_t>((r % 2) * 2);
+    CHECK(std::vector<double>(chunk.values.begin() + at, chunk.values.begin() + at + 2) == expected);
+  }
+
+  // Euler steps by hand on the Gaussian oracle, and the same numbers for any max_batch.
+  gaussian_denoiser denoiser{.data_std = 0.5};
+  const auto one = sample_ode(backend, denoiser, schedule, shape, prompts, key, 1);
+  const auto all = sample_ode(backend, denoiser, schedule, shape, prompts, key, 64);
+  REQUIRE(all.size() == 1);
+  for (std::size_t r = 0; r < 3; ++r) {
+    std::vector<double> x(2);
+    fill_keyed_normal(key(static_cast<std::int64_t>(r)), x);
+    for (int s = 0; s < schedule.steps(); ++s)
+      for (double& value : x)
+        value = value + (schedule.sigma(s + 1) - schedule.sigma(s)) *
+                            gaussian_denoiser::velocity(value, schedule.sigma(s), static_cast<double>(prompts[r]), 0.5);
+    CHECK(one[r].values == x);
+    CHECK(std::vector<double>(all[0].values.begin() + static_cast<std::ptrdiff_t>(2 * r),
+                              all[0].values.begin() + static_cast<std::ptrdiff_t>(2 * r + 2)) == x);
+  }
+  CHECK_THROWS_WITH(sample_ode(backend, denoiser, schedule, shape, std::vector<std::int64_t>{}, key, 1),
+                    "sample_ode needs at least one row");
+  CHECK_THROWS_WITH(sample_ode(backend, denoiser, schedule, shape, prompts, key, 0),
+                    "max_batch must be at least 1, got 0");
+}

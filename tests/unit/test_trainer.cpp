@@ -280,3 +280,46 @@ TEST_CASE("the KL term keeps the toy policy near its reference", "[trainer][kl]"
   CHECK(free > 0.0);
   CHECK(held < 0.6 * free);  // measured 8.16 -> 3.64
 }
+
+TEST_CASE("prompt_schedule and train_loop", "[trainer][loop]") {
+  const prompt_schedule twelve{.prompt_count = 12, .per_iteration = 2};
+  CHECK(twelve(0) == std::vector<std::int64_t>{0, 1});
+  CHECK(twelve(7) == std::vector<std::int64_t>{2, 3});  // (7 * 2) mod 12
+  CHECK(prompt_schedule{.prompt_count = 3, .per_iteration = 5}(1) == std::vector<std::int64_t>{2, 0, 1, 2, 0});
+  CHECK_THROWS_WITH(prompt_schedule{.prompt_count = 0}(0), "prompt_schedule prompt_count must be at least 1, got 0");
+  CHECK_THROWS_WITH(twelve(-1), "prompt_schedule iteration must be non-negative, got -1");
+
+  // The doc example: prompts {0, 1}, {2, 3}, {4, 5}, a hook per iteration; the same as calling train_iteration.
+  const auto run = [](int first, auto hook) {
+    auto policy = make_toy_policy(7);
+    mode_reward<> reward;
+    host_backend backend;
+    auto recipe = branch_method();
+    const int iterations = train_loop(backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(),
+                                      prompt_schedule{.prompt_count = 8, .per_iteration = 2},
+                                      training_options{.seed = 3, .total_iterations = 3}, first, hook);
+    return std::pair{iterations, std::vector<double>(policy.parameters().begin(), policy.parameters().end())};
+  };
+  std::vector<int> seen;
+  const auto [count, looped] = run(0, [&](int i, const iteration_stats& stats) {
+    seen.push_back(i);
+    CHECK(stats.iteration == i);
+  });
+  CHECK(count == 3);
+  CHECK(seen == std::vector<int>{0, 1, 2});
+  {
+    auto policy = make_toy_policy(7);
+    mode_reward<> reward;
+    host_backend backend;
+    auto recipe = branch_method();
+    for (int i = 0; i < 3; ++i)
+      train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(),
+                      std::vector<std::int64_t>{2 * i, 2 * i + 1}, i,
+                      training_options{.seed = 3, .total_iterations = 3});
+    CHECK(std::vector<double>(policy.parameters().begin(), policy.parameters().end()) == looped);
+  }
+  // A hook returning false stops the loop; first_iteration resumes.
+  CHECK(run(0, [](int i, const iteration_stats&) { return i < 1; }).first == 2);
+  CHECK(run(2, [](int, const iteration_stats&) {}).first == 1);
+  CHECK_THROWS_WITH(run(4, [](int, const iteration_stats&) {}), "first iteration 4 is not in [0, 3]");
+}

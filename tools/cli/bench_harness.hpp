@@ -5,7 +5,7 @@
 //
 //   run_harness<B>(options, make_model, reward, shape, prompt_count, hook)
 //     make_model(v)   a fresh Policy<B> for variant v (a copy of the toy; a FLUX transformer + LoRA + policy)
-//     prompt rows     iteration i, tree t: (i P + t) mod prompt_count, the same for every variant
+//     prompt rows     the core's prompt_schedule: iteration i, tree t: (i P + t) mod prompt_count, every variant
 //     hook(run, b)    called before (b = true) and after (b = false) every training iteration of a variant
 //   summarize(run, dance_seconds) -> variant_summary;  variant_json / print_table: the reports.
 //
@@ -36,6 +36,7 @@
 #include "branchgrpo/rollout/engine.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/training/concepts.hpp"
+#include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
@@ -219,9 +220,7 @@ requires Policy<std::invoke_result_t<MakeModel&, std::size_t>, B> std::vector<va
     std::int64_t prompt_count, Hook hook = {}) {
   using Model = std::invoke_result_t<MakeModel&, std::size_t>;
   const sigma_schedule schedule = shifted_linear_schedule(options.steps);
-  const auto prompt_of = [&](int iteration, int tree) {
-    return (static_cast<std::int64_t>(iteration) * options.prompts + tree) % prompt_count;
-  };
+  const prompt_schedule prompt_rows{.prompt_count = prompt_count, .per_iteration = options.prompts};
   std::vector<variant_run> runs;
   std::vector<Model> policies;
   for (const std::string& name : bench_variants(options)) {
@@ -229,11 +228,10 @@ requires Policy<std::invoke_result_t<MakeModel&, std::size_t>, B> std::vector<va
     runs.back().name = name;
     policies.push_back(make_model(policies.size()));
   }
-  std::vector<std::int64_t> prompts(static_cast<std::size_t>(options.prompts));
   const int rounds = options.warmup + options.iters;
   for (int i = 0; i < rounds; ++i) {
-    // Every variant sees the same prompts; iteration i uses rows (i P + t) mod N, as `branchgrpo train` does.
-    for (int t = 0; t < options.prompts; ++t) prompts[static_cast<std::size_t>(t)] = prompt_of(i, t);
+    // Every variant sees the same prompts: the core's schedule, as `branchgrpo train` uses it.
+    const std::vector<std::int64_t> prompts = prompt_rows(i);
     for (std::size_t v = 0; v < runs.size(); ++v) {
       variant_run& run = runs[v];
       with_method(run.name, [&](auto recipe) {
@@ -275,9 +273,11 @@ requires Policy<std::invoke_result_t<MakeModel&, std::size_t>, B> std::vector<va
     variant_run& run = runs[v];
     with_method(run.name, [&](auto recipe) {
       const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(options.steps), 0);
+      const std::vector<std::int64_t> first_prompts = prompt_rows(0);
       std::vector<tree_info> infos(static_cast<std::size_t>(options.prompts));
       for (int t = 0; t < options.prompts; ++t)
-        infos[static_cast<std::size_t>(t)] = {.key = static_cast<std::uint32_t>(t), .prompt = prompt_of(0, t)};
+        infos[static_cast<std::size_t>(t)] = {.key = static_cast<std::uint32_t>(t),
+                                              .prompt = first_prompts[static_cast<std::size_t>(t)]};
       const rollout_tree tree(plan, std::move(infos));
       std::vector<double> batched, unbatched;
       for (int r = 0; r < options.batching_repeats; ++r)

@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -23,10 +21,14 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/rollout/ode_sampler.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/toy.hpp"
+#include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
+#include "cli/commands.hpp"
 #include "cli/plot.hpp"
 #include "cli/png.hpp"
 #include "cli/progress_bar.hpp"
@@ -67,34 +69,35 @@ struct evaluation {
   std::vector<sample> samples;
 };
 
-// Deterministic Euler ODE from sigma 1 to 0 over the training schedule, for eval_modes x eval_samples_per_mode
-// keyed N(0, I) roots; sample i has prompt i mod eval_modes.
+// The core's keyed Euler ODE sampler (sample_ode) from sigma 1 to 0 over the training schedule, for
+// eval_modes x eval_samples_per_mode keyed N(0, I) roots; sample i has prompt i mod eval_modes.
 evaluation evaluate(fourier_policy<host_backend>& policy, const sigma_schedule& schedule, std::uint64_t seed) {
   const mode_reward<> reward;
   evaluation out;
   double sum = 0;
   int hits = 0;
   const int count = eval_modes * eval_samples_per_mode;
+  std::vector<std::int64_t> prompts(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) prompts[static_cast<std::size_t>(i)] = i % eval_modes;
+  host_backend backend;
+  const auto root_key = [seed](std::int64_t i) {
+    return noise_key{.seed = seed,
+                     .iteration = 0,
+                     .tree = eval_tree_key,
+                     .node = static_cast<std::uint32_t>(i),
+                     .step = 0,
+                     .stream = noise_stream::auxiliary};
+  };
+  const std::vector<double> samples =
+      backend.to_host(sample_ode(backend, policy, schedule, toy_latent_shape(), prompts, root_key, count).front());
   for (int i = 0; i < count; ++i) {
-    std::array<double, 2> x{};
-    fill_keyed_normal({.seed = seed,
-                       .iteration = 0,
-                       .tree = eval_tree_key,
-                       .node = static_cast<std::uint32_t>(i),
-                       .step = 0,
-                       .stream = noise_stream::auxiliary},
-                      x);
-    const std::int64_t prompt = i % eval_modes;
-    for (int s = 0; s < schedule.steps(); ++s) {
-      const auto v = policy.velocity(x, schedule.sigma(s), prompt);
-      const double d = schedule.sigma(s + 1) - schedule.sigma(s);
-      x = {x[0] + d * v[0], x[1] + d * v[1]};
-    }
-    const double r = reward.score(x[0], x[1], prompt);
+    const double x = samples[2 * static_cast<std::size_t>(i)], y = samples[2 * static_cast<std::size_t>(i) + 1];
+    const std::int64_t prompt = prompts[static_cast<std::size_t>(i)];
+    const double r = reward.score(x, y, prompt);
     sum += r;
     const auto m = reward.ring.mode(prompt);
-    if (std::hypot(x[0] - m[0], x[1] - m[1]) <= reward.width) ++hits;
-    out.samples.push_back({x[0], x[1], prompt});
+    if (std::hypot(x - m[0], y - m[1]) <= reward.width) ++hits;
+    out.samples.push_back({x, y, prompt});
   }
   out.reward = sum / count;
   out.hit_rate = static_cast<double>(hits) / count;
@@ -177,38 +180,36 @@ method_run train_method(const std::string& name, const fourier_policy<host_backe
   with_method(name, [&](auto recipe) {
     toy_reward reward{.score = {}, .nan_leaf_every = options.nan_leaf_every, .iteration = 0};
     host_backend backend;
-    std::vector<std::int64_t> prompts(static_cast<std::size_t>(options.prompts));
     double total_seconds = 0;
-    for (int i = 0; i < options.iters; ++i) {
-      // Prompts cycle through the 8 modes across iterations: every mode is trained equally often.
-      for (int t = 0; t < options.prompts; ++t)
-        prompts[static_cast<std::size_t>(t)] = (static_cast<std::int64_t>(i) * options.prompts + t) % eval_modes;
-      reward.iteration = i;
-      const iteration_stats stats =
-          train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
-                          training_options{.max_batch = options.max_batch,
-                                           .seed = options.seed,
-                                           .updates_per_iteration = 1,
-                                           .total_iterations = options.iters,
-                                           .loss = {}});
-      total_seconds += stats.seconds;
-      run.stats.push_back(stats);
-      if (stats.trees_dropped > 0) {
-        run.trees_dropped += stats.trees_dropped;
-        bar.clear();
-        std::cerr << "warning: iteration " << i << (options.compare ? " (" + name + ")" : std::string()) << ": dropped "
-                  << plural(stats.trees_dropped, "tree") << " with a non-finite reward\n";
-      }
-      if (stream) {
-        bar.clear();
-        if (options.json)
-          std::cout << iteration_json(name, stats).dump() << '\n' << std::flush;
-        else
-          print_iteration_row(std::cout, stats);
-      }
-      bar.update(done_before + i + 1, bar_prefix + std::to_string(i + 1) + "/" + std::to_string(options.iters),
-                 stats.reward_mean, total_seconds / (i + 1));
-    }
+    // Prompts cycle through the 8 modes across iterations: every mode is trained equally often.
+    const prompt_schedule prompts{.prompt_count = eval_modes, .per_iteration = options.prompts};
+    const training_options training{.max_batch = options.max_batch,
+                                    .seed = options.seed,
+                                    .updates_per_iteration = 1,
+                                    .total_iterations = options.iters,
+                                    .loss = {}};
+    train_loop(backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, training, 0,
+               [&](int i, const iteration_stats& stats) {
+                 reward.iteration = i + 1;
+                 total_seconds += stats.seconds;
+                 run.stats.push_back(stats);
+                 if (stats.trees_dropped > 0) {
+                   run.trees_dropped += stats.trees_dropped;
+                   bar.clear();
+                   std::cerr << "warning: iteration " << i << (options.compare ? " (" + name + ")" : std::string())
+                             << ": dropped " << plural(stats.trees_dropped, "tree") << " with a non-finite reward\n";
+                 }
+                 if (stream) {
+                   bar.clear();
+                   if (options.json)
+                     std::cout << iteration_json(name, stats).dump() << '\n' << std::flush;
+                   else
+                     print_iteration_row(std::cout, stats);
+                 }
+                 bar.update(done_before + i + 1,
+                            bar_prefix + std::to_string(i + 1) + "/" + std::to_string(options.iters), stats.reward_mean,
+                            total_seconds / (i + 1));
+               });
   });
   run.trained = evaluate(policy, schedule, options.seed);
   return run;

@@ -39,6 +39,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/rollout/ode_sampler.hpp"
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/checkpoint.hpp"
 #include "branchgrpo/torch/compat.hpp"
@@ -50,6 +51,7 @@
 #include "branchgrpo/torch/policy.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
+#include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
 namespace branchgrpo {
@@ -304,9 +306,7 @@ class training_run {
         prompt_embeddings{.context = model_.embeddings.context.to(like), .pooled = model_.embeddings.pooled.to(like)},
         flux_denoiser_options{.guidance = config_.model.guidance});
     policy_ = std::make_unique<autograd_policy<flux_denoiser>>(
-        *denoiser_, backend_,
-        autograd_policy_options{
-            .optimizer = config_.optimizer, .bf16_autocast = false});
+        *denoiser_, backend_, autograd_policy_options{.optimizer = config_.optimizer, .bf16_autocast = false});
   }
   training_run(const training_run&) = delete;
   training_run& operator=(const training_run&) = delete;
@@ -317,11 +317,8 @@ class training_run {
 
   /// The prompt rows of iteration `i`: (i P + t) mod N for t < P.
   [[nodiscard]] std::vector<std::int64_t> prompts_of(int i) const {
-    const auto n = static_cast<std::int64_t>(model_.prompts.size());
-    const std::int64_t p = config_.data.prompts_per_iteration;
-    std::vector<std::int64_t> out;
-    for (std::int64_t t = 0; t < p; ++t) out.push_back((static_cast<std::int64_t>(i) * p + t) % n);
-    return out;
+    return prompt_schedule{.prompt_count = static_cast<std::int64_t>(model_.prompts.size()),
+                           .per_iteration = config_.data.prompts_per_iteration}(i);
   }
 
   /// Runs the next iteration. With `keep_images`, last_images() holds its leaves' images afterwards.
@@ -343,35 +340,24 @@ class training_run {
   [[nodiscard]] const torch::Tensor& last_images() const { return last_images_; }
   [[nodiscard]] const std::vector<std::int64_t>& last_prompts() const { return last_prompts_; }
 
-  /// Deterministic Euler ODE samples under the current weights: row r starts at the keyed normals
+  /// Deterministic Euler ODE samples under the current weights (the core's sample_ode): row r starts at the keyed
+  /// normals
   /// {seed, iteration 0, tree heldout_tree_key + first + r, node 0, step 0, root_latent}. Returns images
   /// [rows, 3, H, W] in [-1, 1] on the CPU (float32).
   torch::Tensor sample(std::span<const std::int64_t> prompts, std::uint64_t seed, std::uint32_t first = 0) {
     torch::NoGradGuard no_grad;
-    const auto rows = static_cast<std::int64_t>(prompts.size());
-    const std::int64_t elements = model_.shape.elements();
+    const auto root_key = [&](std::int64_t r) {
+      return noise_key{.seed = seed,
+                       .iteration = 0,
+                       .tree = heldout_tree_key + first + static_cast<std::uint32_t>(r),
+                       .node = 0,
+                       .step = 0,
+                       .stream = noise_stream::root_latent};
+    };
     std::vector<torch::Tensor> images;
-    for (std::int64_t begin = 0; begin < rows; begin += config_.rollout.max_batch) {
-      const std::int64_t count = std::min(config_.rollout.max_batch, rows - begin);
-      std::vector<double> noise(static_cast<std::size_t>(count * elements));
-      for (std::int64_t r = 0; r < count; ++r)
-        fill_keyed_normal({.seed = seed,
-                           .iteration = 0,
-                           .tree = heldout_tree_key + first + static_cast<std::uint32_t>(begin + r),
-                           .node = 0,
-                           .step = 0,
-                           .stream = noise_stream::root_latent},
-                          std::span<double>(noise).subspan(static_cast<std::size_t>(r * elements),
-                                                           static_cast<std::size_t>(elements)));
-      torch::Tensor x = backend_.from_host(noise, count, model_.shape);
-      const std::vector<std::int64_t> chunk(prompts.begin() + begin, prompts.begin() + begin + count);
-      for (int s = 0; s < schedule_.steps(); ++s) {
-        const denoise_batch batch{.step = s, .sigma = schedule_.sigma(s), .trees = {}, .prompts = chunk};
-        const torch::Tensor v = (*denoiser_)(x, batch);
-        x = backend_.affine(1.0, x, schedule_.sigma(s + 1) - schedule_.sigma(s), v);
-      }
+    for (const torch::Tensor& x :
+         sample_ode(backend_, *denoiser_, schedule_, model_.shape, prompts, root_key, config_.rollout.max_batch))
       images.push_back(decode(x));
-    }
     return torch::cat(images, 0);
   }
 
