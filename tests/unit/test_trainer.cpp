@@ -323,3 +323,47 @@ TEST_CASE("prompt_schedule and train_loop", "[trainer][loop]") {
   CHECK(run(2, [](int, const iteration_stats&) {}).first == 1);
   CHECK_THROWS_WITH(run(4, [](int, const iteration_stats&) {}), "first iteration 4 is not in [0, 3]");
 }
+
+TEST_CASE("the iteration's stages, each on its own", "[trainer][stages]") {
+  // keep_finite_trees: the doc example.
+  const rollout_tree two(split_schedule{.split_steps = {0}, .branching = {2}}(1),
+                         {{.key = 0, .prompt = 0}, {.key = 1, .prompt = 1}});
+  const scored_leaves kept = keep_finite_trees(two, {0.1, 0.5, std::nan(""), 0.3});
+  CHECK(kept.kept_trees == std::vector<std::int32_t>{0});
+  CHECK(kept.kept_scores == std::vector<double>{0.1, 0.5});
+  CHECK(kept.mean == Approx(0.3));
+  CHECK(kept.std == Approx(0.2));
+  CHECK(kept.min == 0.1);
+  CHECK(kept.max == 0.5);
+  CHECK(std::isnan(keep_finite_trees(two, {std::nan(""), 0.5, 0.2, -INFINITY}).mean));
+  CHECK_THROWS_WITH(keep_finite_trees(two, {0.1}), "reward returned 1 scores for 4 leaves");
+
+  // assign_credit on one dense tree: every edge trains, by step; Parent-Top1 drops the worse child of each of the
+  // 8 last-split parents with its chain: 8 * (1 split edge + 10 chain edges) = 88 of the 218 edges.
+  const rollout_tree dense(split_schedule::dense()(20), {{.key = 0, .prompt = 0}});
+  std::vector<double> scores(16);
+  for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = 0.1 * static_cast<double>(i % 5);
+  const scored_leaves all = keep_finite_trees(dense, scores);
+  auto branch = branch_method();
+  const edge_credit credit = assign_credit(branch, dense, all, 0, 1);
+  CHECK(credit.trained.size() == 218);
+  for (std::size_t i = 1; i < credit.trained.size(); ++i)
+    CHECK(dense.step(credit.trained[i - 1]) <= dense.step(credit.trained[i]));
+  CHECK(credit.fused == uniform_mean{}(dense, scores));
+  auto widpru = branch_method(parent_top_k{.k = 1});
+  CHECK(assign_credit(widpru, dense, all, 0, 1).trained.size() == 218 - 88);
+
+  // update_policy: 2 groups over the 218 edges, one evaluation per edge, the first group's ratio exactly 1.
+  host_backend backend;
+  auto policy = make_toy_policy(7);
+  const auto schedule = shifted_linear_schedule(20);
+  const auto result =
+      rollout(backend, policy, dance_sde{}, correlated{}, schedule, dense, toy_latent_shape(), {.seed = 4});
+  const edge_credit toy_credit = assign_credit(branch, result.tree, all, 0, 1);
+  const update_report update = update_policy(backend, policy, result, toy_credit, dance_sde{}, schedule,
+                                             training_options{.max_batch = 64, .updates_per_iteration = 2});
+  CHECK(update.evaluations == 218);
+  CHECK(update.first_update_log_prob_gap == 0.0);
+  CHECK(policy.optimizer_state().steps == 2);
+  CHECK(update.kl == 0.0);
+}

@@ -1,8 +1,11 @@
 #pragma once
-// The generic BranchGRPO training iteration:
-//   frontier-batched rollout -> leaf rewards -> fusion -> normalization -> pruning
-//   -> policy update over the kept edges, batched by step, gradients accumulated over the iteration and
-//      applied in `updates_per_iteration` optimizer steps.
+// The generic BranchGRPO training iteration, as public stages that train_iteration composes:
+//   1. rollout          frontier-batched sampling of one tree per prompt (rollout/engine.hpp)
+//   2. score_leaves     leaf rewards; keep_finite_trees drops a tree with a non-finite leaf reward
+//   3. assign_credit    fusion -> normalization -> pruning -> the trained edges and their advantages
+//   4. update_policy    PPO-clipped update over the trained edges, batched by step, gradients accumulated and
+//                       applied in `updates_per_iteration` optimizer steps; the KL term through accumulate_kl
+// Each stage can be called, tested and benchmarked alone.
 // Every algorithmic choice is a component of `method`; the model is a Policy, the score a Reward.
 #include <algorithm>
 #include <chrono>
@@ -38,10 +41,10 @@ struct method {
 };
 
 struct training_options {
-  std::int64_t max_batch = 64;        ///< rows per denoiser call, in the rollout and in the update
+  std::int64_t max_batch = 64;  ///< rows per denoiser call, in the rollout and in the update
   std::uint64_t seed = 0;
-  int updates_per_iteration = 1;      ///< optimizer steps per iteration; the kept edges are split evenly
-  int total_iterations = 1;           ///< planned length of the run (pruners active for a fraction of it)
+  int updates_per_iteration = 1;  ///< optimizer steps per iteration; the kept edges are split evenly
+  int total_iterations = 1;       ///< planned length of the run (pruners active for a fraction of it)
   ppo_options loss = {};
 };
 
@@ -49,13 +52,13 @@ struct training_options {
 struct iteration_stats {
   int iteration = 0;
   double reward_mean = 0, reward_std = 0, reward_min = 0, reward_max = 0;  ///< over finite leaf rewards
-  std::int64_t rollout_evaluations = 0;  ///< denoiser rows in the rollout
-  std::int64_t update_evaluations = 0;   ///< policy rows in the update
-  std::int64_t edges = 0;                ///< edges of the rollout
-  std::int64_t edges_trained = 0;        ///< edges kept by the pruner (SDE only) in trees that were not dropped
-  int trees_dropped = 0;                 ///< trees with a non-finite leaf reward, left out of the update
-  double loss = 0;                       ///< mean PPO loss over the trained edges
-  double clip_fraction = 0;              ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
+  std::int64_t rollout_evaluations = 0;                                    ///< denoiser rows in the rollout
+  std::int64_t update_evaluations = 0;                                     ///< policy rows in the update
+  std::int64_t edges = 0;                                                  ///< edges of the rollout
+  std::int64_t edges_trained = 0;  ///< edges kept by the pruner (SDE only) in trees that were not dropped
+  int trees_dropped = 0;           ///< trees with a non-finite leaf reward, left out of the update
+  double loss = 0;                 ///< mean PPO loss over the trained edges
+  double clip_fraction = 0;        ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
   double kl = 0;  ///< mean KL to the reference over the trained edges, as accumulated (0 when kl_beta == 0)
   /// max |log-prob at the first update - log-prob of the rollout|: 0 when the policy is batch-invariant.
   double first_update_log_prob_gap = 0;
@@ -115,126 +118,143 @@ inline rollout_tree select_trees(const rollout_tree& tree, std::span<const std::
 
 }  // namespace detail
 
-/// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`.
-/// @pre prompts is not empty; schedule.steps() is the number of denoising steps of every tree;
-///      options.max_batch >= 1, options.updates_per_iteration >= 1.
-/// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
-///       dropped or no edge was kept).
-template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F,
-          Normalizer N, Pruner P>
-iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
-                                const sigma_schedule& schedule, const latent_shape& shape,
-                                std::span<const std::int64_t> prompts, int iteration,
-                                const training_options& options) {
-  require(!prompts.empty(), "an iteration needs at least one prompt");
-  require(options.max_batch >= 1, "max_batch must be at least 1, got ", options.max_batch);
-  require(options.updates_per_iteration >= 1, "updates_per_iteration must be at least 1, got ",
-          options.updates_per_iteration);
-  require(iteration >= 0, "iteration must be non-negative, got ", iteration);
-  if constexpr (!ReferencePolicy<Model, B>)
-    require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta,
-            " needs a policy with a reference model (reference_velocity); this policy has none");
-  const auto start = detail::training_clock::now();
-  iteration_stats stats{.iteration = iteration};
+/// The leaf rewards of a rollout with the non-finite-reward policy applied: a tree with any non-finite leaf reward
+/// is dropped from the update, its finite leaves too (a half-scored tree would bias its own baseline).
+struct scored_leaves {
+  std::vector<double> scores;                  ///< every leaf's reward, tree.leaves() order
+  std::vector<std::int32_t> kept_trees;        ///< the trees whose leaf rewards are all finite, in order
+  std::vector<double> kept_scores;             ///< those trees' leaf rewards, tree.leaves() order
+  double mean = 0, std = 0, min = 0, max = 0;  ///< over kept_scores (population std); NaN when none was kept
+};
 
-  // Rollout.
-  const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration);
-  std::vector<tree_info> infos(prompts.size());
-  for (std::size_t t = 0; t < prompts.size(); ++t)
-    infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};
-  auto result = rollout(backend, policy, recipe.stepper, recipe.correlator, schedule,
-                        rollout_tree(plan, std::move(infos)), shape,
-                        {.max_batch = options.max_batch, .seed = options.seed,
-                         .iteration = static_cast<std::uint32_t>(iteration)});
-  const rollout_tree& full = result.tree;
-  stats.rollout_evaluations = result.evaluations;
-  stats.edges = full.edge_count();
-  stats.rollout_seconds = detail::seconds_since(start);
-
-  // Rewards; trees with a non-finite leaf reward are dropped from the update.
-  const auto reward_start = detail::training_clock::now();
-  std::vector<std::int64_t> leaf_prompts;
-  leaf_prompts.reserve(static_cast<std::size_t>(full.leaf_count()));
-  for (std::int32_t leaf : full.leaves()) leaf_prompts.push_back(full.info(full.tree(leaf)).prompt);
-  const std::vector<double> scores = reward(leaf_latents(backend, result), leaf_prompts);
-  require(scores.size() == leaf_prompts.size(), "reward returned ", scores.size(), " scores for ",
-          leaf_prompts.size(), " leaves");
-  stats.reward_seconds = detail::seconds_since(reward_start);
-
-  const std::int32_t leaves_per_tree = full.leaves_per_tree();
-  std::vector<std::int32_t> kept_trees;
-  std::vector<double> kept_scores;
-  for (std::int32_t t = 0; t < full.tree_count(); ++t) {
-    const auto first = scores.begin() + static_cast<std::ptrdiff_t>(t) * leaves_per_tree;
+/// Stage 2 of an iteration, on rewards already computed: which trees train, and the statistics of their rewards.
+/// Example: 2 trees of 2 leaves, scores {0.1, 0.5, NaN, 0.3} -> kept_trees {0}, kept_scores {0.1, 0.5},
+///   mean 0.3, std 0.2, min 0.1, max 0.5.
+/// @pre scores.size() == tree.leaf_count() (else invalid_input naming both).
+/// @post kept_scores.size() == kept_trees.size() * tree.leaves_per_tree(); every kept score finite.
+inline scored_leaves keep_finite_trees(const rollout_tree& tree, std::vector<double> scores) {
+  require(scores.size() == static_cast<std::size_t>(tree.leaf_count()), "reward returned ", scores.size(),
+          " scores for ", tree.leaf_count(), " leaves");
+  scored_leaves out{.scores = std::move(scores), .kept_trees = {}, .kept_scores = {}};
+  const std::int32_t leaves_per_tree = tree.leaves_per_tree();
+  for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
+    const auto first = out.scores.begin() + static_cast<std::ptrdiff_t>(t) * leaves_per_tree;
     if (std::all_of(first, first + leaves_per_tree, [](double r) { return std::isfinite(r); })) {
-      kept_trees.push_back(t);
-      kept_scores.insert(kept_scores.end(), first, first + leaves_per_tree);
+      out.kept_trees.push_back(t);
+      out.kept_scores.insert(out.kept_scores.end(), first, first + leaves_per_tree);
     }
   }
-  stats.trees_dropped = full.tree_count() - static_cast<int>(kept_trees.size());
-  if (!kept_scores.empty()) {
-    const auto [low, high] = std::minmax_element(kept_scores.begin(), kept_scores.end());
-    double sum = 0, squares = 0;
-    for (double r : kept_scores) sum += r;
-    stats.reward_mean = sum / static_cast<double>(kept_scores.size());
-    for (double r : kept_scores) squares += (r - stats.reward_mean) * (r - stats.reward_mean);
-    stats.reward_std = std::sqrt(squares / static_cast<double>(kept_scores.size()));
-    stats.reward_min = *low;
-    stats.reward_max = *high;
+  if (out.kept_scores.empty()) {
+    out.mean = out.std = out.min = out.max = std::numeric_limits<double>::quiet_NaN();
+    return out;
   }
-  if (kept_trees.empty()) {
-    stats.reward_mean = stats.reward_std = stats.reward_min = stats.reward_max =
-        std::numeric_limits<double>::quiet_NaN();
-    stats.seconds = detail::seconds_since(start);
-    return stats;
-  }
+  const auto [low, high] = std::minmax_element(out.kept_scores.begin(), out.kept_scores.end());
+  double sum = 0, squares = 0;
+  for (double r : out.kept_scores) sum += r;
+  out.mean = sum / static_cast<double>(out.kept_scores.size());
+  for (double r : out.kept_scores) squares += (r - out.mean) * (r - out.mean);
+  out.std = std::sqrt(squares / static_cast<double>(out.kept_scores.size()));
+  out.min = *low;
+  out.max = *high;
+  return out;
+}
 
-  // Advantages and pruning on the trees that were kept.
-  const auto update_start = detail::training_clock::now();
-  const bool all_kept = stats.trees_dropped == 0;
-  const rollout_tree subset = all_kept ? rollout_tree(full) : detail::select_trees(full, kept_trees);
-  const std::vector<double> fused = recipe.fusion(subset, kept_scores);
-  const std::vector<double> advantages = recipe.normalizer(subset, reward_view{.leaf = kept_scores, .fused = fused});
-  const edge_mask mask = recipe.pruner(subset, prune_context{.iteration = iteration,
-                                                             .total_iterations = options.total_iterations,
-                                                             .leaf_rewards = kept_scores,
-                                                             .fused = fused,
-                                                             .advantages = advantages});
-  require(mask.size() == static_cast<std::size_t>(subset.node_count()), "pruner returned ", mask.size(),
+/// Stage 2: scores the rollout's leaves (their final latents, each with its tree's prompt) and applies
+/// keep_finite_trees.
+/// @pre the reward returns one score per leaf (else invalid_input).
+template <Backend B, Reward<B> Score>
+scored_leaves score_leaves(B& backend, Score& reward, const rollout_result<B>& result) {
+  const rollout_tree& tree = result.tree;
+  std::vector<std::int64_t> leaf_prompts;
+  leaf_prompts.reserve(static_cast<std::size_t>(tree.leaf_count()));
+  for (std::int32_t leaf : tree.leaves()) leaf_prompts.push_back(tree.info(tree.tree(leaf)).prompt);
+  return keep_finite_trees(tree, reward(leaf_latents(backend, result), leaf_prompts));
+}
+
+/// Credit assignment of the kept trees: the fused reward and the advantage of every node, the pruner's mask, and
+/// the trained edges with their advantages, ordered for the update.
+struct edge_credit {
+  rollout_tree kept;                        ///< the forest of the kept trees (log-probs copied)
+  std::vector<double> fused = {};           ///< per node of `kept`
+  std::vector<double> advantages = {};      ///< per node of `kept` (the edge into it)
+  edge_mask mask = {};                      ///< per node of `kept`: 1 = the pruner keeps the edge
+  std::vector<std::int32_t> trained = {};   ///< nodes of the full forest whose (SDE, kept) edges train, by step
+  std::vector<double> edge_advantage = {};  ///< per node of the full forest: a trained edge's advantage, else 0
+};
+
+/// Stage 3: fusion -> normalization -> pruning on the kept trees, then the trained edges (kept by the pruner and
+/// SDE) in step order with their advantages, indexed in the full forest.
+/// Example: branch_method() on one dense tree over 20 steps with every leaf scored -> trained.size() == 218 (every
+///   edge), the edges of step 0 first; with parent_top_k{.k = 1} the worse child of each of the 8 last-split
+///   parents and its chain are dropped: 218 - 8 * 11 = 130 (tests/unit/test_trainer.cpp).
+/// @pre leaves came from keep_finite_trees of `full` with at least one kept tree; the recipe's components accept
+///      `full`'s plan (else their invalid_input).
+/// @post mask.size() == kept.node_count(); every trained node is an SDE edge whose mask is 1.
+template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P>
+edge_credit assign_credit(method<T, S, C, F, N, P>& recipe, const rollout_tree& full, const scored_leaves& leaves,
+                          int iteration, int total_iterations) {
+  require(!leaves.kept_trees.empty(), "credit assignment needs at least one kept tree");
+  const bool all_kept = static_cast<std::int32_t>(leaves.kept_trees.size()) == full.tree_count();
+  edge_credit credit{.kept = all_kept ? rollout_tree(full) : detail::select_trees(full, leaves.kept_trees)};
+  const rollout_tree& subset = credit.kept;
+  credit.fused = recipe.fusion(subset, leaves.kept_scores);
+  credit.advantages = recipe.normalizer(subset, reward_view{.leaf = leaves.kept_scores, .fused = credit.fused});
+  credit.mask = recipe.pruner(subset, prune_context{.iteration = iteration,
+                                                    .total_iterations = total_iterations,
+                                                    .leaf_rewards = leaves.kept_scores,
+                                                    .fused = credit.fused,
+                                                    .advantages = credit.advantages});
+  require(credit.mask.size() == static_cast<std::size_t>(subset.node_count()), "pruner returned ", credit.mask.size(),
           " flags for ", subset.node_count(), " nodes");
-
-  // Kept SDE edges ordered by step; `original` maps a subset node to the full forest.
+  // `original` maps a node of the kept forest to the full forest.
   const std::int32_t per_tree = full.nodes_per_tree();
   const auto original = [&](std::int32_t n) {
-    return kept_trees[static_cast<std::size_t>(n / per_tree)] * per_tree + n % per_tree;
+    return leaves.kept_trees[static_cast<std::size_t>(n / per_tree)] * per_tree + n % per_tree;
   };
-  std::vector<double> edge_advantage(static_cast<std::size_t>(full.node_count()), 0.0);
-  std::vector<std::int32_t> trained;
-  for (int s = 0; s < plan.steps; ++s)
+  credit.edge_advantage.assign(static_cast<std::size_t>(full.node_count()), 0.0);
+  for (int s = 0; s < full.steps(); ++s)
     for (std::int32_t n : subset.edges_at_step(s)) {
-      if (!mask[static_cast<std::size_t>(n)] || subset.kind(n) != edge_kind::sde) continue;
-      edge_advantage[static_cast<std::size_t>(original(n))] = advantages[static_cast<std::size_t>(n)];
-      trained.push_back(original(n));
+      if (!credit.mask[static_cast<std::size_t>(n)] || subset.kind(n) != edge_kind::sde) continue;
+      credit.edge_advantage[static_cast<std::size_t>(original(n))] = credit.advantages[static_cast<std::size_t>(n)];
+      credit.trained.push_back(original(n));
     }
-  stats.edges_trained = static_cast<std::int64_t>(trained.size());
-  if (trained.empty()) {
-    stats.update_seconds = detail::seconds_since(update_start);
-    stats.seconds = detail::seconds_since(start);
-    return stats;
-  }
+  return credit;
+}
 
-  // Update: the trained edges split into `updates_per_iteration` contiguous groups of near-equal size (so the
-  // grouping does not depend on max_batch); each group is fed by step in chunks of max_batch rows, its
-  // gradient accumulated, then one optimizer step. The loss is the mean over all trained edges.
+/// What the update stage did.
+struct update_report {
+  std::int64_t evaluations = 0;          ///< policy rows (PPO, plus the KL term's when kl_beta > 0)
+  double loss = 0;                       ///< mean PPO loss over the trained edges
+  double clip_fraction = 0;              ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
+  double kl = 0;                         ///< mean KL to the reference over the trained edges (0 when kl_beta == 0)
+  double first_update_log_prob_gap = 0;  ///< max |log-prob at the first update - the rollout's|
+};
+
+/// Stage 4: the PPO update over the trained edges. They are split into min(updates_per_iteration, edges)
+/// contiguous groups of near-equal size (so the grouping does not depend on max_batch); each group is fed by
+/// step in chunks of max_batch rows through policy.accumulate (plus accumulate_kl when kl_beta > 0), then one
+/// optimizer step. The loss is the mean over all trained edges. Before the first optimizer step the parameters
+/// are those of the rollout, so the first group's old log-prob is the one just computed: its ratio is exactly 1.
+/// Example: one dense tree's 218 trained edges, updates_per_iteration 2, max_batch 64 -> two optimizer steps
+///   over edges [0, 109) and [109, 218), evaluations 218, clip_fraction 0 in the first group
+///   (tests/unit/test_trainer.cpp).
+/// @pre credit.trained non-empty and from `result`'s forest; options valid (train_iteration's checks).
+/// @post the policy took min(updates_per_iteration, credit.trained.size()) optimizer steps.
+template <Backend B, Policy<B> Model, Stepper S>
+update_report update_policy(B& backend, Model& policy, const rollout_result<B>& result, const edge_credit& credit,
+                            const S& stepper, const sigma_schedule& schedule, const training_options& options) {
+  const rollout_tree& full = result.tree;
+  const std::vector<std::int32_t>& trained = credit.trained;
+  require(!trained.empty(), "the update needs at least one trained edge");
+  update_report report;
+  const auto edge_count = static_cast<std::int64_t>(trained.size());
   const double per_edge = 1.0 / static_cast<double>(trained.size());
-  const auto groups = std::min<std::int64_t>(options.updates_per_iteration, stats.edges_trained);
+  const auto groups = std::min<std::int64_t>(options.updates_per_iteration, edge_count);
   double loss_sum = 0, kl_sum = 0;
   std::int64_t clipped = 0;
   for (std::int64_t group = 0; group < groups; ++group) {
-    const auto group_begin = static_cast<std::size_t>(group * stats.edges_trained / groups);
-    const auto group_end = static_cast<std::size_t>((group + 1) * stats.edges_trained / groups);
-    // Before the first optimizer step the parameters are those of the rollout: the old log-prob is the one
-    // just computed, so the first update's ratio is exactly 1 whatever the batch composition.
+    const auto group_begin = static_cast<std::size_t>(group * edge_count / groups);
+    const auto group_end = static_cast<std::size_t>((group + 1) * edge_count / groups);
     const bool first_group = group == 0;
     for (std::size_t begin = group_begin; begin < group_end;) {
       const int step = full.step(full.parent(trained[begin]));
@@ -246,7 +266,7 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
       edge_batch<typename B::tensor> edges;
       edges.step = step;
       edges.sigma = schedule.sigma(step);
-      edges.coeffs = recipe.stepper(schedule, step);
+      edges.coeffs = stepper(schedule, step);
       std::vector<std::int64_t> parent_rows, child_rows;
       for (std::int32_t n : chunk) {
         parent_rows.push_back(full.row_at_step(full.parent(n)));
@@ -259,20 +279,19 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
       edges.next = backend.gather_rows(result.latents[static_cast<std::size_t>(step) + 1], child_rows);
 
       const auto gradient = [&](std::span<const double> log_probs) {
-        require(log_probs.size() == chunk.size(), "policy returned ", log_probs.size(), " log-probs for ",
-                chunk.size(), " edges");
+        require(log_probs.size() == chunk.size(), "policy returned ", log_probs.size(), " log-probs for ", chunk.size(),
+                " edges");
         std::vector<double> weights(log_probs.size());
         for (std::size_t i = 0; i < log_probs.size(); ++i) {
           const std::int32_t n = chunk[i];
-          require(std::isfinite(log_probs[i]), "policy log-prob of edge ", n, " at step ", step, " is ",
-                  log_probs[i]);
+          require(std::isfinite(log_probs[i]), "policy log-prob of edge ", n, " at step ", step, " is ", log_probs[i]);
           const double rollout_log_prob = full.log_prob(n);
           if (first_group)
-            stats.first_update_log_prob_gap =
-                std::max(stats.first_update_log_prob_gap, std::abs(log_probs[i] - rollout_log_prob));
+            report.first_update_log_prob_gap =
+                std::max(report.first_update_log_prob_gap, std::abs(log_probs[i] - rollout_log_prob));
           const double old_log_prob = first_group ? log_probs[i] : rollout_log_prob;
           const double advantage =
-              clip_advantage(edge_advantage[static_cast<std::size_t>(n)], options.loss.advantage_clip);
+              clip_advantage(credit.edge_advantage[static_cast<std::size_t>(n)], options.loss.advantage_clip);
           if (std::abs(importance_ratio(log_probs[i], old_log_prob) - 1.0) > options.loss.clip_range) ++clipped;
           loss_sum += ppo_clipped_loss(log_probs[i], old_log_prob, advantage, options.loss.clip_range);
           weights[i] =
@@ -281,19 +300,82 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
         return weights;
       };
       policy.accumulate(edges, loss_gradient_fn(gradient));
-      stats.update_evaluations += static_cast<std::int64_t>(chunk.size());
+      report.evaluations += static_cast<std::int64_t>(chunk.size());
       if constexpr (ReferencePolicy<Model, B>)
         if (options.loss.kl_beta > 0.0) {
           for (const double kl : accumulate_kl(backend, policy, edges, options.loss.kl_beta * per_edge)) kl_sum += kl;
-          stats.update_evaluations += static_cast<std::int64_t>(chunk.size());
+          report.evaluations += static_cast<std::int64_t>(chunk.size());
         }
       begin = end;
     }
     policy.apply_update();
   }
-  stats.loss = loss_sum * per_edge;
-  stats.clip_fraction = static_cast<double>(clipped) * per_edge;
-  stats.kl = kl_sum * per_edge;
+  report.loss = loss_sum * per_edge;
+  report.clip_fraction = static_cast<double>(clipped) * per_edge;
+  report.kl = kl_sum * per_edge;
+  return report;
+}
+
+/// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`, composing the stages:
+/// rollout (rollout/engine.hpp) -> score_leaves -> assign_credit -> update_policy.
+/// @pre prompts is not empty; schedule.steps() is the number of denoising steps of every tree;
+///      options.max_batch >= 1, options.updates_per_iteration >= 1; kl_beta > 0 only for a ReferencePolicy.
+/// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
+///       dropped or no edge was kept).
+template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
+          Pruner P>
+iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
+                                const sigma_schedule& schedule, const latent_shape& shape,
+                                std::span<const std::int64_t> prompts, int iteration, const training_options& options) {
+  require(!prompts.empty(), "an iteration needs at least one prompt");
+  require(options.max_batch >= 1, "max_batch must be at least 1, got ", options.max_batch);
+  require(options.updates_per_iteration >= 1, "updates_per_iteration must be at least 1, got ",
+          options.updates_per_iteration);
+  require(iteration >= 0, "iteration must be non-negative, got ", iteration);
+  if constexpr (!ReferencePolicy<Model, B>)
+    require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta,
+            " needs a policy with a reference model (reference_velocity); this policy has none");
+  const auto start = detail::training_clock::now();
+  iteration_stats stats{.iteration = iteration};
+
+  // 1. Rollout.
+  const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration);
+  std::vector<tree_info> infos(prompts.size());
+  for (std::size_t t = 0; t < prompts.size(); ++t)
+    infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};
+  const auto result = rollout(
+      backend, policy, recipe.stepper, recipe.correlator, schedule, rollout_tree(plan, std::move(infos)), shape,
+      {.max_batch = options.max_batch, .seed = options.seed, .iteration = static_cast<std::uint32_t>(iteration)});
+  stats.rollout_evaluations = result.evaluations;
+  stats.edges = result.tree.edge_count();
+  stats.rollout_seconds = detail::seconds_since(start);
+
+  // 2. Rewards; trees with a non-finite leaf reward are dropped from the update.
+  const auto reward_start = detail::training_clock::now();
+  const scored_leaves leaves = score_leaves(backend, reward, result);
+  stats.reward_seconds = detail::seconds_since(reward_start);
+  stats.trees_dropped = result.tree.tree_count() - static_cast<int>(leaves.kept_trees.size());
+  stats.reward_mean = leaves.mean;
+  stats.reward_std = leaves.std;
+  stats.reward_min = leaves.min;
+  stats.reward_max = leaves.max;
+  if (leaves.kept_trees.empty()) {
+    stats.seconds = detail::seconds_since(start);
+    return stats;
+  }
+
+  // 3. Credit assignment, 4. the update.
+  const auto update_start = detail::training_clock::now();
+  const edge_credit credit = assign_credit(recipe, result.tree, leaves, iteration, options.total_iterations);
+  stats.edges_trained = static_cast<std::int64_t>(credit.trained.size());
+  if (!credit.trained.empty()) {
+    const update_report update = update_policy(backend, policy, result, credit, recipe.stepper, schedule, options);
+    stats.update_evaluations = update.evaluations;
+    stats.loss = update.loss;
+    stats.clip_fraction = update.clip_fraction;
+    stats.kl = update.kl;
+    stats.first_update_log_prob_gap = update.first_update_log_prob_gap;
+  }
   stats.update_seconds = detail::seconds_since(update_start);
   stats.seconds = detail::seconds_since(start);
   return stats;
