@@ -1,8 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "branchgrpo/advantage.hpp"
@@ -128,6 +132,100 @@ TEST_CASE("depth_wise: rejects bad input") {
                        Catch::Message("depth_wise min_std nan is not a finite value >= 0"));
   CHECK_THROWS_MATCHES((depth_wise{.epsilon = 0.0, .min_std = 0.0}(tree, {.leaf = {}, .fused = fused_a})),
                        invalid_input, Catch::Message("depth_wise needs epsilon > 0 or min_std > 0 (both are 0)"));
+}
+
+namespace {
+
+// Eq. 4 node by node, per tree: the arithmetic depth_wise documents (deviations from the group's first
+// value, one pass of two sums, unbiased std), written without level ranges.
+std::vector<double> depth_wise_reference(const rollout_tree& tree, const std::vector<double>& fused, double epsilon,
+                                         double min_std) {
+  std::vector<double> out(fused.size(), 0.0);
+  for (std::int32_t t = 0; t < tree.tree_count(); ++t)
+    for (int d = 1; d <= tree.steps(); ++d) {
+      std::vector<std::int32_t> group;
+      for (std::int32_t n = 0; n < tree.node_count(); ++n)
+        if (tree.tree(n) == t && tree.depth(n) == d) group.push_back(n);
+      if (group.size() < 2) continue;
+      const double shift = fused[static_cast<std::size_t>(group.front())];
+      double sum = 0.0;
+      double squares = 0.0;
+      for (const std::int32_t n : group) {
+        const double deviation = fused[static_cast<std::size_t>(n)] - shift;
+        sum += deviation;
+        squares += deviation * deviation;
+      }
+      const auto m = static_cast<double>(group.size());
+      const double sigma = std::sqrt(std::max(0.0, (squares - sum * sum / m) / (m - 1.0)));
+      if (sigma < min_std) continue;
+      const double mean = shift + sum / m;
+      const double scale = 1.0 / (sigma + epsilon);
+      for (const std::int32_t n : group)
+        out[static_cast<std::size_t>(n)] = (fused[static_cast<std::size_t>(n)] - mean) * scale;
+    }
+  return out;
+}
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("depth_wise: the span overload equals the vector overload and Eq. 4 node by node, bit for bit") {
+  // Forests of 1, 5 and 8 trees (trees are normalized four at a time), binary and ternary splits, several
+  // roots; rewards with ties, and a flat forest (every depth below min_std).
+  const std::vector<tree_plan> plans = {split_schedule::dense()(20),
+                                        split_schedule{.split_steps = {0, 2, 4}, .branching = {3}}(6),
+                                        sequential{.group_size = 3, .shared_root = false}(4)};
+  for (const tree_plan& plan : plans)
+    for (const std::int32_t trees : {1, 5, 8})
+      for (const bool flat : {false, true}) {
+        const rollout_tree tree(plan, numbered_trees(trees));
+        std::vector<double> leaf(static_cast<std::size_t>(tree.leaf_count()));
+        for (std::size_t i = 0; i < leaf.size(); ++i)
+          leaf[i] = flat ? 0.25 : static_cast<double>((i * 13) % 17) / 7.0 - 1.0;
+        const std::vector<double> fused = uniform_mean{}(tree, leaf);
+        for (const depth_wise normalizer : {depth_wise{}, depth_wise{.epsilon = 0.0, .min_std = 0.3},
+                                            depth_wise{.scope = normalization_scope::per_batch}}) {
+          INFO("trees " << trees << ", leaves " << tree.leaf_count() << ", flat " << flat << ", scope "
+                        << to_string(normalizer.scope) << ", min_std " << normalizer.min_std);
+          const std::vector<double> expected = normalizer(tree, {.leaf = leaf, .fused = fused});
+          if (normalizer.scope == normalization_scope::per_tree)
+            CHECK(same_bits(expected, depth_wise_reference(tree, fused, normalizer.epsilon, normalizer.min_std)));
+          std::vector<double> reused(fused.size(), std::numeric_limits<double>::quiet_NaN());
+          for (int round = 0; round < 2; ++round) {
+            normalizer(tree, {.leaf = leaf, .fused = fused}, reused);
+            CHECK(same_bits(reused, expected));
+          }
+        }
+      }
+}
+
+TEST_CASE("depth_wise: the span overload rejects what the vector overload rejects, and a wrong buffer size") {
+  const rollout_tree tree = binary_tree(numbered_trees(5));  // 35 nodes: tree 4 is normalized on its own
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> fused;
+  for (int t = 0; t < 5; ++t) fused.insert(fused.end(), fused_a.begin(), fused_a.end());
+  std::vector<double> out(fused.size());
+  CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = fused}, std::span<double>(out).first(34))),
+                       invalid_input, Catch::Message("got room for 34 advantages for 35 nodes"));
+  for (const std::size_t bad : {std::size_t{0}, std::size_t{12}, std::size_t{30}, std::size_t{33}}) {
+    std::vector<double> with_nan = fused;
+    with_nan[bad] = nan;
+    const std::string message = "fused reward of node " + std::to_string(bad) + " is nan";
+    CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = with_nan}, out)), invalid_input,
+                         Catch::Message(message));
+    CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = with_nan})), invalid_input, Catch::Message(message));
+  }
+  // Depth 2 of tree 4 overflows, and a NaN at depth 1 of tree 4: the lower depth is named first.
+  std::vector<double> both = fused;
+  both[31] = 1e300, both[32] = -1e300, both[30] = nan;
+  CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = both}, out)), invalid_input,
+                       Catch::Message("fused reward of node 30 is nan"));
+  both[30] = 4;
+  CHECK_THROWS_MATCHES((depth_wise{}(tree, {.leaf = {}, .fused = both}, out)), invalid_input,
+                       Catch::Message("depth_wise: the fused rewards at depth 2 overflow when squared"));
 }
 
 // ---- leaf_group -------------------------------------------------------------------------------------------

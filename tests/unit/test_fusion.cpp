@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -222,4 +223,22 @@ TEST_CASE("fusion policies are regular value types") {
   CHECK(split_softmax{.alpha = 2.0} != split_softmax{});
   CHECK(uniform_mean{} == uniform_mean{});
   CHECK(max_reward{} == max_reward{});
+}
+
+TEST_CASE("uniform_mean: the span overload writes the vector overload's values into a reused buffer") {
+  // Dense K = 2 over 20 steps, 5 trees; rewards with ties and signed zeros.
+  const rollout_tree tree(split_schedule::dense()(20), numbered_trees(5));
+  std::vector<double> rewards(static_cast<std::size_t>(tree.leaf_count()));
+  for (std::size_t i = 0; i < rewards.size(); ++i)
+    rewards[i] = i % 7 == 0 ? -0.0 : static_cast<double>((i * 13) % 17) / 7.0 - 1.0;
+  const std::vector<double> expected = uniform_mean{}(tree, rewards);
+  std::vector<double> reused(static_cast<std::size_t>(tree.node_count()), std::numeric_limits<double>::quiet_NaN());
+  for (int round = 0; round < 2; ++round) {
+    uniform_mean{}(tree, rewards, reused);
+    REQUIRE(std::memcmp(reused.data(), expected.data(), expected.size() * sizeof(double)) == 0);
+  }
+  std::vector<double> too_small(reused.size() - 1);
+  CHECK_THROWS_WITH(uniform_mean{}(tree, rewards, too_small), "got room for 1094 node values for 1095 nodes");
+  const std::vector<double> short_rewards(rewards.begin(), rewards.end() - 1);
+  CHECK_THROWS_WITH(uniform_mean{}(tree, short_rewards, reused), "got 79 leaf rewards for 80 leaves");
 }

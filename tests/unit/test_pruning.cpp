@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "branchgrpo/pruning.hpp"
@@ -182,6 +183,86 @@ TEST_CASE("parent_top_k: no split keeps every edge; bad input rejected") {
   CHECK_THROWS_AS((parent_top_k{}(tree, ctx{.fused = std::span<const double>(fused).first(12)})), invalid_input);
   fused[7] = std::numeric_limits<double>::quiet_NaN();
   CHECK_THROWS_WITH((parent_top_k{}(tree, ctx{.fused = fused})), "parent_top_k fused reward 7 is nan");
+}
+
+namespace {
+
+// parent_top_k node by node: sort each depth-L parent's children (best fused first, ties to the lower rank),
+// keep the first k, and let every deeper node follow its parent.
+edge_mask parent_top_k_reference(const rollout_tree& tree, const std::vector<double>& fused, int k) {
+  const int last = tree.last_split_depth();
+  if (last < 0) return trainable_edges(tree);
+  std::vector<std::uint8_t> selected(static_cast<std::size_t>(tree.node_count()), 0);
+  for (std::int32_t n = 0; n < tree.node_count(); ++n) {
+    if (tree.depth(n) != last) continue;
+    std::vector<std::int32_t> order;
+    for (std::int32_t c = tree.children(n).begin; c < tree.children(n).end; ++c) order.push_back(c);
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+      return fused[static_cast<std::size_t>(a)] > fused[static_cast<std::size_t>(b)];
+    });
+    for (std::size_t i = 0; i < order.size() && i < static_cast<std::size_t>(k); ++i)
+      selected[static_cast<std::size_t>(order[i])] = 1;
+  }
+  edge_mask mask(static_cast<std::size_t>(tree.node_count()), 0);
+  for (std::int32_t n = 0; n < tree.node_count(); ++n) {
+    if (tree.is_root(n)) continue;
+    const auto at = static_cast<std::size_t>(n);
+    if (tree.depth(n) <= last) selected[at] = 1;
+    if (tree.depth(n) > last + 1) selected[at] = selected[static_cast<std::size_t>(tree.parent(n))];
+    mask[at] = selected[at] && tree.kind(n) == edge_kind::sde ? 1 : 0;
+  }
+  return mask;
+}
+
+}  // namespace
+
+TEST_CASE("parent_top_k: the span overload equals the vector overload and the node-by-node rule") {
+  // Binary, ternary and 70-wide last splits (ranked by counting, and by sorting), ODE edges below the split
+  // (flow_grpo_fast), several trees; fused rewards with many ties.
+  tree_plan wide = split_schedule{.split_steps = {1}, .branching = {70}}(3);
+  wide.kinds[2] = edge_kind::ode;
+  const std::vector<tree_plan> plans = {split_schedule::dense()(20),
+                                        split_schedule{.split_steps = {0, 2, 4}, .branching = {3}}(7),
+                                        flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(6), wide,
+                                        sequential{.group_size = 3, .shared_root = false}(4)};
+  for (const tree_plan& plan : plans)
+    for (const std::int32_t trees : {1, 3}) {
+      const rollout_tree tree(plan, numbered_trees(trees));
+      std::vector<double> fused(static_cast<std::size_t>(tree.node_count()));
+      for (std::size_t i = 0; i < fused.size(); ++i)
+        fused[i] = static_cast<double>((i * 7) % 5) - (i % 3 == 0 ? 0.0 : -0.0);
+      for (const int k : {1, 2, 3, 5, 69, 70, 100}) {
+        INFO("nodes " << tree.node_count() << ", k " << k);
+        const edge_mask expected = parent_top_k{.k = k}(tree, ctx{.fused = fused});
+        CHECK(expected == parent_top_k_reference(tree, fused, k));
+        edge_mask reused(fused.size(), 7);
+        for (int round = 0; round < 2; ++round) {
+          parent_top_k{.k = k}(tree, ctx{.fused = fused}, reused);
+          CHECK(reused == expected);
+        }
+      }
+    }
+  const auto tree = small_tree();
+  edge_mask too_small(12);
+  CHECK_THROWS_WITH((parent_top_k{}(tree, ctx{}, too_small)), "parent_top_k got room for 12 mask flags for 13 nodes");
+  std::vector<double> fused(13, 0.0);
+  fused[8] = std::numeric_limits<double>::infinity();
+  edge_mask mask(13);
+  CHECK_THROWS_WITH((parent_top_k{}(tree, ctx{.fused = fused}, mask)), "parent_top_k fused reward 8 is inf");
+}
+
+TEST_CASE("trainable_edges: the span overload is the non-root SDE edges") {
+  const rollout_tree tree(flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(6), numbered_trees(2));
+  edge_mask mask(static_cast<std::size_t>(tree.node_count()), 9);
+  trainable_edges(tree, mask);
+  for (std::int32_t n = 0; n < tree.node_count(); ++n)
+    CHECK(mask[static_cast<std::size_t>(n)] == (!tree.is_root(n) && tree.kind(n) == edge_kind::sde ? 1 : 0));
+  CHECK(mask == trainable_edges(tree));
+  CHECK(kept(mask) > 0);
+  CHECK(kept(mask) < tree.edge_count());
+  edge_mask too_big(mask.size() + 1);
+  CHECK_THROWS_WITH(trainable_edges(tree, too_big), "got room for " + std::to_string(too_big.size()) +
+                                                        " mask flags for " + std::to_string(mask.size()) + " nodes");
 }
 
 TEST_CASE("extreme: doc example") {

@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -181,4 +183,26 @@ TEST_CASE("leaf reward helpers: doc examples", "[tree]") {
   CHECK(std::vector<double>(spread.begin() + 3, spread.end()) == std::vector<double>{-0.9, 0, -0.5, 1.4});
   CHECK_THROWS_WITH(spread_leaf_advantages(tree, std::vector<double>{0, std::numeric_limits<double>::infinity(), 0, 0}),
                     "leaf reward at leaf position 1 (node 4) is inf");
+}
+
+TEST_CASE("mean_of_leaves_under: the span overload overwrites a reused buffer bit for bit", "[tree]") {
+  // Dense K = 3 over 6 steps, 3 trees: splits of 3 and chains; rewards with ties and signed zeros.
+  const rollout_tree tree(split_schedule{.split_steps = {0, 2, 4}, .branching = {3}}(6), numbered_trees(3));
+  std::vector<double> rewards(static_cast<std::size_t>(tree.leaf_count()));
+  for (std::size_t i = 0; i < rewards.size(); ++i)
+    rewards[i] = i % 5 == 0 ? -0.0 : static_cast<double>((i * 7) % 11) / 3.0 - 1.0;
+  const std::vector<double> expected = mean_of_leaves_under(tree, rewards);
+  std::vector<double> reused(static_cast<std::size_t>(tree.node_count()), std::nan(""));
+  for (int round = 0; round < 2; ++round) {
+    mean_of_leaves_under(tree, rewards, reused);
+    REQUIRE(std::memcmp(reused.data(), expected.data(), expected.size() * sizeof(double)) == 0);
+  }
+  for (std::int32_t n = 0; n < tree.node_count(); ++n) {  // each node: the mean of the leaves under it
+    double sum = 0.0;
+    const node_range under = tree.leaf_positions_under(n);
+    for (std::int32_t p = under.begin; p < under.end; ++p) sum += rewards[static_cast<std::size_t>(p)];
+    CHECK(expected[static_cast<std::size_t>(n)] == Approx(sum / under.size()).margin(1e-12));
+  }
+  std::vector<double> too_small(static_cast<std::size_t>(tree.node_count()) - 1);
+  CHECK_THROWS_WITH(mean_of_leaves_under(tree, rewards, too_small), "got room for 236 node values for 237 nodes");
 }

@@ -65,6 +65,76 @@ inline bool normalize_depth(const double* fused, double* out, node_range level, 
   return true;
 }
 
+/// Eq. 4 per tree for the nodes of one depth of trees [first, first + Lanes), one group per tree: the same
+/// sums, in the same order, as normalize_depth with last == first + 1, but the trees' sums are independent
+/// chains that the processor overlaps. Returns false, with `out` untouched, when a tree's sums are not finite.
+template <int Lanes>
+inline bool normalize_depth_per_tree(const double* fused, double* out, node_range level, std::int32_t stride,
+                                     std::int32_t first, double epsilon, double min_std) {
+  std::array<double, Lanes> shift{}, sum{}, squares{};
+  std::array<std::int32_t, Lanes> base{};
+  for (int l = 0; l < Lanes; ++l) {
+    base[static_cast<std::size_t>(l)] = level.begin + (first + l) * stride;
+    shift[static_cast<std::size_t>(l)] = fused[base[static_cast<std::size_t>(l)]];
+  }
+  for (std::int32_t i = 0; i < level.size(); ++i)
+    for (std::size_t l = 0; l < Lanes; ++l) {
+      const double deviation = fused[base[l] + i] - shift[l];
+      sum[l] += deviation;
+      squares[l] += deviation * deviation;
+    }
+  bool finite = true;
+  for (std::size_t l = 0; l < Lanes; ++l) finite = finite && std::isfinite(squares[l]);
+  if (!finite) return false;
+  const auto m = static_cast<double>(std::int64_t{level.size()});
+  for (std::size_t l = 0; l < Lanes; ++l) {
+    const double sigma = std::sqrt(std::max(0.0, (squares[l] - sum[l] * sum[l] / m) / (m - 1.0)));
+    double* const to = out + base[l];
+    if (sigma < min_std) {  // advantages 0
+      std::fill(to, to + level.size(), 0.0);
+      continue;
+    }
+    const double mean = shift[l] + sum[l] / m;
+    const double scale = 1.0 / (sigma + epsilon);
+    const double* const from = fused + base[l];
+    for (std::int32_t i = 0; i < level.size(); ++i) to[i] = (from[i] - mean) * scale;
+  }
+  return true;
+}
+
+/// depth_wise per_tree: every depth of every tree, trees four at a time, with the roots and one-node depths
+/// set to 0 (`out` need not be cleared). Returns false at the first non-finite reward or sum, with `out`
+/// partly written: the caller then reports the error as the depth-by-depth pass does.
+inline bool normalize_per_tree(const rollout_tree& tree, const double* fused, double* out, double epsilon,
+                               double min_std) {
+  const std::int32_t stride = tree.nodes_per_tree();
+  const std::int32_t trees = tree.tree_count();
+  for (std::int32_t t = 0; t < trees; ++t) {  // roots: no edge, advantage 0, but a valid reward
+    const node_range roots = tree.nodes_at_depth(t, 0);
+    for (std::int32_t n = roots.begin; n < roots.end; ++n) {
+      if (!std::isfinite(fused[n])) return false;
+      out[n] = 0.0;
+    }
+  }
+  for (int d = 1; d <= tree.steps(); ++d) {
+    const node_range level = tree.nodes_at_depth(0, d);  // tree t's: shifted by t * stride
+    if (level.size() < 2) {                              // one node: advantage 0, but a valid reward
+      for (std::int32_t t = 0; t < trees; ++t)
+        for (std::int32_t n = level.begin + t * stride; n < level.end + t * stride; ++n) {
+          if (!std::isfinite(fused[n])) return false;
+          out[n] = 0.0;
+        }
+      continue;
+    }
+    std::int32_t t = 0;
+    for (; t + 4 <= trees; t += 4)
+      if (!normalize_depth_per_tree<4>(fused, out, level, stride, t, epsilon, min_std)) return false;
+    for (; t < trees; ++t)
+      if (!normalize_depth_per_tree<1>(fused, out, level, stride, t, epsilon, min_std)) return false;
+  }
+  return true;
+}
+
 }  // namespace detail
 
 /// Paper Eq. 4: A(n) = (r(n) - mu_d) / (sigma_d + epsilon) over the fused rewards of the nodes at depth d
@@ -78,21 +148,36 @@ inline bool normalize_depth(const double* fused, double* out, node_range level, 
 /// @pre epsilon, min_std finite and >= 0, not both 0; rewards.fused.size() == tree.node_count(), finite.
 /// @post result.size() == tree.node_count(); roots 0; inside each normalized group the advantages sum to
 ///   0 (up to rounding).
+/// The overload with `out` writes the same advantages into a caller's buffer (reused across iterations, no
+/// allocation): @pre out.size() == tree.node_count(), out does not overlap rewards; @post out == the vector
+/// overload's result bit for bit, every element written (on invalid_input its contents are unspecified).
+/// per_tree takes one pass over each depth of four trees at a time, the same sums in the same order.
 struct depth_wise {
   normalization_scope scope = normalization_scope::per_tree;
   double epsilon = 1e-8;
   double min_std = 1e-6;
 
   std::vector<double> operator()(const rollout_tree& tree, const reward_view& rewards) const {
+    std::vector<double> advantages(static_cast<std::size_t>(tree.node_count()), 0.0);
+    (*this)(tree, rewards, advantages);
+    return advantages;
+  }
+
+  void operator()(const rollout_tree& tree, const reward_view& rewards, std::span<double> out) const {
     require(scope == normalization_scope::per_tree || scope == normalization_scope::per_batch, "depth_wise scope ",
             static_cast<int>(scope), " is not a normalization_scope");
     detail::check_scale_guards("depth_wise", epsilon, min_std);
     require(rewards.fused.size() == static_cast<std::size_t>(tree.node_count()), "got ", rewards.fused.size(),
             " fused rewards for ", tree.node_count(), " nodes");
-    std::vector<double> advantages(static_cast<std::size_t>(tree.node_count()), 0.0);
-    const std::int32_t stride = tree.nodes_per_tree();
+    require(out.size() == static_cast<std::size_t>(tree.node_count()), "got room for ", out.size(), " advantages for ",
+            tree.node_count(), " nodes");
     const double* const fused = rewards.fused.data();
-    double* const out = advantages.data();
+    // per_tree: one pass that also checks every reward; on an invalid one, the pass below names it.
+    if (scope == normalization_scope::per_tree && detail::normalize_per_tree(tree, fused, out.data(), epsilon, min_std))
+      return;
+    std::fill(out.begin(), out.end(), 0.0);
+    const std::int32_t stride = tree.nodes_per_tree();
+    double* const advantages = out.data();
     // Roots have no edge and are not normalized, but their rewards must be valid all the same.
     const node_range roots = tree.nodes_at_depth(0, 0);
     for (std::int32_t t = 0; t < tree.tree_count(); ++t) detail::check_node_rewards(rewards.fused, roots, t * stride);
@@ -106,13 +191,12 @@ struct depth_wise {
         continue;
       }
       for (std::int32_t first = 0; first < tree.tree_count(); first += group)
-        if (!detail::normalize_depth(fused, out, level, stride, first, first + group, epsilon, min_std)) {
+        if (!detail::normalize_depth(fused, advantages, level, stride, first, first + group, epsilon, min_std)) {
           for (std::int32_t t = first; t < first + group; ++t)
             detail::check_node_rewards(rewards.fused, level, t * stride);
           fail("depth_wise: the fused rewards at depth ", d, " overflow when squared");
         }
     }
-    return advantages;
   }
   friend bool operator==(const depth_wise&, const depth_wise&) = default;
 

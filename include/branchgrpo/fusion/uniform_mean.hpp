@@ -1,4 +1,5 @@
 #pragma once
+#include <cstddef>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -17,10 +18,18 @@ namespace branchgrpo {
 /// @pre leaf_rewards.size() == tree.leaf_count(), every reward finite.
 /// @post result.size() == tree.node_count(); a leaf keeps its own reward exactly; a chain node (one
 ///   child) has exactly its child's reward.
+/// The overload with `out` writes the same values into a caller's buffer (reused across iterations, no
+/// allocation): @pre out.size() == tree.node_count(), out does not overlap leaf_rewards; @post out[n] ==
+/// the vector overload's result[n] bit for bit, every element written.
 struct uniform_mean {
   std::vector<double> operator()(const rollout_tree& tree, std::span<const double> leaf_rewards) const {
+    std::vector<double> fused(static_cast<std::size_t>(tree.node_count()));
+    (*this)(tree, leaf_rewards, fused);
+    return fused;
+  }
+  void operator()(const rollout_tree& tree, std::span<const double> leaf_rewards, std::span<double> out) const {
     check_leaf_rewards(tree, leaf_rewards);
-    return mean_of_leaves_under(tree, leaf_rewards);
+    mean_of_leaves_under(tree, leaf_rewards, out);
   }
   friend bool operator==(const uniform_mean&, const uniform_mean&) = default;
 

@@ -47,20 +47,34 @@ inline void copy_leaf_rewards(const rollout_tree& tree, std::span<const double> 
                 per_node.begin() + leaves.begin + static_cast<std::ptrdiff_t>(t) * tree.nodes_per_tree());
 }
 
-/// Every node's mean of the leaf values under it (a leaf: exactly its own value). Level-uniform trees give
-/// every child of a node equally many leaves, so the mean of the children's means is the mean of the
-/// leaves; a chain node (one child) copies its child exactly. Values are not checked for finiteness.
-/// Example: the 7-node tree of copy_leaf_rewards, leaf values {1, 3, 2, 6} -> {3, 2, 4, 1, 3, 2, 6}
+/// Every node's mean of the leaf values under it (a leaf: exactly its own value), written into `means`, which
+/// a caller may reuse across calls (every element is overwritten). Level-uniform trees give every child of a
+/// node equally many leaves, so the mean of the children's means is the mean of the leaves; a chain node (one
+/// child) copies its child exactly. Values are not checked for finiteness.
+/// Example: the 7-node tree of copy_leaf_rewards, leaf values {1, 3, 2, 6} -> means {3, 2, 4, 1, 3, 2, 6}
 ///   (root (1 + 3 + 2 + 6) / 4, node 1 (1 + 3) / 2, node 2 (2 + 6) / 2).
-/// @pre leaf_values.size() == tree.leaf_count() (else invalid_input).
-/// @post result.size() == tree.node_count(); result[n] == the mean of leaf_values over tree.leaves_under(n).
-inline std::vector<double> mean_of_leaves_under(const rollout_tree& tree, std::span<const double> leaf_values) {
-  std::vector<double> means(static_cast<std::size_t>(tree.node_count()));
+/// @pre leaf_values.size() == tree.leaf_count(), means.size() == tree.node_count() (else invalid_input);
+///   means does not overlap leaf_values.
+/// @post means[n] == the mean of leaf_values over tree.leaves_under(n), for every node n.
+inline void mean_of_leaves_under(const rollout_tree& tree, std::span<const double> leaf_values,
+                                 std::span<double> means) {
   copy_leaf_rewards(tree, leaf_values, means);
   double* const out = means.data();
   for_each_level_bottom_up(tree, [out](const tree_level& level) {
-    if (level.children == 1) {
-      std::copy_n(out + level.first_child, level.parents.size(), out + level.parents.begin);
+    if (level.children == 1) {  // a chain level: a plain loop (a call to memmove costs more than 16 copies)
+      const double* const child = out + level.first_child;
+      double* const parent = out + level.parents.begin;
+      for (std::int32_t j = 0; j < level.parents.size(); ++j) parent[j] = child[j];
+      return;
+    }
+    if (level.children == 2) {  // the common split: the same sum and division as the general loop
+      for (std::int32_t j = 0; j < level.parents.size(); ++j) {
+        const double* const child = out + level.first_child + 2 * j;
+        double sum = 0.0;
+        sum += child[0];
+        sum += child[1];
+        out[level.parents.begin + j] = sum / 2.0;
+      }
       return;
     }
     for (std::int32_t j = 0; j < level.parents.size(); ++j) {
@@ -70,6 +84,16 @@ inline std::vector<double> mean_of_leaves_under(const rollout_tree& tree, std::s
       out[level.parents.begin + j] = sum / static_cast<double>(level.children);
     }
   });
+}
+
+/// Every node's mean of the leaf values under it, in a new vector (see the overload above, which it calls).
+/// Example: the 7-node tree of copy_leaf_rewards, leaf values {1, 3, 2, 6} -> {3, 2, 4, 1, 3, 2, 6}
+///   (root (1 + 3 + 2 + 6) / 4, node 1 (1 + 3) / 2, node 2 (2 + 6) / 2).
+/// @pre leaf_values.size() == tree.leaf_count() (else invalid_input).
+/// @post result.size() == tree.node_count(); result[n] == the mean of leaf_values over tree.leaves_under(n).
+inline std::vector<double> mean_of_leaves_under(const rollout_tree& tree, std::span<const double> leaf_values) {
+  std::vector<double> means(static_cast<std::size_t>(tree.node_count()));
+  mean_of_leaves_under(tree, leaf_values, means);
   return means;
 }
 
