@@ -38,7 +38,9 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/rollout/ode_sampler.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/flux/denoiser.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
@@ -477,7 +479,30 @@ inline std::shared_ptr<flux_transformer> make_shapes_transformer(const shapes_mo
 
 // ---- Sampling -----------------------------------------------------------------------------------------------
 
-/// Images [rows, C, H, W] of the deterministic flow ODE: x starts at the keyed normals
+namespace detail {
+
+// The transformer over a prompt table's embeddings as a Denoiser<torch_backend> (float32, guidance 1): what
+// shapes_sample_ode hands to the core's sample_ode.
+struct shapes_ode_denoiser {
+  flux_transformer* model;
+  torch::Tensor context;  // [N, L, context_in] of the whole table
+  torch::Tensor pooled;   // [N, vec_in]
+
+  torch::Tensor operator()(const torch::Tensor& x, const denoise_batch& batch) {
+    const std::int64_t rows = x.size(0);
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
+    const torch::Tensor index =
+        torch::tensor(std::vector<std::int64_t>(batch.prompts.begin(), batch.prompts.end()), torch::kInt64)
+            .to(x.device());
+    return model->forward_latents(x, context.index_select(0, index), pooled.index_select(0, index),
+                                  torch::full({rows}, batch.sigma, f32),
+                                  model->config().guidance_embed ? torch::full({rows}, 1.0, f32) : torch::Tensor());
+  }
+};
+
+}  // namespace detail
+
+/// Images [rows, C, H, W] of the deterministic flow ODE (the core's sample_ode): x starts at the keyed normals
 /// noise_key{seed, 0, tree = row, node 0, step 0, root_latent}, then x <- x + (sigma_{i+1} - sigma_i) v(x, sigma_i)
 /// over shifted_linear_schedule(steps, shift) (Euler; v = eps - x0, the core's convention). No autograd.
 /// Example: the shipped model, prompts {0, 4}, seed 1 -> [2, 3, 16, 16]: a red circle and a green square, mostly.
@@ -490,30 +515,20 @@ inline torch::Tensor shapes_sample_ode(flux_transformer& model, const prompt_emb
   const auto rows = static_cast<std::int64_t>(prompts.size());
   const std::int64_t channels = model.config().latent_channels();
   const std::int64_t n = embeddings.context.size(0);
-  std::vector<std::int64_t> index(prompts.begin(), prompts.end());
-  for (std::size_t r = 0; r < index.size(); ++r)
-    require(index[r] >= 0 && index[r] < n, "sample row ", r, " has prompt ", index[r], ", the table has ", n);
+  for (std::size_t r = 0; r < prompts.size(); ++r)
+    require(prompts[r] >= 0 && prompts[r] < n, "sample row ", r, " has prompt ", prompts[r], ", the table has ", n);
   const torch::Device device = model.img_in->weight.device();
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   if (rows == 0) return torch::empty({0, channels, height, width}, f32);
-  std::vector<double> noise(static_cast<std::size_t>(rows * channels * height * width));
-  const auto per_row = static_cast<std::size_t>(channels * height * width);
-  for (std::int64_t r = 0; r < rows; ++r)
-    fill_keyed_normal({.seed = seed, .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::root_latent},
-                      std::span<double>(noise).subspan(static_cast<std::size_t>(r) * per_row, per_row));
   torch::NoGradGuard no_grad;
-  torch::Tensor x = torch::from_blob(noise.data(), {rows, channels, height, width}, torch::kFloat64).to(f32);
-  const torch::Tensor rows_index = torch::tensor(index, torch::kInt64);
-  const torch::Tensor context = embeddings.context.index_select(0, rows_index).to(f32);
-  const torch::Tensor pooled = embeddings.pooled.index_select(0, rows_index).to(f32);
-  for (int i = 0; i < schedule.steps(); ++i) {
-    const double sigma = schedule.sigma(i), next = schedule.sigma(i + 1);
-    const torch::Tensor v =
-        model.forward_latents(x, context, pooled, torch::full({rows}, sigma, f32),
-                              model.config().guidance_embed ? torch::full({rows}, 1.0, f32) : torch::Tensor());
-    x = x + (next - sigma) * v;
-  }
-  return x;
+  torch_backend backend{.device = device, .dtype = torch::kFloat32};
+  detail::shapes_ode_denoiser denoiser{
+      .model = &model, .context = embeddings.context.to(f32), .pooled = embeddings.pooled.to(f32)};
+  const auto root_key = [seed](std::int64_t r) {
+    return noise_key{.seed = seed, .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::root_latent};
+  };
+  return sample_ode(backend, denoiser, schedule, latent_shape{{channels, height, width}}, prompts, root_key, rows)
+      .front();
 }
 
 }  // namespace branchgrpo
