@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -12,6 +10,7 @@
 #include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/concepts.hpp"
 #include "cli/bench_harness.hpp"
+#include "cli/commands.hpp"
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
 #include "cli/bench_flux.hpp"
 #endif

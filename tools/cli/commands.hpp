@@ -2,7 +2,7 @@
 // The subcommands of the branchgrpo tool: one registration function each, defined in <name>_command.cpp;
 // main.cpp only dispatches. Each throws branchgrpo::invalid_input (one line naming the value) for bad input.
 // pretrain, train, sample and demo exist only with the application layer (LibTorch, toml++, TurboJPEG;
-// BRANCHGRPO_CLI_TORCH); main.cpp registers stubs that say what is missing otherwise.
+// BRANCHGRPO_CLI_TORCH); otherwise main.cpp registers commands that only say what is missing.
 
 namespace CLI {
 class App;

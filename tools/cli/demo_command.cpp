@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 
 #include <charconv>
@@ -19,6 +17,7 @@
 #include "branchgrpo/app/training_run.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/training/methods.hpp"
+#include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
 #include "cli/plot.hpp"
 #include "cli/png.hpp"

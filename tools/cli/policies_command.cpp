@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -16,6 +14,7 @@
 #include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/topology/catalog.hpp"
+#include "cli/commands.hpp"
 
 namespace branchgrpo::cli {
 namespace {

@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +23,7 @@
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "branchgrpo/torch/optim.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
+#include "cli/commands.hpp"
 #include "cli/png.hpp"
 
 namespace branchgrpo::cli {

@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +12,7 @@
 
 #include "branchgrpo/app/training_run.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
 #include "cli/png.hpp"
 #include "cli/run_support.hpp"

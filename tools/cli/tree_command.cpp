@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +15,7 @@
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
+#include "cli/commands.hpp"
 #include "cli/tree_report.hpp"
 
 namespace branchgrpo::cli {

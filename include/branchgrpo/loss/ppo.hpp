@@ -5,9 +5,9 @@
 // dependent lookup, so a type such as at::Tensor works unchanged. Finite-value checks apply to floating T.
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <concepts>
 #include <cstddef>
+#include <numbers>
 #include <span>
 #include <type_traits>
 #include <vector>

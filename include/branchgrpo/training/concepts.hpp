@@ -22,9 +22,9 @@ struct edge_batch {
   affine_step coeffs;
   Tensor x;
   Tensor next;
-  std::vector<double> std;               ///< per row: the std the child was drawn with
-  std::vector<std::uint32_t> trees;      ///< per row: tree key
-  std::vector<std::int64_t> prompts;     ///< per row: prompt
+  std::vector<double> std;            ///< per row: the std the child was drawn with
+  std::vector<std::uint32_t> trees;   ///< per row: tree key
+  std::vector<std::int64_t> prompts;  ///< per row: prompt
 };
 
 /// Maps the current log-probs of a batch's rows to d loss / d log-prob per row.
@@ -38,10 +38,10 @@ using loss_gradient_fn = std::function<std::vector<double>(std::span<const doubl
 ///                                     log-probs it computed
 ///   policy.apply_update()             one optimizer step on the accumulated gradient, then zeroes it
 template <class P, class B>
-concept Policy = Denoiser<P, B> && requires(P& policy, const edge_batch<typename B::tensor>& edges,
-                                            const loss_gradient_fn& gradient) {
+concept Policy = Denoiser<P, B> &&
+    requires(P& policy, const edge_batch<typename B::tensor>& edges, const loss_gradient_fn& gradient) {
   { policy.accumulate(edges, gradient) } -> std::same_as<std::vector<double>>;
-  { policy.apply_update() };
+  {policy.apply_update()};
 };
 
 /// A policy with a frozen reference model (the base without its adapters, or the initial weights):
@@ -56,8 +56,8 @@ concept ReferencePolicy = Policy<P, B> && requires(P& policy, const typename B::
 /// A reward scores the leaves' final latents (rows of `leaves`) given each leaf's prompt.
 /// A non-finite score marks that leaf as failed; the trainer drops its tree from the update.
 template <class R, class B>
-concept Reward = Backend<B> && requires(R& reward, const typename B::tensor& leaves,
-                                        std::span<const std::int64_t> prompts) {
+concept Reward = Backend<B> &&
+    requires(R& reward, const typename B::tensor& leaves, std::span<const std::int64_t> prompts) {
   { reward(leaves, prompts) } -> std::same_as<std::vector<double>>;
 };
 

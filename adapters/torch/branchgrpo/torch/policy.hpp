@@ -100,9 +100,7 @@ class autograd_policy {
   }
 
   /// The frozen base's velocity (adapters off), without autograd: the reference of the loss's KL term.
-  torch::Tensor reference_velocity(const torch::Tensor& x, const denoise_batch& batch)
-    requires AdapterSwitch<Model>
-  {
+  torch::Tensor reference_velocity(const torch::Tensor& x, const denoise_batch& batch) requires AdapterSwitch<Model> {
     torch::NoGradGuard no_grad;
     const autocast_guard autocast(options_.bf16_autocast, backend_.device);
     adapters_off off(*model_);
@@ -165,12 +163,11 @@ class autograd_policy {
 
   /// Mean KL_r of the edges to the frozen base under the current parameters (kl_flow per row; no gradient,
   /// nothing accumulated).
-  double kl_divergence(const edge_batch<torch::Tensor>& edges)
-    requires AdapterSwitch<Model>
-  {
+  double kl_divergence(const edge_batch<torch::Tensor>& edges) requires AdapterSwitch<Model> {
     torch::NoGradGuard no_grad;
     const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
-    const torch::Tensor mean = backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, (*this)(edges.x, batch));
+    const torch::Tensor mean =
+        backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, (*this)(edges.x, batch));
     const torch::Tensor reference =
         backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, reference_velocity(edges.x, batch));
     const torch::Tensor std = torch::tensor(edges.std, torch::TensorOptions().dtype(torch::kFloat64)).to(mean.device());
