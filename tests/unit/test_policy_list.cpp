@@ -15,6 +15,7 @@
 #include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/topology/catalog.hpp"
+#include "branchgrpo/training/optimizer_options.hpp"
 #include "error_text.hpp"
 
 using branchgrpo::testing::error_of;
@@ -49,6 +50,8 @@ TEST_CASE("rules say why a value is refused, in the words configs use") {
 
 TEST_CASE("validate_parameters names the first parameter that breaks its rule") {
   CHECK_NOTHROW(bg::validate_parameters(bg::depth_window{}, "pruner"));
+  CHECK(error_of([] { bg::validate_parameters(bg::optimizer_options{.lr = 0}, "optimizer"); }) ==
+        "optimizer.lr = 0.0: must be positive");
   CHECK(error_of([] { bg::validate_parameters(bg::depth_window{.direction = 2}, "pruner"); }) ==
         "pruner.direction = 2: must be 1 or -1");
   CHECK(error_of([] {

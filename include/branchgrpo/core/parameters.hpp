@@ -3,8 +3,8 @@
 // description serves every reader: the TOML reader and its error messages, the command-line tool's descriptions,
 // the docs table and `validate_parameters` for options built in C++.
 //
-//   parameter("lr", &adamw_options::lr, "learning rate", rules::positive{})
-//   validate_parameters(options, "adamw_options")   throws "adamw_options.lr = 0: must be positive"
+//   parameter("lr", &optimizer_options::lr, "learning rate", rules::positive{})
+//   validate_parameters(optimizer_options{.lr = 0}, "optimizer")   throws "optimizer.lr = 0.0: must be positive"
 //
 // A rule is a small struct with `std::string why(const Value&) const` ("" when the value obeys it, else the reason,
 // worded to follow "<key> = <value>: ") and `std::string text() const` (the constraint for tables, "" for none).
@@ -230,7 +230,7 @@ concept Described = requires {
 };
 
 /// Throws invalid_input "<prefix>.<name> = <value>: <reason>" for the first parameter of `value` that breaks its
-/// rule. Example: validate_parameters(adamw_options{.lr = 0}, "optimizer") throws
+/// rule. Example: validate_parameters(optimizer_options{.lr = 0}, "optimizer") throws
 ///   "optimizer.lr = 0.0: must be positive".
 /// @post returns only when every described parameter obeys its rule.
 template <Described T>
