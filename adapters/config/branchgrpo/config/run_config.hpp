@@ -39,6 +39,7 @@
 #include "branchgrpo/advantage/catalog.hpp"
 #include "branchgrpo/config/toml_reader.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/input_file.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
 #include "branchgrpo/loss/ppo.hpp"
@@ -415,8 +416,10 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
 }
 
 /// Reads and validates `path` (parse_run_config with the file's name and directory).
-/// @post throws invalid_input "<path>: cannot read" when the file cannot be opened.
+/// @post throws invalid_input "<path>: cannot read the config file" when the file cannot be opened, and
+///       "<path>: is a directory, not a config file" (or a FIFO, ...) without opening it.
 inline run_config load_run_config(const std::filesystem::path& path) {
+  require_regular_file(path, "config file");
   std::ifstream in(path, std::ios::binary);
   require(static_cast<bool>(in), path.string(), ": cannot read the config file");
   std::ostringstream text;

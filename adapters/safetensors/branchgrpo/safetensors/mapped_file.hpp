@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/input_file.hpp"
 #include "branchgrpo/safetensors/header.hpp"
 #include "branchgrpo/safetensors/tensor.hpp"
 #include "branchgrpo/safetensors/text.hpp"
@@ -34,7 +35,8 @@ class safetensors_file {
  public:
   explicit safetensors_file(const std::filesystem::path& path) : path_(path) {
     const std::string name = path.string();
-    const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO returns at once (the check below refuses it); no effect on a regular file.
+    const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail(name, ": cannot open: ", std::strerror(errno));
     struct ::stat status {};
     if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
@@ -183,6 +185,7 @@ class safetensors_checkpoint {
 
  private:
   static std::string read_index(const std::filesystem::path& path) {
+    require_regular_file(path, "safetensors index");
     std::ifstream in(path, std::ios::binary);
     require(static_cast<bool>(in), path.string(), ": cannot open: ", std::strerror(errno));
     std::string text;
