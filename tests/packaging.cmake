@@ -324,6 +324,11 @@ if(TARGET branchgrpo_cli)
     set_tests_properties(cli_error_${name} PROPERTIES FIXTURES_REQUIRED special_files LABELS "cli;reliability"
                                                       TIMEOUT 30)
   endfunction()
+  # A size far beyond the limit is refused before anything is allocated (under a 2 GiB address-space limit).
+  add_test(NAME reliability_tree_huge_steps
+           COMMAND sh -c "ulimit -v 2000000; '$<TARGET_FILE:branchgrpo_cli>' tree --steps 2147483647")
+  set_tests_properties(reliability_tree_huge_steps PROPERTIES LABELS "cli;reliability" TIMEOUT 30 WILL_FAIL FALSE
+                       PASS_REGULAR_EXPRESSION "at most 255 steps are supported, got 2147483647")
   special_file_test(weights_fifo "fifo.safetensors: not a regular file" weights ${special_dir}/fifo.safetensors)
   special_file_test(weights_fifo_index "fifo.index.json: is a FIFO, not a safetensors index" weights
                     ${special_dir}/fifo.index.json)

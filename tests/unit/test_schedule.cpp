@@ -30,6 +30,9 @@ TEST_CASE("user schedules are validated", "[schedule]") {
   CHECK_THROWS_WITH(sigma_schedule({1.0, NAN}), "sigma[1] = nan is outside [0, 1]");
   CHECK_THROWS_WITH(sigma_schedule({1.0}), "a sigma schedule needs at least 2 values, got 1");
   CHECK_THROWS_WITH(shifted_linear_schedule(0), "the number of steps must be at least 1, got 0");
+  // Checked before the schedule is allocated (2^31 steps would be 16 GiB).
+  CHECK(shifted_linear_schedule(max_steps).steps() == max_steps);
+  CHECK_THROWS_WITH(shifted_linear_schedule(2147483647), "at most 255 steps are supported, got 2147483647");
   CHECK_THROWS_AS(shifted_linear_schedule(4, -1.0), invalid_input);
 }
 
@@ -81,7 +84,8 @@ TEST_CASE("euler_ode and bad stepper input", "[stepper]") {
 TEST_CASE("gaussian_log_prob_mean", "[stepper]") {
   const std::vector<double> next{1, 3}, mean{1, 1};
   // The doc comment's example: -0.25 - log 2 - 0.5 log(2 pi).
-  CHECK(gaussian_log_prob_mean(next, mean, 2.0) == Approx(-0.25 - std::log(2.0) - 0.5 * std::log(2 * std::numbers::pi)));
+  CHECK(gaussian_log_prob_mean(next, mean, 2.0) ==
+        Approx(-0.25 - std::log(2.0) - 0.5 * std::log(2 * std::numbers::pi)));
   CHECK_THROWS_AS(gaussian_log_prob_mean(next, std::vector<double>{1}, 2.0), invalid_input);
   CHECK_THROWS_WITH(gaussian_log_prob_mean(next, mean, 0.0), "log-prob standard deviation must be positive, got 0");
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/limits.hpp"
 
 namespace branchgrpo {
 
@@ -21,10 +22,9 @@ class sigma_schedule {
     require(sigmas_.size() >= 2, "a sigma schedule needs at least 2 values, got ", sigmas_.size());
     for (std::size_t i = 0; i < sigmas_.size(); ++i) {
       const double value = sigmas_[i];
-      require(std::isfinite(value) && value >= 0.0 && value <= 1.0, "sigma[", i, "] = ", value,
-              " is outside [0, 1]");
-      require(i == 0 || value < sigmas_[i - 1], "sigma schedule does not decrease at index ", i, ": ",
-              sigmas_[i - 1], " then ", value);
+      require(std::isfinite(value) && value >= 0.0 && value <= 1.0, "sigma[", i, "] = ", value, " is outside [0, 1]");
+      require(i == 0 || value < sigmas_[i - 1], "sigma schedule does not decrease at index ", i, ": ", sigmas_[i - 1],
+              " then ", value);
     }
   }
 
@@ -40,10 +40,10 @@ class sigma_schedule {
 
 /// Linear 1 -> 0 over `steps` steps, then the SD3 time shift s * sig / (1 + (s - 1) * sig).
 /// Example: shifted_linear_schedule(2, 3.0) -> {1.0, 0.75, 0.0}  (0.5 shifted: 1.5 / 2).
-/// @pre steps >= 1, shift > 0 and finite.
+/// @pre 1 <= steps <= max_steps (checked before anything is allocated), shift > 0 and finite.
 /// @post strictly decreasing from 1 to 0 with steps + 1 values.
 inline sigma_schedule shifted_linear_schedule(int steps, double shift = 3.0) {
-  require(steps >= 1, "the number of steps must be at least 1, got ", steps);
+  check_step_count(steps);
   require(std::isfinite(shift) && shift > 0.0, "time shift must be positive and finite, got ", shift);
   std::vector<double> sigmas(static_cast<std::size_t>(steps) + 1);
   for (int i = 0; i <= steps; ++i) {

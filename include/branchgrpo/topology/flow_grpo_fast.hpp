@@ -21,7 +21,7 @@ struct flow_grpo_fast {
   int sde_steps = 1;
 
   tree_plan operator()(int steps) const {
-    require(steps >= 1, "the number of steps must be at least 1, got ", steps);
+    check_step_count(steps);  // before the plan's vectors of that size
     require(group_size >= 1, "group size ", group_size, " is below 1");
     require(split_step >= 0 && split_step < steps, "split step ", split_step, " is not in [0, ", steps, ")");
     require(sde_steps >= 1 && split_step + sde_steps <= steps, "sde_steps ", sde_steps, " from split step ", split_step,

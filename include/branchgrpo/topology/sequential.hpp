@@ -19,7 +19,7 @@ struct sequential {
   bool shared_root = true;
 
   tree_plan operator()(int steps) const {
-    require(steps >= 1, "the number of steps must be at least 1, got ", steps);
+    check_step_count(steps);  // before the plan's vectors of that size
     require(group_size >= 1, "group size ", group_size, " is below 1");
     tree_plan plan{.steps = steps,
                    .roots = shared_root ? 1 : group_size,

@@ -24,7 +24,7 @@ struct split_schedule {
   static split_schedule sparse(int factor = 2) { return {.split_steps = {0, 5, 10, 15}, .branching = {factor}}; }
 
   tree_plan operator()(int steps) const {
-    require(steps >= 1, "the number of steps must be at least 1, got ", steps);
+    check_step_count(steps);  // before the plan's vectors of that size
     require(branching.size() == 1 || branching.size() == split_steps.size(), "split_schedule has ", branching.size(),
             " branching factors for ", split_steps.size(), " split steps");
     require(!branching.empty(), "split_schedule needs at least one branching factor");

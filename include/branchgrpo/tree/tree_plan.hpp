@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/limits.hpp"
 
 namespace branchgrpo {
 
@@ -17,10 +18,6 @@ inline const char* to_string(edge_kind kind) { return kind == edge_kind::sde ? "
 
 /// Leaves of one tree are limited to 2^24 so that node indices and noise keys stay in 32 bits.
 inline constexpr std::int64_t max_leaves_per_tree = std::int64_t{1} << 24;
-
-/// The most denoising steps a plan may have (validate checks it): a step index fits the 8-bit step field of
-/// a noise key (noise/keyed_normal.hpp), and per-level scratch arrays (tree/levels.hpp) have a fixed size.
-inline constexpr int max_steps = 255;
 
 /// The shape of one rollout tree over `steps` denoising transitions.
 /// Example: steps 3, roots 1, branching {2, 1, 2}, kinds {sde, ode, sde}: 1 root, 2 nodes after step 0,
