@@ -1,5 +1,3 @@
-#include "cli/commands.hpp"
-
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +17,7 @@
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/model_specs/flux/layout.hpp"
 #include "branchgrpo/safetensors.hpp"
+#include "cli/commands.hpp"
 
 namespace branchgrpo::cli {
 namespace {
