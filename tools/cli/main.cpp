@@ -1,6 +1,7 @@
 // The branchgrpo command-line tool. Each subcommand lives in its own <name>_command.cpp (declared in
 // cli/commands.hpp) and registers itself on the app; errors end the run with one line on stderr and a non-zero
-// exit status.
+// exit status: 2 for invalid input, 1 for anything else (a failed write included: standard output is checked
+// after every command, cli/output_file.hpp).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -10,11 +11,15 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "cli/commands.hpp"
+#include "cli/output_file.hpp"
 
 namespace {
 
-// One line whatever the message holds, so scripts can rely on it.
+// One line whatever the message holds, so scripts can rely on it. A library error (LibTorch's c10::Error) carries
+// a backtrace after its first line: only the first line is the message.
 int report_error(std::string message, int exit_code) {
+  if (const auto backtrace = message.find("\nException raised from "); backtrace != std::string::npos)
+    message.resize(backtrace);
   std::replace(message.begin(), message.end(), '\n', ' ');
   std::cerr << "branchgrpo: " << message << '\n';
   return exit_code;
@@ -65,6 +70,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (app.get_subcommands().empty())
       return report_error(missing_subcommand(app), static_cast<int>(CLI::ExitCodes::RequiredError));
+    branchgrpo::cli::check_standard_output();
   } catch (const CLI::ParseError& error) {
     if (error.get_exit_code() == 0) return app.exit(error);  // --help prints the usage and succeeds
     return report_error(error.what(), error.get_exit_code());

@@ -1,0 +1,70 @@
+#pragma once
+// The one path from text to numbers: command-line flags, config values and checkpoint metadata all go through
+// parse_integer / parse_number, which accept only what the target type represents exactly and name the key in a
+// one-line error. No silent saturation ("--seed -1" is not 2^64 - 1), no 300-digit echoes of the input.
+#include <charconv>
+#include <cmath>
+#include <concepts>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include "branchgrpo/core/error.hpp"
+
+namespace branchgrpo {
+
+/// The input as an error message shows it: at most 32 characters, longer text cut with "..." (a pasted 300-digit
+/// number stays readable). Example: echo_text(std::string(300, '9')) == std::string(29, '9') + "...".
+inline std::string echo_text(std::string_view text) {
+  constexpr std::size_t most = 32;
+  if (text.size() <= most) return std::string(text);
+  return std::string(text.substr(0, most - 3)) + "...";
+}
+
+namespace detail {
+// The whole of `text` as a decimal T, or nothing.
+template <std::integral T>
+std::optional<T> whole_integer(std::string_view text) {
+  T value{};
+  const char* last = text.data() + text.size();
+  const auto [end, error] = std::from_chars(text.data(), last, value);
+  if (text.empty() || error != std::errc() || end != last) return std::nullopt;
+  return value;
+}
+}  // namespace detail
+
+/// Parses the whole of `text` as a decimal integer of type T in [low, high] (an optional leading '-' for signed T
+/// only; no '+', spaces, hex or exponent). Throws invalid_input "<key> = <text>: must be an integer in [low, high]".
+/// Example: parse_integer<int>("42", "--iters") == 42;
+///   parse_integer<std::uint64_t>("-1", "--seed") throws
+///   "--seed = -1: must be an integer in [0, 18446744073709551615]";
+///   parse_integer<int>("0", "--threads", 1, 256) throws "--threads = 0: must be an integer in [1, 256]".
+/// @post low <= value <= high, and its decimal text equals `text` up to leading zeros.
+template <std::integral T>
+requires(!std::same_as<T, bool>) T
+    parse_integer(std::string_view text, std::string_view key, T low = std::numeric_limits<T>::min(),
+                  T high = std::numeric_limits<T>::max()) {
+  const std::optional<T> value = detail::whole_integer<T>(text);
+  if (!value || *value < low || *value > high)
+    fail(key, " = ", echo_text(text), ": must be an integer in [", std::to_string(low), ", ", std::to_string(high),
+         "]");
+  return *value;
+}
+
+/// Parses the whole of `text` as a finite double (decimal or exponent form, e.g. "0.5", "1e-4", "-3"; no "nan",
+/// "inf", hex or spaces). Throws invalid_input "<key> = <text>: must be a finite number".
+/// Example: parse_number("1e-4", "--lr") == 1e-4; parse_number("1e999", "--lr") throws
+///   "--lr = 1e999: must be a finite number".
+inline double parse_number(std::string_view text, std::string_view key) {
+  double value = 0;
+  const char* first = text.data();
+  const char* last = first + text.size();
+  const auto [end, error] = std::from_chars(first, last, value, std::chars_format::general);
+  if (text.empty() || error != std::errc() || end != last || !std::isfinite(value))
+    fail(key, " = ", echo_text(text), ": must be a finite number");
+  return value;
+}
+
+}  // namespace branchgrpo

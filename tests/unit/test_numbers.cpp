@@ -1,0 +1,46 @@
+// parse_integer / parse_number (core/numbers.hpp): the one path from text to numbers for flags, config values and
+// checkpoint metadata; each doc example is checked here.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "branchgrpo/core/numbers.hpp"
+#include "error_text.hpp"
+
+using branchgrpo::echo_text;
+using branchgrpo::parse_integer;
+using branchgrpo::parse_number;
+using branchgrpo::testing::error_of;
+
+TEST_CASE("parse_integer accepts exactly the representable decimal integers", "[numbers][reliability]") {
+  CHECK(parse_integer<int>("42", "--iters") == 42);
+  CHECK(parse_integer<int>("-42", "k") == -42);
+  CHECK(parse_integer<int>("007", "k") == 7);
+  CHECK(parse_integer<std::uint64_t>("18446744073709551615", "--seed") == UINT64_MAX);
+  CHECK(error_of([] { (void)parse_integer<std::uint64_t>("-1", "--seed"); }) ==
+        "--seed = -1: must be an integer in [0, 18446744073709551615]");
+  CHECK(error_of([] { (void)parse_integer<std::uint64_t>("18446744073709551616", "--seed"); }) ==
+        "--seed = 18446744073709551616: must be an integer in [0, 18446744073709551615]");
+  CHECK(error_of([] { (void)parse_integer<int>("0", "--threads", 1, 256); }) ==
+        "--threads = 0: must be an integer in [1, 256]");
+  for (const char* bad : {"", " 1", "1 ", "+1", "0x10", "1e3", "1.0", "12a", "--1"})
+    CHECK(error_of([&] { (void)parse_integer<int>(bad, "k"); }) ==
+          "k = " + std::string(bad) + ": must be an integer in [-2147483648, 2147483647]");
+}
+
+TEST_CASE("parse_number accepts finite decimal numbers only", "[numbers][reliability]") {
+  CHECK(parse_number("1e-4", "--lr") == 1e-4);
+  CHECK(parse_number("-3", "x") == -3.0);
+  CHECK(parse_number("0.5", "x") == 0.5);
+  for (const char* bad : {"1e999", "nan", "inf", "", "0x1p3", "1,5", " 1", "1e"})
+    CHECK(error_of([&] { (void)parse_number(bad, "--lr"); }) ==
+          "--lr = " + std::string(bad) + ": must be a finite number");
+}
+
+TEST_CASE("error messages echo at most 32 characters of the input", "[numbers][reliability]") {
+  CHECK(echo_text(std::string(300, '9')) == std::string(29, '9') + "...");
+  CHECK(echo_text("12") == "12");
+  CHECK(error_of([] { (void)parse_integer<int>(std::string(300, '9'), "--x"); }) ==
+        "--x = " + std::string(29, '9') + "...: must be an integer in [-2147483648, 2147483647]");
+}

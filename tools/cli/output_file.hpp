@@ -1,0 +1,104 @@
+#pragma once
+// Every byte the tool writes goes through these, and every failure (a full disk, /dev/full, a closed pipe, a
+// missing directory) is an error naming the path and the system's reason, e.g.
+// "out/toy/curves.csv: cannot write: No space left on device", and a non-zero exit (main.cpp).
+//
+//   write_file(path, bytes)       a whole file: a regular file is replaced atomically (temporary beside it,
+//                                 fsync, rename), so a failure leaves the old file or none, never a 0-byte one;
+//                                 a device or FIFO (/dev/full, /dev/stdout) is written in place
+//   append_to_file(path, line)    one write(2) in O_APPEND mode, then fsync: a kill loses at most this line
+//   check_standard_output()       flushes stdout; throws when anything written to it failed
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace branchgrpo::cli {
+
+/// A write failure: "<path>: <what>: <the system's reason>".
+class write_error : public std::runtime_error {
+ public:
+  write_error(const std::filesystem::path& path, std::string_view what, int error)
+      : std::runtime_error(path.string() + ": " + std::string(what) +
+                           (error != 0 ? ": " + std::string(std::strerror(error)) : std::string())) {}
+};
+
+namespace detail {
+// Writes all of `bytes` to `fd` (retrying short writes and EINTR); returns 0 or the errno of the failure.
+inline int write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ::ssize_t written = ::write(fd, bytes.data(), bytes.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written < 0) return errno;
+    if (written == 0) return EIO;
+    bytes.remove_prefix(static_cast<std::size_t>(written));
+  }
+  return 0;
+}
+
+// Closes `fd`; a failure reported by close (NFS, some disks) counts as a write failure.
+inline int close_checked(int fd) { return ::close(fd) == 0 || errno == EINTR ? 0 : errno; }
+}  // namespace detail
+
+/// Writes `bytes` as the whole content of `path` (see the file comment). Example:
+/// write_file("/dev/full", "x") throws write_error "/dev/full: cannot write: No space left on device".
+/// @post on return the file holds exactly `bytes`; on a throw a regular `path` is unchanged.
+inline void write_file(const std::filesystem::path& path, std::string_view bytes) {
+  struct ::stat info {};
+  const bool special = ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode);
+  if (special) {  // a device or FIFO: no rename over it, and no fsync (it may not support one)
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw write_error(path, "cannot open for writing", errno);
+    const int error = detail::write_all(fd, bytes);
+    const int closed = detail::close_checked(fd);
+    if (error != 0 || closed != 0) throw write_error(path, "cannot write", error != 0 ? error : closed);
+    return;
+  }
+  static std::atomic<std::uint64_t> counter{0};
+  std::filesystem::path temporary = path;
+  temporary += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw write_error(path, "cannot create", errno);
+  int error = detail::write_all(fd, bytes);
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  const int closed = detail::close_checked(fd);
+  if (error == 0) error = closed;
+  if (error == 0 && ::rename(temporary.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
+    ::unlink(temporary.c_str());
+    throw write_error(path, "cannot write", error);
+  }
+}
+
+/// Appends `bytes` (typically one line) to `path`, creating it: one write(2) in O_APPEND mode, then fsync.
+/// @post on return the bytes are on disk after everything appended before; on a throw at most a part of them is.
+inline void append_to_file(const std::filesystem::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw write_error(path, "cannot open for appending", errno);
+  int error = detail::write_all(fd, bytes);
+  if (error == 0 && ::fsync(fd) != 0 && errno != EINVAL) error = errno;  // EINVAL: a device without fsync
+  const int closed = detail::close_checked(fd);
+  if (error != 0 || closed != 0) throw write_error(path, "cannot write", error != 0 ? error : closed);
+}
+
+/// Flushes std::cout and stdout; throws write_error "standard output: cannot write: <reason>" when this or any
+/// earlier write to them failed (e.g. `branchgrpo tree --json > /dev/full`). main.cpp calls it after every command;
+/// commands that stream lines call it after each line to stop at the first failure.
+inline void check_standard_output() {
+  errno = 0;
+  std::cout.flush();
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout;
+  if (failed) throw write_error("standard output", "cannot write", errno);
+}
+
+}  // namespace branchgrpo::cli
