@@ -86,6 +86,10 @@ TEST_CASE("flux_config presets and validation") {
   CHECK_NOTHROW(validate(dev));
   CHECK_NOTHROW(validate(tiny));
   CHECK(error_of([] { validate(flux_config{.heads = 5}); }) == "flux_config: hidden 3072 is not divisible by heads 5");
+  CHECK(error_of([] { validate(flux_config{.depth_double = 100000000}); }) ==
+        "flux_config: depth_double 100000000 exceeds the limit 1024");
+  CHECK(error_of([] { validate(flux_config{.mlp_ratio = 1e9}); }) ==
+        "flux_config: mlp_ratio 1e+09 must give an MLP width in [1, 65536]");
   CHECK(error_of([] {
           validate(flux_config{.rope_axes = {16, 56, 54}});
         }) == "flux_config: rope axes sum to 126, head dim is 128");

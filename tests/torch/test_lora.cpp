@@ -106,6 +106,16 @@ TEST_CASE("lora_linear: the documented example") {
   CHECK(error_of([] { validate(lora_options{.rank = 0}); }) == "LoRA rank must be at least 1, got 0");
   CHECK(error_of([] { validate(lora_options{.alpha = std::nan("")}); }) ==
         "LoRA alpha must be finite and positive, got nan");
+  lora_linear narrow(2, 3, false, linear_role::attention);
+  CHECK(error_of([&] { narrow.add_adapter({.rank = 3}); }) == "LoRA rank 3 exceeds the layer's smaller side (2 -> 3)");
+}
+
+TEST_CASE("add_lora refuses a rank above a targeted layer's smaller side before allocating", "[reliability]") {
+  flux_transformer model(flux_config::tiny());
+  // lora.rank = 1000000000 would ask for terabytes of adapters: refused by the first targeted layer's shape.
+  CHECK(error_of([&] { add_lora(model, {.rank = 1000000000}); }) ==
+        "LoRA rank 1000000000 exceeds 64, the smaller side of layer double_blocks.0.img_attn.qkv (64 -> 192)");
+  CHECK(lora_parameters(model).empty());  // nothing was added
 }
 
 TEST_CASE("LoRA on FLUX: zero B is the base, merge equals enabled, disable equals base") {

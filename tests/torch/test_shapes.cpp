@@ -4,10 +4,12 @@
 #include <turbojpeg.h>
 
 #include "branchgrpo/app/rewards.hpp"
+#include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "branchgrpo/training/concepts.hpp"
+#include "error_text.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
 #undef CHECK
@@ -25,6 +27,7 @@
 #include <vector>
 
 using namespace branchgrpo;
+using branchgrpo::testing::error_of;
 using Catch::Matchers::Contains;
 
 static_assert(Reward<jpeg_compressibility, torch_backend>);
@@ -207,7 +210,14 @@ TEST_CASE("flux_config metadata text round-trips and rejects bad text") {
   CHECK(parse_flux_config(format_flux_config(odd), "m") == odd);
   std::string bad = text;
   bad.replace(bad.find("hidden=64"), 9, "hidden=x");
-  CHECK_THROWS_WITH(parse_flux_config(bad, "m"), "m: flux_config value 'x' of 'hidden' is not a number");
+  CHECK_THROWS_WITH(parse_flux_config(bad, "m"), "m: flux_config hidden = x: must be an integer in [0, 65536]");
+  bad = text;
+  bad.replace(bad.find("depth_double=2"), 14, "depth_double=100000000");  // a hostile file: refused before building
+  CHECK_THROWS_WITH(parse_flux_config(bad, "m"),
+                    "m: flux_config depth_double = 100000000: must be an integer in [0, 1024]");
+  bad = text;
+  bad.replace(bad.find("rope_theta=10000"), 16, "rope_theta=1e999");
+  CHECK_THROWS_WITH(parse_flux_config(bad, "m"), "m: flux_config rope_theta = 1e999: must be a finite number");
   CHECK_THROWS_WITH(parse_flux_config(text + ";colour=1", "m"), "m: unknown flux_config key 'colour'");
   CHECK_THROWS_WITH(parse_flux_config(text + ";hidden=64", "m"), "m: flux_config key 'hidden' appears twice");
   CHECK_THROWS_WITH(parse_flux_config("hidden=64", "m"), "m: flux_config has no 'in_channels'");
@@ -216,7 +226,7 @@ TEST_CASE("flux_config metadata text round-trips and rejects bad text") {
   CHECK_THROWS_WITH(parse_flux_config(bad, "m"), "m: flux_config: hidden 64 is not divisible by heads 5");
   bad = text;
   bad.replace(bad.find("qkv_bias=1"), 10, "qkv_bias=2");
-  CHECK_THROWS_WITH(parse_flux_config(bad, "m"), "m: flux_config 'qkv_bias' = 2 is not 0 or 1");
+  CHECK_THROWS_WITH(parse_flux_config(bad, "m"), "m: flux_config qkv_bias = 2: must be an integer in [0, 1]");
 }
 
 // ---- Prompt file ----------------------------------------------------------------------------------------------
@@ -503,4 +513,33 @@ TEST_CASE("the shipped model loads and its ODE samples align with their prompts"
   save_safetensors(dir / "model.safetensors", model.weights);
   CHECK_THROWS_WITH(load_shapes_model(dir),
                     (dir / "model.safetensors").string() + ": no __metadata__ key 'branchgrpo.flux_config'");
+}
+
+// ---- Run memory (app/run_memory.hpp) ---------------------------------------------------------------------------
+
+TEST_CASE("run memory: the documented estimate and a one-line refusal naming the keys", "[reliability]") {
+  run_config config = parse_run_config("", "run.toml", models_dir().parent_path());
+  config.model.dir = (models_dir() / "shapes-tiny").string();
+  const flux_config flux = run_flux_config(config);
+  CHECK(flux == shapes_flux_config());
+  CHECK(run_text_tokens(config) == 3);
+  const run_memory_estimate e = estimate_run_memory(config, flux, 3);
+  CHECK(e.nodes_per_tree == 219);
+  CHECK(e.rollout == 2.0 * 219 * 768 * 4);  // the doc comment's example
+  CHECK(byte_text(e.rollout) == "1.35 MB");
+  CHECK(byte_text(512) == "512 B");
+  CHECK(byte_text(23.4e9) == "23.4 GB");
+  CHECK(byte_text(1.234e12) == "1.23 TB");
+  CHECK_NOTHROW(check_run_memory(config, {.bytes = 1e9, .source = "test"}));
+
+  // The example: branching 4096 at two split steps is 2^24 leaves per tree for 19 steps, about 2 TB.
+  config = parse_run_config("[topology]\nsplit_steps = [0, 1]\nbranching = [4096]\n", "run.toml");
+  config.model.dir = (models_dir() / "shapes-tiny").string();
+  const std::string message =
+      error_of([&] { check_run_memory(config, {.bytes = 23.4e9, .source = "physical memory"}); });
+  CHECK_THAT(message, Contains("run.toml: the run needs about 1.96 TB, over the memory budget of 23.4 GB (physical "
+                               "memory): rollout latents 1.96 TB") &&
+                          Contains("data.prompts_per_iteration = 2 trees of 318771201 nodes") &&
+                          Contains("each [3, 16, 16] in model.dtype = float32"));
+  CHECK(message.find('\n') == std::string::npos);
 }

@@ -359,6 +359,12 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[model]\ndtype = \"float64\"\n") ==
         "run.toml: model.dtype = 'float64': must be float32, bfloat16 or float16");
   CHECK(error_of("[model]\ndevice = \"tpu\"\n") == "run.toml: model.device = 'tpu': must be cpu, cuda or cuda:N");
+  // Checked up front instead of as a LibTorch kernel error (and stack trace) in the first iteration.
+  CHECK(error_of("[model]\ndtype = \"float16\"\n") ==
+        "run.toml: model.dtype = \"float16\", model.device = \"cpu\": float16 needs a CUDA device (LibTorch's CPU "
+        "kernels lack float16 matrix products); use bfloat16 or float32 on the CPU");
+  CHECK(error_of("[model]\nlatent_height = 1000000\n") ==
+        "run.toml: model.latent_height = 1000000: must be in [0, 4096]");
   CHECK(error_of("[model]\nconfig = \"tiny\"\n") ==
         "run.toml: model.config = 'tiny': model.config is for weights without a model directory: set model.dir = "
         "\"\" to use it");

@@ -214,9 +214,16 @@ inline void read_model(table_reader r, model_section& m) {
     return ok ? "" : "must be cpu, cuda or cuda:N";
   });
   r.read("guidance", m.guidance, [](double v) { return std::isfinite(v) ? "" : "must be finite"; });
-  r.read("latent_height", m.latent_height, non_negative());
-  r.read("latent_width", m.latent_width, non_negative());
+  // 4096 latent rows are 32768 pixels: far beyond FLUX's resolutions, and a typo like 1000000 is refused here
+  // instead of as an allocation failure.
+  const auto latent_size = [](std::int64_t v) { return v < 0 || v > 4096 ? "must be in [0, 4096]" : ""; };
+  r.read("latent_height", m.latent_height, latent_size);
+  r.read("latent_width", m.latent_width, latent_size);
   r.read("gradient_checkpointing", m.gradient_checkpointing);
+  if (m.dtype == "float16" && m.device == "cpu")  // checked here, not as a kernel error in the first iteration
+    fail(r.file(),
+         ": model.dtype = \"float16\", model.device = \"cpu\": float16 needs a CUDA device (LibTorch's CPU "
+         "kernels lack float16 matrix products); use bfloat16 or float32 on the CPU");
   if (m.dir.empty() && m.config.empty())
     fail(r.file(), ": model.dir = \"\": give a model directory or model.config (dev, schnell or tiny)");
   if (!m.dir.empty() && r.has("config") && !m.config.empty())

@@ -94,6 +94,8 @@ class lora_linear : public torch::nn::Module {
   void add_adapter(const lora_options& options) {
     validate(options);
     require(!has_adapter(), "this layer already has a LoRA adapter");
+    require(options.rank <= std::min(in_, out_), "LoRA rank ", options.rank, " exceeds the layer's smaller side (", in_,
+            " -> ", out_, ")");
     const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
     auto generator = at::detail::createCPUGenerator(options.seed);
     torch::Tensor a = torch::rand({options.rank, in_}, generator, torch::kFloat64) * (2 * bound) - bound;
@@ -110,6 +112,8 @@ class lora_linear : public torch::nn::Module {
   [[nodiscard]] bool merged() const { return merged_; }
   [[nodiscard]] double scale() const { return scale_; }
   [[nodiscard]] linear_role role() const { return role_; }
+  [[nodiscard]] std::int64_t in_features() const { return in_; }
+  [[nodiscard]] std::int64_t out_features() const { return out_; }
   void set_enabled(bool enabled) { enabled_ = enabled; }
 
   /// W += scale * B A. The output is unchanged (up to rounding) and no longer needs the adapter's matmuls.
@@ -151,6 +155,13 @@ inline std::vector<std::pair<std::string, std::shared_ptr<lora_linear>>> lora_la
 /// @pre at least one layer is targeted (else invalid_input).
 inline std::int64_t add_lora(torch::nn::Module& module, const lora_options& options) {
   validate(options);
+  // The rank is checked against every targeted layer before any adapter is allocated: a rank above a layer's
+  // smaller side adds nothing but memory (lora.rank = 1000000000 would ask for terabytes).
+  for (auto& [name, layer] : lora_layers(module))
+    if (options.targets(layer->role()))
+      require(options.rank <= std::min(layer->in_features(), layer->out_features()), "LoRA rank ", options.rank,
+              " exceeds ", std::min(layer->in_features(), layer->out_features()), ", the smaller side of layer ", name,
+              " (", layer->in_features(), " -> ", layer->out_features(), ")");
   for (auto& parameter : module.parameters()) parameter.set_requires_grad(false);
   std::int64_t adapted = 0;
   std::uint64_t index = 0;

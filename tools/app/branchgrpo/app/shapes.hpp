@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/ode_sampler.hpp"
@@ -344,7 +345,8 @@ inline std::string format_flux_config(const flux_config& c) {
 
 /// Inverse of format_flux_config. Every one of the 12 keys must appear exactly once; `source` prefixes errors.
 /// Example: parse_flux_config(format_flux_config(c), "m") == c; "hidden=x;..." throws
-///   "m: flux_config value 'x' of 'hidden' is not a number".
+///   "m: flux_config hidden = x: must be an integer in [0, 65536]"; "depth_double=100000000;..." throws
+///   "m: flux_config depth_double = 100000000: must be an integer in [0, 1024]" (nothing is built or enumerated).
 /// @post the result passes validate().
 inline flux_config parse_flux_config(std::string_view text, std::string_view source) {
   flux_config c;
@@ -360,52 +362,41 @@ inline flux_config parse_flux_config(std::string_view text, std::string_view sou
     fields[key] = std::string(item.substr(eq + 1));
     at = end + 1;
   }
-  const auto number = [&](const std::string& key) {
+  // Values go through the library's one parsing path (core/numbers.hpp): "m: flux_config hidden = x: ...".
+  const auto value = [&](const std::string& key) {
     const auto it = fields.find(key);
     require(it != fields.end(), source, ": flux_config has no '", key, "'");
-    double value = 0;
-    const std::string& v = it->second;
-    const auto result = std::from_chars(v.data(), v.data() + v.size(), value);
-    require(result.ec == std::errc() && result.ptr == v.data() + v.size() && !v.empty(), source,
-            ": flux_config value '", v, "' of '", key, "' is not a number");
+    std::string v = std::move(it->second);
     fields.erase(it);
-    return value;
+    return v;
   };
-  const auto integer = [&](const std::string& key) {
-    const double value = number(key);
-    require(value == std::floor(value) && std::abs(value) < 1e15, source, ": flux_config '", key, "' = ", value,
-            " is not an integer");
-    return static_cast<std::int64_t>(value);
+  const auto where = [&](const std::string& key) { return std::string(source) + ": flux_config " + key; };
+  const auto number = [&](const std::string& key) { return parse_number(value(key), where(key)); };
+  const auto integer = [&](const std::string& key, std::int64_t high) {
+    return parse_integer<std::int64_t>(value(key), where(key), 0, high);
   };
   const auto flag = [&](const std::string& key) {
-    const std::int64_t value = integer(key);
-    require(value == 0 || value == 1, source, ": flux_config '", key, "' = ", value, " is not 0 or 1");
-    return value == 1;
+    return parse_integer<std::int64_t>(value(key), where(key), 0, 1) == 1;
   };
-  c.in_channels = integer("in_channels");
-  c.hidden = integer("hidden");
-  c.heads = integer("heads");
-  c.depth_double = integer("depth_double");
-  c.depth_single = integer("depth_single");
+  c.in_channels = integer("in_channels", flux_max_width);
+  c.hidden = integer("hidden", flux_max_width);
+  c.heads = integer("heads", flux_max_width);
+  c.depth_double = integer("depth_double", flux_max_depth);
+  c.depth_single = integer("depth_single", flux_max_depth);
   {
-    const auto it = fields.find("rope_axes");
-    require(it != fields.end(), source, ": flux_config has no 'rope_axes'");
-    std::string axes = it->second;
-    fields.erase(it);
+    const std::string axes = value("rope_axes");
     std::size_t from = 0;
     for (std::size_t a = 0; a < 3; ++a) {
       const std::size_t comma = a < 2 ? axes.find(',', from) : axes.size();
-      require(comma != std::string::npos, source, ": flux_config rope_axes '", axes, "' is not three integers");
-      const std::string part = axes.substr(from, comma - from);
-      const auto result = std::from_chars(part.data(), part.data() + part.size(), c.rope_axes[a]);
-      require(result.ec == std::errc() && result.ptr == part.data() + part.size() && !part.empty(), source,
-              ": flux_config rope_axes '", axes, "' is not three integers");
+      require(comma != std::string::npos, where("rope_axes"), " = ", echo_text(axes), ": must be three integers");
+      c.rope_axes[a] = parse_integer<std::int64_t>(std::string_view(axes).substr(from, comma - from),
+                                                   where("rope_axes[" + std::to_string(a) + "]"), 0, flux_max_width);
       from = comma + 1;
     }
   }
   c.rope_theta = number("rope_theta");
-  c.vec_in = integer("vec_in");
-  c.context_in = integer("context_in");
+  c.vec_in = integer("vec_in", flux_max_width);
+  c.context_in = integer("context_in", flux_max_width);
   c.mlp_ratio = number("mlp_ratio");
   c.qkv_bias = flag("qkv_bias");
   c.guidance_embed = flag("guidance_embed");

@@ -55,10 +55,27 @@ struct flux_config {
   friend bool operator==(const flux_config&, const flux_config&) = default;
 };
 
-/// Throws invalid_input naming the first inconsistent field.
-/// Example: flux_config{.heads = 5} -> "flux_config: hidden 3072 is not divisible by heads 5".
-/// @post hidden % heads == 0, sum(rope_axes) == head_dim, every axis even and positive, in_channels % 4 == 0.
+/// Upper limits of a flux_config's sizes, far above any released FLUX (hidden 3072, 19 + 38 blocks) but low enough
+/// that a corrupt or hostile config (a model file's metadata saying depth_double = 100000000) is refused before
+/// anything of that size is built or enumerated.
+inline constexpr std::int64_t flux_max_width = 65536;  ///< hidden, in_channels, vec_in, context_in, MLP width
+inline constexpr std::int64_t flux_max_depth = 1024;   ///< depth_double, depth_single
+
+/// Throws invalid_input naming the first inconsistent or out-of-limit field.
+/// Example: flux_config{.heads = 5} -> "flux_config: hidden 3072 is not divisible by heads 5";
+///   flux_config{.depth_double = 100000000} -> "flux_config: depth_double 100000000 exceeds the limit 1024".
+/// @post hidden % heads == 0, sum(rope_axes) == head_dim, every axis even and positive, in_channels % 4 == 0,
+///   every width <= flux_max_width and every depth <= flux_max_depth.
 inline void validate(const flux_config& c) {
+  const auto at_most = [](std::int64_t value, std::int64_t limit, const char* name) {
+    require(value <= limit, "flux_config: ", name, " ", value, " exceeds the limit ", limit);
+  };
+  at_most(c.in_channels, flux_max_width, "in_channels");
+  at_most(c.hidden, flux_max_width, "hidden");
+  at_most(c.vec_in, flux_max_width, "vec_in");
+  at_most(c.context_in, flux_max_width, "context_in");
+  at_most(c.depth_double, flux_max_depth, "depth_double");
+  at_most(c.depth_single, flux_max_depth, "depth_single");
   require(c.in_channels >= 4 && c.in_channels % 4 == 0, "flux_config: in_channels ", c.in_channels,
           " is not a positive multiple of 4 (2x2 packing)");
   require(c.hidden >= 1, "flux_config: hidden ", c.hidden, " must be positive");
@@ -77,8 +94,9 @@ inline void validate(const flux_config& c) {
           " must be finite and above 1");
   require(c.vec_in >= 1 && c.context_in >= 1, "flux_config: vec_in ", c.vec_in, " and context_in ", c.context_in,
           " must be positive");
-  require(std::isfinite(c.mlp_ratio) && c.mlp_ratio > 0 && c.mlp_hidden() >= 1, "flux_config: mlp_ratio ", c.mlp_ratio,
-          " must give a positive MLP width");
+  require(std::isfinite(c.mlp_ratio) && c.mlp_ratio > 0 && c.mlp_ratio * static_cast<double>(c.hidden) >= 1 &&
+              c.mlp_ratio * static_cast<double>(c.hidden) <= static_cast<double>(flux_max_width),
+          "flux_config: mlp_ratio ", c.mlp_ratio, " must give an MLP width in [1, ", flux_max_width, "]");
 }
 
 }  // namespace branchgrpo

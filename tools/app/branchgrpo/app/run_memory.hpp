@@ -1,0 +1,172 @@
+#pragma once
+// What a training run's sizes imply in memory, estimated from the config and the model file's header before
+// anything is loaded or built, so that `branchgrpo train` with topology.branching = [4096] on two split steps
+// (2^24 leaves per tree) says "needs about 1.96 TB" in one line instead of growing until the kernel kills it.
+//
+//   run_flux_config(config)                 the transformer's shape: model.config, or model.dir's metadata
+//   estimate_run_memory(config, flux, L)    bytes per part: weights, training state, rollout latents, activations
+//   check_run_memory(config, budget)        throws invalid_input naming the keys of the largest part
+//
+// The estimate covers what grows with the config's sizes; it is an upper bound for the rollout and training
+// state (exact tensor sizes) and a rough one for the activations (attention scores stored, no fused kernels).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/app/shapes.hpp"
+#include "branchgrpo/config/run_config.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/model_specs/flux/config.hpp"
+#include "branchgrpo/model_specs/flux/layout.hpp"
+#include "branchgrpo/safetensors.hpp"
+
+namespace branchgrpo {
+
+/// Bytes as a person reads them: "512 B", "1.5 kB", "23.4 GB", "1.2 TB" (powers of 1000, 3 significant digits).
+inline std::string byte_text(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
+  std::size_t unit = 0;
+  while (bytes >= 999.5 && unit + 1 < std::size(units)) {
+    bytes /= 1000;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 || bytes >= 99.5 ? "%.0f %s" : "%.3g %s", bytes, units[unit]);
+  return text;
+}
+
+/// The memory a process may use: `bytes`, and where the figure comes from ("physical memory", "ulimit -v").
+struct memory_budget {
+  double bytes = 0;
+  std::string source;
+};
+
+/// The transformer shape of a run: model.config's named shape, or the "branchgrpo.flux_config" metadata of
+/// model.dir's model.safetensors (only its header is read; the file is mapped, not loaded).
+inline flux_config run_flux_config(const run_config& config) {
+  const model_section& m = config.model;
+  if (m.dir.empty())
+    return m.config == "dev"       ? flux_config::dev()
+           : m.config == "schnell" ? flux_config::schnell()
+                                   : flux_config::tiny();
+  const std::filesystem::path path = config.input_path(m.dir) / "model.safetensors";
+  const safetensors_file file(path);
+  const auto it = file.metadata().find(std::string(flux_config_metadata_key));
+  require(it != file.metadata().end(), path.string(), ": no __metadata__ key '", flux_config_metadata_key, "'");
+  return parse_flux_config(it->second, path.string());
+}
+
+/// The run's latent shape [C, h, w]: the model's latent channels and model.latent_height / latent_width (0: the
+/// shapes model's 16).
+inline latent_shape run_latent_shape(const run_config& config, const flux_config& flux) {
+  const std::int64_t h = config.model.latent_height > 0 ? config.model.latent_height : shapes_image_size;
+  const std::int64_t w = config.model.latent_width > 0 ? config.model.latent_width : shapes_image_size;
+  return latent_shape{{flux.latent_channels(), h, w}};
+}
+
+/// The text length of the run's prompt embeddings (the context tensor's second dimension, from the header of
+/// data.embeddings or model.dir's prompts.safetensors); 512 (FLUX's T5 length) when the file has no such tensor.
+inline std::int64_t run_text_tokens(const run_config& config) {
+  const std::filesystem::path path = !config.data.embeddings.empty()
+                                         ? config.input_path(config.data.embeddings)
+                                         : config.input_path(config.model.dir) / "prompts.safetensors";
+  const safetensors_file file(path);
+  const safetensors_tensor* context = file.find("context");
+  return context != nullptr && context->shape.size() == 3 ? context->shape[1] : 512;
+}
+
+/// A run's memory by part, in bytes (see the file comment).
+struct run_memory_estimate {
+  double weights = 0;      ///< every transformer parameter in model.dtype
+  double training = 0;     ///< the trainable tensors' gradient, two AdamW moments and EMA shadow
+  double rollout = 0;      ///< the latents of every node of every tree of one iteration (the rollout keeps them)
+  double activations = 0;  ///< one model call of rollout.max_batch rows with autograd (rough)
+  std::int64_t nodes_per_tree = 0;
+  [[nodiscard]] double total() const { return weights + training + rollout + activations; }
+};
+
+/// Example: the shipped shapes model with the default run (dense tree of 20 steps: 219 nodes, 2 trees of
+///   [3, 16, 16] latents in float32) -> rollout = 2 * 219 * 768 * 4 bytes = 1.35 MB.
+inline run_memory_estimate estimate_run_memory(const run_config& config, const flux_config& flux,
+                                               std::int64_t text_tokens) {
+  const double bytes = config.model.dtype == "float32" ? 4 : 2;
+  const std::vector<flux_tensor_spec> tensors = flux_expected_tensors(flux, flux_layout::bfl);
+  double parameters = 0, lora = 0;
+  for (const flux_tensor_spec& t : tensors) {
+    double n = 1;
+    for (const std::int64_t d : t.shape) n *= static_cast<double>(d);
+    parameters += n;
+    if (t.shape.size() == 2)  // every linear layer: an upper bound of the adapted ones
+      lora += static_cast<double>(config.lora.rank) * static_cast<double>(t.shape[0] + t.shape[1]);
+  }
+  run_memory_estimate out;
+  out.weights = parameters * bytes;
+  const double trainable = config.lora.enabled ? lora : parameters;
+  out.training = trainable * bytes * (3 + (config.optimizer.ema_decay > 0 ? 1 : 0));
+  const tree_plan plan = config.recipe.topology(config.rollout.steps);
+  out.nodes_per_tree = plan.node_count();
+  const latent_shape shape = run_latent_shape(config, flux);
+  out.rollout = static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.node_count()) *
+                static_cast<double>(shape.elements()) * bytes;
+  // Per row and layer: the saved activations of a block (about 12 hidden-wide and 2 MLP-wide vectors per token)
+  // and the attention scores (heads x tokens per token).
+  const double tokens = static_cast<double>(shape.dims[1] / 2 * (shape.dims[2] / 2) + text_tokens);
+  const double layers = static_cast<double>(flux.depth_double + flux.depth_single);
+  const double per_layer = tokens *
+                           (12 * static_cast<double>(flux.hidden) + 2 * static_cast<double>(flux.mlp_hidden()) +
+                            2 * static_cast<double>(flux.heads) * tokens) *
+                           bytes;
+  const double per_row = config.model.gradient_checkpointing
+                             ? per_layer + layers * tokens * static_cast<double>(flux.hidden) * bytes
+                             : layers * per_layer;
+  const double rows =
+      std::min(static_cast<double>(config.rollout.max_batch),
+               static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.leaf_count()));
+  out.activations = rows * per_row;
+  return out;
+}
+
+/// Throws invalid_input when the estimate exceeds the budget, naming the config keys of the largest part.
+/// Example: topology.branching = [4096] on split steps [0, 1] of the shapes model ->
+///   "run.toml: the run needs about 1.96 TB, over the memory budget of 23.4 GB (physical memory): rollout latents
+///   1.96 TB (data.prompts_per_iteration = 2 trees of 318771201 nodes, set by [topology] and rollout.steps = 20, each
+///   [3, 16, 16] in model.dtype = float32), activations 2.11 GB (...), ...".
+inline void check_run_memory(const run_config& config, const flux_config& flux, std::int64_t text_tokens,
+                             const memory_budget& budget) {
+  const run_memory_estimate e = estimate_run_memory(config, flux, text_tokens);
+  if (e.total() <= budget.bytes) return;
+  const latent_shape shape = run_latent_shape(config, flux);
+  const std::string rollout = "rollout latents " + byte_text(e.rollout) +
+                              " (data.prompts_per_iteration = " + std::to_string(config.data.prompts_per_iteration) +
+                              " trees of " + std::to_string(e.nodes_per_tree) +
+                              " nodes, set by [topology] and rollout.steps = " + std::to_string(config.rollout.steps) +
+                              ", each [" + std::to_string(shape.dims[0]) + ", " + std::to_string(shape.dims[1]) + ", " +
+                              std::to_string(shape.dims[2]) + "] in model.dtype = " + config.model.dtype + ")";
+  const std::string activations =
+      "activations " + byte_text(e.activations) + " (rollout.max_batch = " + std::to_string(config.rollout.max_batch) +
+      " rows, model.gradient_checkpointing = " + (config.model.gradient_checkpointing ? "true" : "false") + ")";
+  const std::string weights =
+      "weights " + byte_text(e.weights) + " (the model in model.dtype = " + config.model.dtype + ")";
+  const std::string training =
+      "training state " + byte_text(e.training) +
+      " (lora.enabled = " + (config.lora.enabled ? "true, lora.rank = " + std::to_string(config.lora.rank) : "false") +
+      ")";
+  // The largest part first: its keys are the ones to change.
+  std::vector<std::pair<double, std::string>> parts = {
+      {e.rollout, rollout}, {e.activations, activations}, {e.weights, weights}, {e.training, training}};
+  std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string line;
+  for (const auto& [size, text] : parts) line += (line.empty() ? "" : ", ") + text;
+  fail(config.source, ": the run needs about ", byte_text(e.total()), ", over the memory budget of ",
+       byte_text(budget.bytes), " (", budget.source, "): ", line);
+}
+
+/// check_run_memory with the run's flux config and text length, read from the model's headers.
+inline void check_run_memory(const run_config& config, const memory_budget& budget) {
+  check_run_memory(config, run_flux_config(config), run_text_tokens(config), budget);
+}
+
+}  // namespace branchgrpo
