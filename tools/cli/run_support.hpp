@@ -1,9 +1,13 @@
 #pragma once
 // Shared by the LibTorch subcommands (`train`, `sample`, `demo`): images to PNG cells, the progress bar
-// (progress_bar.hpp), and the per-iteration metrics (JSON lines and CSV).
+// (progress_bar.hpp), and the per-iteration metrics (JSON lines and CSV, appended and cut in place on resume).
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -14,11 +18,14 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/image_grid.hpp"
+#include "cli/output_file.hpp"
 #include "cli/png.hpp"
 #include "cli/progress_bar.hpp"
 
@@ -100,50 +107,103 @@ inline nlohmann::json iteration_metrics(const iteration_stats& s, const std::map
   return j;
 }
 
-/// metrics.jsonl and metrics.csv in a run's output directory. Opening keeps the lines of iterations below
-/// `first_iteration` (a resumed run rewrites what came after its checkpoint) and drops the rest.
+namespace detail {
+// The byte length of the prefix of `text` made of whole lines ('\n'-terminated) that `keep` accepts, up to the
+// first line it refuses or a torn last line.
+template <class Keep>
+std::size_t kept_prefix(const std::string& text, Keep&& keep) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = text.find('\n', at);
+    if (end == std::string::npos || !keep(std::string_view(text).substr(at, end - at))) break;
+    at = end + 1;
+  }
+  return at;
+}
+
+// Cuts the regular file `path` to `size` bytes in place (the kept lines are never rewritten); a missing file or a
+// device (/dev/null, /dev/full) is left alone.
+inline void cut_file(const std::filesystem::path& path, std::uintmax_t size) {
+  struct ::stat info {};
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return;
+  if (static_cast<std::uintmax_t>(info.st_size) == size) return;
+  if (::truncate(path.c_str(), static_cast<::off_t>(size)) != 0) throw write_error(path, "cannot truncate", errno);
+}
+
+// The whole of a regular file ("" when it is missing or not a regular file).
+inline std::string file_text(const std::filesystem::path& path) {
+  struct ::stat info {};
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw write_error(path, "cannot read", errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+}  // namespace detail
+
+/// metrics.jsonl and metrics.csv in a run's output directory, appended one line per iteration (append_to_file:
+/// one write, then fsync; a kill loses at most the line being written). Opening cuts each file in place after its
+/// last whole line of an iteration below `first_iteration` (a resumed run continues from its checkpoint; a fresh
+/// run, first_iteration 0, starts them empty): the kept lines are never rewritten, and a torn last line from a kill
+/// is cut too. Write failures throw write_error naming the file and the system's reason.
+/// Example: metrics.jsonl with iterations 0..5 and a torn line, first_iteration 4 -> iterations 0..3 kept.
 class metrics_files {
  public:
   metrics_files(const std::filesystem::path& dir, int first_iteration)
       : jsonl_(dir / "metrics.jsonl"), csv_(dir / "metrics.csv") {
-    std::vector<nlohmann::json> kept;
-    if (first_iteration > 0) {
-      std::ifstream in(jsonl_);
-      for (std::string line; std::getline(in, line);) {
-        if (line.empty()) continue;
-        nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (!j.is_discarded() && j.contains("iteration") && j["iteration"].get<int>() < first_iteration)
-          kept.push_back(std::move(j));
-      }
-    }
-    std::ofstream(jsonl_, std::ios::trunc);
-    std::ofstream(csv_, std::ios::trunc);
-    for (const nlohmann::json& j : kept) append(j);
+    const auto below = [&](const nlohmann::json& j) {
+      return j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer() &&
+             j["iteration"].get<long long>() < first_iteration;
+    };
+    const std::string jsonl = first_iteration > 0 ? detail::file_text(jsonl_) : std::string();
+    detail::cut_file(jsonl_, detail::kept_prefix(jsonl, [&](std::string_view line) {
+                       return below(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
+                     }));
+    const std::string csv = first_iteration > 0 ? detail::file_text(csv_) : std::string();
+    std::size_t iteration_column = std::string::npos;
+    bool header = true;
+    detail::cut_file(csv_, detail::kept_prefix(csv, [&](std::string_view line) {
+                       std::vector<std::string> cells;
+                       std::string cell;
+                       std::istringstream row{std::string(line)};
+                       while (std::getline(row, cell, ',')) cells.push_back(cell);
+                       if (header) {  // the header stays when a row under it does; its columns are reused
+                         header = false;
+                         const auto it = std::find(cells.begin(), cells.end(), "iteration");
+                         if (it == cells.end()) return false;
+                         iteration_column = static_cast<std::size_t>(it - cells.begin());
+                         columns_ = cells;
+                         return true;
+                       }
+                       if (cells.size() != columns_.size()) return false;
+                       const std::string& text = cells[iteration_column];
+                       long long iteration = 0;
+                       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), iteration);
+                       return error == std::errc() && end == text.data() + text.size() && iteration < first_iteration;
+                     }));
   }
 
   void append(const nlohmann::json& j) {
-    std::ofstream jsonl(jsonl_, std::ios::app);
-    jsonl << j.dump() << '\n';
+    append_to_file(jsonl_, j.dump() + "\n");
+    std::string lines;
     if (columns_.empty()) {
       for (const auto& item : j.items()) columns_.push_back(item.key());
-      std::ofstream csv(csv_, std::ios::app);
-      for (std::size_t i = 0; i < columns_.size(); ++i) csv << (i ? "," : "") << columns_[i];
-      csv << '\n';
+      for (std::size_t i = 0; i < columns_.size(); ++i) lines += (i ? "," : "") + columns_[i];
+      lines += '\n';
     }
-    std::ofstream csv(csv_, std::ios::app);
     for (std::size_t i = 0; i < columns_.size(); ++i) {
-      csv << (i ? "," : "");
+      lines += (i ? "," : "");
       const auto it = j.find(columns_[i]);
       if (it == j.end() || it->is_null()) {
-        csv << "nan";
+        lines += "nan";
       } else if (it->is_number_float()) {
-        csv << number_text(it->get<double>());
+        lines += number_text(it->get<double>());
       } else {
-        csv << it->dump();
+        lines += it->dump();
       }
     }
-    csv << '\n';
-    if (!jsonl || !csv) throw std::runtime_error("cannot write " + jsonl_.string() + " or " + csv_.string());
+    append_to_file(csv_, lines + '\n');
   }
 
  private:

@@ -2,7 +2,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -14,8 +16,10 @@
 #include "branchgrpo/core/error.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
+#include "cli/output_file.hpp"
 #include "cli/png.hpp"
 #include "cli/run_support.hpp"
+#include "cli/signals.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -67,33 +71,53 @@ void print_row(std::ostream& out, const iteration_stats& s) {
   out << row.str() << std::flush;
 }
 
+// The config of every (re)start, kept: <out>/configs/config-<iteration>.toml (the file as given) and
+// config-<iteration>.canonical.toml (every key's effective value and the inputs' checksums), never overwriting an
+// earlier start's ("-2", "-3", ... when a run restarts twice from one iteration); <out>/config.toml is the latest.
+void keep_config(const std::filesystem::path& out, const std::string& config_file, training_run& run) {
+  std::ifstream in(config_file, std::ios::binary);
+  if (!in) throw write_error(config_file, "cannot read", errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::filesystem::path dir = make_directory(out / "configs");
+  const std::string stem = "config-" + checkpoint_path(".", run.iteration()).filename().string().substr(5);
+  std::string name = stem;
+  for (int n = 2;
+       std::filesystem::exists(dir / (name + ".toml")) || std::filesystem::exists(dir / (name + ".canonical.toml"));
+       ++n)
+    name = stem + "-" + std::to_string(n);
+  write_file(dir / (name + ".toml"), text.str());
+  write_file(dir / (name + ".canonical.toml"), run.canonical_config());
+  write_file(out / "config.toml", text.str());
+}
+
 void run_train(const train_options& options) {
   const run_config config = load_run_config(options.config);
   const std::filesystem::path out = make_directory(config.run.output_dir);
-  const auto existing = latest_checkpoint(out / "checkpoints");
-  require(options.resume || !existing.has_value(), config.run.output_dir, " already holds checkpoint ",
-          existing ? existing->filename().string() : std::string(),
-          ": pass --resume to continue it, or set another run.output_dir");
+  const std::filesystem::path checkpoints = out / "checkpoints";
+  if (!options.resume) {
+    for (const std::string& line : recover_checkpoints(checkpoints)) std::cerr << "checkpoints: " << line << '\n';
+    const std::vector<checkpoint_entry> existing = list_checkpoints(checkpoints);
+    require(existing.empty(), config.run.output_dir, " already holds checkpoint ",
+            existing.empty() ? std::string() : existing.front().dir.filename().string(),
+            ": pass --resume to continue it, or set another run.output_dir");
+  }
 
   auto run = make_run(config);
   if (options.resume) {
     if (const auto from = run->resume())
       std::cerr << "resuming from " << from->string() << " (iteration " << run->iteration() << ")\n";
     else
-      std::cerr << "no checkpoint in " << (out / "checkpoints").string() << ": starting from iteration 0\n";
+      std::cerr << "no checkpoint in " << checkpoints.string() << ": starting from iteration 0\n";
   }
-  {  // The config next to its results (`branchgrpo sample --config out/config.toml` works from there too only
-     // when its relative input paths do: they are resolved against the original file's directory).
-    std::error_code ignored;
-    std::filesystem::copy_file(options.config, out / "config.toml", std::filesystem::copy_options::overwrite_existing,
-                               ignored);
-  }
+  keep_config(out, options.config, *run);
   metrics_files metrics(out, run->iteration());
   const std::filesystem::path grids = make_directory(out / "grids");
   run_progress bar(!options.quiet, config.run.iterations);
   if (!options.json) print_header(std::cout);
   double seconds = 0;
   int timed = 0;
+  const stop_signals stop;
   while (!run->done()) {
     const int i = run->iteration();
     const bool last = i + 1 == config.run.iterations;
@@ -108,21 +132,36 @@ void run_train(const train_options& options) {
                 << (stats.trees_dropped == 1 ? " tree" : " trees") << " with a non-finite reward\n";
     if (options.json)
       std::cout << iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm).dump()
-                << '\n'
-                << std::flush;
+                << '\n';
     else
       print_row(std::cout, stats);
+    check_standard_output();
     if (grid) write_leaf_grid(checkpoint_path(grids, i + 1).replace_extension(".png"), *run, i + 1);
-    if ((config.run.checkpoint_every > 0 && (i + 1) % config.run.checkpoint_every == 0) || last)
-      (void)run->save_checkpoint();
+    const bool checkpoint = (config.run.checkpoint_every > 0 && (i + 1) % config.run.checkpoint_every == 0) || last;
+    if (checkpoint || stop.received() != 0) {
+      const std::filesystem::path dir = run->save_checkpoint();
+      if (const int signal = stop.received(); signal != 0) {
+        // The iteration that was running when the signal came is finished and saved: say so, exit 128 + signal.
+        bar.clear();
+        std::cerr << "train: stopped by " << signal_name(signal) << " after " << i + 1
+                  << (i == 0 ? " iteration" : " iterations") << "; checkpoint " << dir.string()
+                  << " is valid; continue with --resume\n";
+        check_standard_output();
+        std::cerr.flush();
+        std::exit(128 + signal);
+      }
+    }
     bar.update(i + 1, std::to_string(i + 1) + "/" + std::to_string(config.run.iterations), stats.reward_mean,
                seconds / timed);
   }
   bar.clear();
   if (!options.json)
     std::cout << "wrote " << (out / "metrics.jsonl").string() << ", " << (out / "metrics.csv").string() << ", "
-              << grids.string() << "/, " << (out / "checkpoints").string() << "/\n";
+              << grids.string() << "/, " << checkpoints.string() << "/\n";
 }
+
+/// The most samples per prompt `sample` draws (a grid of 4096 columns is already far wider than any screen).
+constexpr int max_samples = 4096;
 
 struct sample_options {
   std::string config;
@@ -136,6 +175,9 @@ struct sample_options {
 void run_sample(const sample_options& options) {
   const run_config config = load_run_config(options.config);
   require(options.samples >= 1, "--samples must be at least 1, got ", options.samples);
+  // Every sample is a whole ODE solve and an image held until the grid is drawn: bound the count before loading.
+  require(options.samples <= max_samples, "--samples = ", options.samples, ": at most ", max_samples,
+          " samples per prompt");
   auto run = make_run(config);
   run->load_weights(options.checkpoint);
   const std::vector<std::string>& table = run->model().prompts;

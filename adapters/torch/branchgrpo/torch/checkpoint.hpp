@@ -1,31 +1,59 @@
 #pragma once
-// Checkpoints of a training run: one directory per checkpoint, written atomically.
+// Checkpoints of a training run: one directory per checkpoint, written atomically and verified on reading.
 //
 //   <root>/iter-000010/weights.safetensors   the trainable tensors by name (LoRA A/B, or every weight)
-//   <root>/iter-000010/state.safetensors     optimizer state (AdamW exp_avg, exp_avg_sq, step per parameter),
-//                                            EMA shadows, stateful normalizer buffers; __metadata__ holds the
-//                                            iteration (iterations completed), the seed and the format
+//   <root>/iter-000010/state.safetensors     optimizer state (AdamW exp_avg, exp_avg_sq, step per parameter, and
+//                                            adamw.state.<name> = 1 / 0: whether the parameter has state), EMA
+//                                            shadows, stateful normalizer buffers
+//   <root>/iter-000010/config.toml           the canonical text of the run's config (config/config_text.hpp)
+//   <root>/iter-000010/manifest.txt          written last: the format, iteration and seed, each file's size and
+//                                            XXH64, and the XXH64 of the manifest's own lines above it
 //
-// Atomicity: the files are written into <dir>.tmp, then the directory is renamed to <dir> (rename(2) of a
-// directory is atomic on POSIX file systems). A crash before the rename leaves <dir>.tmp behind and every earlier
-// checkpoint intact; latest_checkpoint ignores anything but complete "iter-<digits>" directories, and the next
-// write of the same name starts by deleting the stale <dir>.tmp.
+// manifest.txt, e.g.
+//   format branchgrpo-checkpoint-2
+//   iteration 10
+//   seed 5
+//   file weights.safetensors 73824 9c1d5e0a77f3b2e1
+//   file state.safetensors 221904 03f7aa91c2d45e68
+//   file config.toml 1893 5be0c6d7e8f90a1b
+//   manifest 4e7d0f1a2b3c4d5e
+//
+// Atomicity: the files are written (each fsync'ed) into <dir>.tmp, the manifest last, then the directory is renamed
+// to <dir> (rename(2) of a directory is atomic on POSIX file systems). A crash before the rename leaves <dir>.tmp
+// behind and every earlier checkpoint intact. Pruning renames a directory to <dir>.deleted before deleting it, so a
+// kill in the middle never leaves a half-deleted "iter-N". recover_checkpoints (called at every start) removes
+// what a crash left: *.tmp, *.deleted, *.old beside its committed directory (a *.old without one is renamed back),
+// and "iter-N" directories without a manifest that are not whole checkpoints of the old format.
+//
+// Integrity: read_checkpoint verifies the manifest's own checksum, its format, and every file's size and XXH64
+// (core/hash.hpp) before loading, so a flipped byte, a truncated or missing file is an error naming the file, never
+// a silently different run. latest_checkpoint returns the newest checkpoint that verifies; find_checkpoint also
+// says why each newer one was skipped.
 //
 // RNG state: none to save. Every random draw of a run is keyed by (seed, iteration, tree, node, step, stream)
 // (noise/keyed_normal.hpp), and the prompts of an iteration are a function of the iteration, so the seed and the
 // iteration number restore the whole random state.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/hash.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 
@@ -37,9 +65,13 @@ struct checkpoint_contents {
   std::uint64_t seed = 0;
   std::map<std::string, torch::Tensor> weights;  ///< trainable tensors by name
   std::map<std::string, torch::Tensor> state;    ///< optimizer, EMA and normalizer tensors by name
+  std::string config_text = {};                  ///< the run's canonical config (config/config_text.hpp); may be ""
 };
 
-inline constexpr std::string_view checkpoint_format = "branchgrpo-checkpoint-1";
+inline constexpr std::string_view checkpoint_format = "branchgrpo-checkpoint-2";
+/// The format of checkpoints written before manifests (read no more; named in the refusal).
+inline constexpr std::string_view checkpoint_format_1 = "branchgrpo-checkpoint-1";
+inline constexpr std::string_view checkpoint_manifest = "manifest.txt";
 
 /// "<root>/iter-<iteration, 6 digits>". Example: checkpoint_path("out/checkpoints", 10) == ".../iter-000010".
 inline std::filesystem::path checkpoint_path(const std::filesystem::path& root, int iteration) {
@@ -50,21 +82,180 @@ inline std::filesystem::path checkpoint_path(const std::filesystem::path& root, 
 }
 
 namespace detail {
-// The iteration of a complete checkpoint directory name "iter-<digits>", else nullopt.
-inline std::optional<int> checkpoint_iteration(const std::filesystem::path& dir) {
+// The iteration of a directory named "iter-<digits>" (nothing else: no suffix), else nullopt.
+inline std::optional<int> checkpoint_name_iteration(const std::filesystem::path& dir) {
   const std::string name = dir.filename().string();
   if (name.size() <= 5 || name.rfind("iter-", 0) != 0) return std::nullopt;
   const std::string digits = name.substr(5);
   if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-  if (!std::filesystem::is_regular_file(dir / "weights.safetensors") ||
-      !std::filesystem::is_regular_file(dir / "state.safetensors"))
-    return std::nullopt;
-  return std::stoi(digits);
+  return parse_integer<int>(digits, name);
+}
+
+// Writes `bytes` as `path` (created or replaced), then fsync and a checked close: a full disk is an error naming
+// the path and the system's reason.
+inline void write_checked(const std::filesystem::path& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), path.string() + ": cannot create");
+  int error = 0;
+  while (!bytes.empty() && error == 0) {
+    const ::ssize_t written = ::write(fd, bytes.data(), bytes.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) error = written < 0 ? errno : EIO;
+    if (written > 0) bytes.remove_prefix(static_cast<std::size_t>(written));
+  }
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0 && errno != EINTR) error = errno;
+  if (error != 0) throw std::system_error(error, std::generic_category(), path.string() + ": cannot write");
+}
+
+// fsync of a directory, so that the renames and new entries in it are on disk.
+inline void sync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), dir.string() + ": cannot open to sync");
+  const int error = ::fsync(fd) != 0 && errno != EINVAL ? errno : 0;
+  ::close(fd);
+  if (error != 0) throw std::system_error(error, std::generic_category(), dir.string() + ": cannot sync");
+}
+
+// The whole of a small text file, or nullopt when it cannot be read.
+inline std::optional<std::string> read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return std::nullopt;
+  return text.str();
+}
+
+// The parsed manifest.txt of a checkpoint directory.
+struct manifest {
+  std::string format;
+  int iteration = 0;
+  std::uint64_t seed = 0;
+  struct file {
+    std::string name;
+    std::uint64_t size = 0;
+    std::string xxh64;  // 16 hex digits
+  };
+  std::vector<file> files;
+};
+
+// The text of a manifest: the lines, then "manifest <xxh64 of the lines before it>".
+inline std::string manifest_text(const manifest& m) {
+  std::string text =
+      "format " + m.format + "\niteration " + std::to_string(m.iteration) + "\nseed " + std::to_string(m.seed) + "\n";
+  for (const auto& f : m.files) text += "file " + f.name + " " + std::to_string(f.size) + " " + f.xxh64 + "\n";
+  return text + "manifest " + hex_digest(xxh64_digest(text)) + "\n";
+}
+
+// Reads and checks <dir>/manifest.txt (its own checksum, format, fields); throws invalid_input naming the problem.
+inline manifest read_manifest(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / checkpoint_manifest;
+  const std::optional<std::string> text = read_text(path);
+  if (!text) {
+    // A checkpoint of the first format (no manifest) is named as such; anything else is no checkpoint at all.
+    if (std::filesystem::is_regular_file(dir / "state.safetensors")) {
+      std::string format;
+      try {
+        const safetensors_checkpoint state(dir / "state.safetensors");
+        const auto it = state.metadata().find("format");
+        if (it != state.metadata().end()) format = it->second;
+      } catch (const std::exception&) {
+      }
+      if (format == checkpoint_format_1)
+        fail(dir.string(), ": a checkpoint of the old format ", checkpoint_format_1, " (no ", checkpoint_manifest,
+             "), which this version does not read: continue it with the version that wrote it");
+    }
+    fail(dir.string(), ": not a valid checkpoint (no ", checkpoint_manifest, ")");
+  }
+  const std::string::size_type tail = text->rfind("manifest ");
+  require(tail != std::string::npos && (tail == 0 || (*text)[tail - 1] == '\n'), path.string(),
+          ": not a valid checkpoint manifest (no checksum line)");
+  const std::string body = text->substr(0, tail);
+  std::string stated = text->substr(tail + 9);
+  if (!stated.empty() && stated.back() == '\n') stated.pop_back();
+  const std::string actual = hex_digest(xxh64_digest(body));
+  require(stated == actual, path.string(), ": checksum mismatch (xxh64 ", actual, ", the manifest says ",
+          echo_text(stated), ")");
+  manifest m;
+  std::istringstream lines(body);
+  bool has_iteration = false, has_seed = false;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string key;
+    words >> key;
+    const auto rest = [&] {
+      std::string value;
+      std::getline(words >> std::ws, value);
+      return value;
+    };
+    if (key == "format") {
+      m.format = rest();
+    } else if (key == "iteration") {
+      m.iteration = parse_integer<int>(rest(), path.string() + ": iteration", 0);
+      has_iteration = true;
+    } else if (key == "seed") {
+      m.seed = parse_integer<std::uint64_t>(rest(), path.string() + ": seed");
+      has_seed = true;
+    } else if (key == "file") {
+      manifest::file f;
+      std::string size;
+      words >> f.name >> size >> f.xxh64;
+      require(!f.name.empty() && f.name.find('/') == std::string::npos && f.xxh64.size() == 16, path.string(),
+              ": malformed line '", echo_text(line), "'");
+      f.size = parse_integer<std::uint64_t>(size, path.string() + ": size of " + f.name);
+      m.files.push_back(std::move(f));
+    } else {
+      fail(path.string(), ": unknown line '", echo_text(line), "'");
+    }
+  }
+  require(m.format == checkpoint_format, path.string(), ": format '", echo_text(m.format), "' is not ",
+          checkpoint_format, ": not a valid checkpoint");
+  require(has_iteration && has_seed, path.string(), ": no ", has_iteration ? "seed" : "iteration", " line");
+  for (const char* needed : {"weights.safetensors", "state.safetensors"})
+    require(std::any_of(m.files.begin(), m.files.end(), [&](const auto& f) { return f.name == needed; }), path.string(),
+            ": does not list ", needed);
+  if (const auto named = checkpoint_name_iteration(dir))
+    require(*named == m.iteration, path.string(), ": says iteration ", m.iteration, ", the directory ",
+            dir.filename().string());
+  return m;
+}
+
+// Checks each file the manifest lists: present, its size, and (when `hashes`) its XXH64.
+inline void verify_files(const std::filesystem::path& dir, const manifest& m, bool hashes) {
+  for (const auto& f : m.files) {
+    const std::filesystem::path path = dir / f.name;
+    std::error_code error;
+    const auto size = std::filesystem::file_size(path, error);
+    require(!error, path.string(), ": missing (", checkpoint_manifest, " lists it)");
+    require(size == f.size, path.string(), ": size ", size, " bytes, the manifest says ", f.size);
+    if (!hashes) continue;
+    const std::string actual = hex_digest(file_digest(path).xxh64);
+    require(actual == f.xxh64, path.string(), ": checksum mismatch (xxh64 ", actual, ", manifest says ", f.xxh64, ")");
+  }
 }
 }  // namespace detail
 
-/// Phase 1 of write_checkpoint: writes the files into "<dir>.tmp" (deleted first if a crash left one) and
-/// returns that path. Until commit_checkpoint renames it, `dir` and every other checkpoint are untouched.
+/// Throws invalid_input naming the first problem of checkpoint directory `dir`: no or a damaged manifest, another
+/// format, a listed file missing, of another size, or whose XXH64 differs ("<dir>/weights.safetensors: checksum
+/// mismatch (xxh64 ..., manifest says ...)"). Returns normally for a checkpoint exactly as written.
+inline void verify_checkpoint(const std::filesystem::path& dir) {
+  detail::verify_files(dir, detail::read_manifest(dir), /*hashes=*/true);
+}
+
+/// "" when verify_checkpoint(dir) passes, else its message.
+inline std::string checkpoint_problem(const std::filesystem::path& dir) {
+  try {
+    verify_checkpoint(dir);
+    return {};
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+}
+
+/// Phase 1 of write_checkpoint: writes the files into "<dir>.tmp" (deleted first if a crash left one), the manifest
+/// last, and returns that path. Until commit_checkpoint renames it, `dir` and every other checkpoint are untouched.
+/// Write failures throw std::system_error naming the file and the system's reason.
 inline std::filesystem::path stage_checkpoint(const std::filesystem::path& dir, const checkpoint_contents& contents) {
   std::filesystem::path staging = dir;
   staging += ".tmp";
@@ -72,16 +263,25 @@ inline std::filesystem::path stage_checkpoint(const std::filesystem::path& dir, 
   std::filesystem::remove_all(staging, error);
   std::filesystem::create_directories(staging, error);
   require(!error, staging.string(), ": cannot create the checkpoint directory: ", error.message());
-  save_safetensors(staging / "weights.safetensors", contents.weights,
-                   {{"format", std::string(checkpoint_format)}, {"iteration", std::to_string(contents.iteration)}});
-  save_safetensors(staging / "state.safetensors", contents.state,
-                   {{"format", std::string(checkpoint_format)},
-                    {"iteration", std::to_string(contents.iteration)},
-                    {"seed", std::to_string(contents.seed)}});
+  const std::map<std::string, std::string> metadata = {{"format", std::string(checkpoint_format)},
+                                                       {"iteration", std::to_string(contents.iteration)},
+                                                       {"seed", std::to_string(contents.seed)}};
+  save_safetensors(staging / "weights.safetensors", contents.weights, metadata);
+  save_safetensors(staging / "state.safetensors", contents.state, metadata);
+  detail::write_checked(staging / "config.toml", contents.config_text);
+  detail::manifest m{
+      .format = std::string(checkpoint_format), .iteration = contents.iteration, .seed = contents.seed, .files = {}};
+  for (const char* name : {"weights.safetensors", "state.safetensors", "config.toml"}) {
+    const file_digest_result digest = file_digest(staging / name);
+    m.files.push_back({.name = name, .size = digest.size, .xxh64 = hex_digest(digest.xxh64)});
+  }
+  detail::write_checked(staging / checkpoint_manifest, detail::manifest_text(m));
+  detail::sync_directory(staging);
   return staging;
 }
 
-/// Phase 2: renames the staged directory to `dir` (an existing `dir` is moved aside first, then deleted).
+/// Phase 2: renames the staged directory to `dir` (an existing `dir` is moved aside to "<dir>.old" first, then
+/// deleted), and syncs the parent directory.
 inline void commit_checkpoint(const std::filesystem::path& staging, const std::filesystem::path& dir) {
   std::error_code error;
   std::filesystem::path aside = dir;
@@ -93,6 +293,7 @@ inline void commit_checkpoint(const std::filesystem::path& staging, const std::f
   }
   std::filesystem::rename(staging, dir, error);
   require(!error, staging.string(), ": cannot rename to ", dir.string(), ": ", error.message());
+  detail::sync_directory(dir.parent_path().empty() ? std::filesystem::path(".") : dir.parent_path());
   std::filesystem::remove_all(aside, error);
 }
 
@@ -101,58 +302,140 @@ inline void write_checkpoint(const std::filesystem::path& dir, const checkpoint_
   commit_checkpoint(stage_checkpoint(dir, contents), dir);
 }
 
-/// Reads a checkpoint directory written by write_checkpoint. Errors name the file.
+/// Reads a checkpoint directory written by write_checkpoint, after verify_checkpoint. Errors name the file.
 inline checkpoint_contents read_checkpoint(const std::filesystem::path& dir) {
+  const detail::manifest m = detail::read_manifest(dir);
+  detail::verify_files(dir, m, /*hashes=*/true);
   checkpoint_contents out;
-  const safetensors_checkpoint state(dir / "state.safetensors");
-  const auto& metadata = state.metadata();
-  const auto field = [&](const char* key) {
-    const auto it = metadata.find(key);
-    require(it != metadata.end(), (dir / "state.safetensors").string(), ": no '", key, "' in the metadata");
-    return it->second;
-  };
-  require(field("format") == checkpoint_format, (dir / "state.safetensors").string(), ": format '", field("format"),
-          "' is not ", checkpoint_format);
-  out.iteration = std::stoi(field("iteration"));
-  out.seed = std::stoull(field("seed"));
-  out.state = load_safetensors(state);
+  out.iteration = m.iteration;
+  out.seed = m.seed;
+  out.state = load_safetensors(dir / "state.safetensors");
   out.weights = load_safetensors(dir / "weights.safetensors");
+  if (std::any_of(m.files.begin(), m.files.end(), [](const auto& f) { return f.name == "config.toml"; })) {
+    const std::optional<std::string> text = detail::read_text(dir / "config.toml");
+    require(text.has_value(), (dir / "config.toml").string(), ": cannot read");
+    out.config_text = *text;
+  }
   return out;
 }
 
-/// The complete checkpoint of the highest iteration under `root` (nullopt when there is none). Staged
-/// ("*.tmp") and moved-aside ("*.old") directories never count.
-inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root) {
-  std::optional<std::filesystem::path> best;
-  int best_iteration = -1;
+/// One "iter-<digits>" directory under a checkpoint root.
+struct checkpoint_entry {
+  int iteration = 0;
+  std::filesystem::path dir;
+};
+
+/// Every directory named "iter-<digits>" under `root` (valid or not), the newest first; none when root is absent.
+inline std::vector<checkpoint_entry> list_checkpoints(const std::filesystem::path& root) {
+  std::vector<checkpoint_entry> out;
   std::error_code error;
-  if (!std::filesystem::is_directory(root, error)) return std::nullopt;
+  if (!std::filesystem::is_directory(root, error)) return out;
   for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
     if (!entry.is_directory()) continue;
-    const std::optional<int> iteration = detail::checkpoint_iteration(entry.path());
-    if (iteration && *iteration > best_iteration) {
-      best_iteration = *iteration;
-      best = entry.path();
-    }
+    if (const auto iteration = detail::checkpoint_name_iteration(entry.path()))
+      out.push_back({.iteration = *iteration, .dir = entry.path()});
   }
-  return best;
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.iteration > b.iteration; });
+  return out;
 }
 
-/// Deletes all but the `keep` newest complete checkpoints under `root`, and stale staged / moved-aside ones.
-inline void prune_checkpoints(const std::filesystem::path& root, int keep) {
-  std::vector<std::pair<int, std::filesystem::path>> complete;
+/// The newest checkpoint under `root` that verifies, and for each newer one the reason it was skipped.
+struct checkpoint_search {
+  std::optional<std::filesystem::path> found;
+  std::vector<std::string> skipped;  ///< one line per skipped directory (verify_checkpoint's message)
+};
+
+/// Example: iter-000004 valid, iter-000006 with a flipped byte -> {found = iter-000004, skipped =
+/// {".../iter-000006/weights.safetensors: checksum mismatch (xxh64 ..., manifest says ...)"}}.
+inline checkpoint_search find_checkpoint(const std::filesystem::path& root) {
+  checkpoint_search out;
+  for (const checkpoint_entry& entry : list_checkpoints(root)) {
+    std::string problem = checkpoint_problem(entry.dir);
+    if (problem.empty()) {
+      out.found = entry.dir;
+      break;
+    }
+    out.skipped.push_back(std::move(problem));
+  }
+  return out;
+}
+
+/// The newest checkpoint under `root` that verifies (nullopt when there is none). Staged ("*.tmp"), moved-aside
+/// ("*.old") and half-deleted ("*.deleted") directories never count.
+inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root) {
+  return find_checkpoint(root).found;
+}
+
+namespace detail {
+// Renames `dir` to "<dir>.deleted", then deletes it: a kill in between leaves a name that never counts.
+inline void delete_checkpoint_dir(const std::filesystem::path& dir) {
   std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.ends_with(".tmp") || name.ends_with(".old")) {
-      std::filesystem::remove_all(entry.path(), error);
-    } else if (const auto iteration = detail::checkpoint_iteration(entry.path())) {
-      complete.emplace_back(*iteration, entry.path());
+  std::filesystem::path doomed = dir;
+  doomed += ".deleted";
+  std::filesystem::remove_all(doomed, error);
+  std::filesystem::rename(dir, doomed, error);
+  if (!error) std::filesystem::remove_all(doomed, error);
+}
+
+// Whether "iter-N" is what a crash or a half-finished deletion left: no manifest, and not both files of the old
+// format (those are kept, and refused with their format's name).
+inline bool checkpoint_incomplete(const std::filesystem::path& dir) {
+  if (std::filesystem::exists(dir / checkpoint_manifest)) return false;
+  return !(std::filesystem::is_regular_file(dir / "weights.safetensors") &&
+           std::filesystem::is_regular_file(dir / "state.safetensors"));
+}
+}  // namespace detail
+
+/// Cleans what an interrupted write or prune left under `root` and returns one line per change: "*.tmp" and
+/// "*.deleted" directories are removed; "iter-N.old" is removed when "iter-N" exists, else renamed back to it (a
+/// kill between commit_checkpoint's two renames); "iter-N" directories without a manifest that are not whole
+/// old-format checkpoints are removed. A checkpoint that verifies is never removed.
+inline std::vector<std::string> recover_checkpoints(const std::filesystem::path& root) {
+  std::vector<std::string> done;
+  std::error_code error;
+  if (!std::filesystem::is_directory(root, error)) return done;
+  std::vector<std::filesystem::path> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(root, error)) entries.push_back(entry.path());
+  std::sort(entries.begin(), entries.end());
+  for (const std::filesystem::path& path : entries) {
+    const std::string name = path.filename().string();
+    if (name.rfind("iter-", 0) != 0) continue;
+    if (name.ends_with(".tmp") || name.ends_with(".deleted")) {
+      std::filesystem::remove_all(path, error);
+      done.push_back("removed the interrupted " + path.string());
+    } else if (name.ends_with(".old")) {
+      const std::filesystem::path committed = path.parent_path() / name.substr(0, name.size() - 4);
+      if (std::filesystem::exists(committed)) {
+        std::filesystem::remove_all(path, error);
+        done.push_back("removed the replaced " + path.string());
+      } else {
+        std::filesystem::rename(path, committed, error);
+        done.push_back("restored " + committed.string() + " from " + path.string());
+      }
+    } else if (detail::checkpoint_name_iteration(path) && std::filesystem::is_directory(path) &&
+               detail::checkpoint_incomplete(path)) {
+      detail::delete_checkpoint_dir(path);
+      done.push_back("removed the incomplete " + path.string());
     }
   }
-  std::sort(complete.begin(), complete.end());
-  for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < complete.size(); ++i)
-    std::filesystem::remove_all(complete[i].second, error);
+  return done;
+}
+
+/// Deletes all but the `keep` newest intact checkpoints under `root` (intact: the manifest verifies and every file
+/// has its listed size; hashes are not read here), and what recover_checkpoints removes.
+inline void prune_checkpoints(const std::filesystem::path& root, int keep) {
+  (void)recover_checkpoints(root);
+  int kept = 0;
+  for (const checkpoint_entry& entry : list_checkpoints(root)) {
+    bool intact = true;
+    try {
+      detail::verify_files(entry.dir, detail::read_manifest(entry.dir), /*hashes=*/false);
+    } catch (const std::exception&) {
+      intact = false;
+    }
+    if (!intact) continue;  // a damaged one neither counts nor is deleted here: resume names it
+    if (kept++ >= std::max(keep, 1)) detail::delete_checkpoint_dir(entry.dir);
+  }
 }
 
 // ---- AdamW state --------------------------------------------------------------------------------------------
@@ -191,8 +474,42 @@ inline std::map<std::string, torch::Tensor> adamw_state_tensors(
   return out;
 }
 
+/// Which parameters have optimizer state, stated explicitly so that a lost tensor is an error, never a silently
+/// reset parameter: "adamw.state.<name>" = int64 {1} when `tensors` (adamw_state_tensors' output) holds the
+/// parameter's moments, else {0}, for every parameter. A checkpoint stores these beside the state.
+/// Example: {adamw.exp_avg.w, adamw.exp_avg_sq.w, adamw.step.w} over parameters w, v ->
+///   {adamw.state.w {1}, adamw.state.v {0}}.
+inline std::map<std::string, torch::Tensor> adamw_state_presence(
+    const std::map<std::string, torch::Tensor>& tensors,
+    const std::vector<std::pair<std::string, torch::Tensor>>& parameters) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, parameter] : parameters)
+    out["adamw.state." + name] =
+        torch::tensor({std::int64_t{tensors.contains("adamw.exp_avg." + name) ? 1 : 0}}, torch::kInt64);
+  return out;
+}
+
+/// Checks `tensors` against the presence markers of adamw_state_presence: each parameter's "adamw.state.<name>"
+/// exists, and its moments and step are there exactly when it says 1. Throws invalid_input naming the parameter,
+/// e.g. "optimizer state of 'w' is incomplete: adamw.state.w = 1 but no adamw.exp_avg_sq.w".
+inline void check_adamw_state(const std::map<std::string, torch::Tensor>& tensors,
+                              const std::vector<std::pair<std::string, torch::Tensor>>& parameters) {
+  for (const auto& [name, parameter] : parameters) {
+    const auto marker = tensors.find("adamw.state." + name);
+    require(marker != tensors.end(), "optimizer state of '", name, "' is missing (no adamw.state.", name, ")");
+    const std::int64_t has = marker->second.to(torch::kCPU, torch::kInt64).reshape({-1})[0].item<std::int64_t>();
+    require(has == 0 || has == 1, "optimizer state of '", name, "': adamw.state.", name, " = ", has, " is not 0 or 1");
+    for (const char* what : {"exp_avg", "exp_avg_sq", "step"}) {
+      const bool present = tensors.contains(std::string("adamw.") + what + "." + name);
+      require(present == (has == 1), "optimizer state of '", name, "' is ", has == 1 ? "incomplete" : "inconsistent",
+              ": adamw.state.", name, " = ", has, present ? " but it has adamw." : " but no adamw.", what, ".", name);
+    }
+  }
+}
+
 /// Restores what adamw_state_tensors saved (every parameter's state replaced; a parameter absent from `tensors`
-/// gets none, as before its first step). Throws invalid_input naming a tensor whose shape does not match.
+/// gets none, as before its first step: check_adamw_state first to refuse a lost tensor). Throws invalid_input
+/// naming a tensor whose shape does not match, or a step / exp_avg_sq without its exp_avg.
 inline void load_adamw_state(torch::optim::AdamW& optimizer,
                              const std::vector<std::pair<std::string, torch::Tensor>>& parameters,
                              const std::map<std::string, torch::Tensor>& tensors) {
@@ -201,9 +518,13 @@ inline void load_adamw_state(torch::optim::AdamW& optimizer,
     const auto key = detail::optimizer_state_key<torch::optim::AdamW>(parameter);
     states.erase(key);
     const auto avg = tensors.find("adamw.exp_avg." + name);
-    if (avg == tensors.end()) continue;
     const auto squares = tensors.find("adamw.exp_avg_sq." + name);
     const auto step = tensors.find("adamw.step." + name);
+    if (avg == tensors.end()) {
+      require(squares == tensors.end() && step == tensors.end(), "optimizer state of '", name,
+              "' is incomplete (exp_avg_sq or step without exp_avg)");
+      continue;
+    }
     require(squares != tensors.end() && step != tensors.end(), "optimizer state of '", name,
             "' is incomplete (exp_avg without exp_avg_sq or step)");
     require(avg->second.sizes() == parameter.sizes() && squares->second.sizes() == parameter.sizes(),

@@ -18,12 +18,18 @@
 // uninterrupted run (bit-identical on CPU): the checkpoint restores the trainable weights, AdamW's moments and
 // step counts, the EMA shadows and the stateful normalizer's buffers, and every random draw is keyed by the seed
 // and the iteration (checkpoint.hpp).
+//
+// Resuming (resume()): the newest checkpoint that verifies (checksums, checkpoint.hpp) wins; each newer one that
+// does not is named in a warning; when checkpoints exist but none verifies, resume fails instead of starting
+// afresh. The checkpoint's stored config (config_text.hpp) is compared with this run's: a change of a key that
+// changes the experiment is refused naming the keys; the keys that may change are listed in the log.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +41,7 @@
 
 #include "branchgrpo/app/rewards.hpp"
 #include "branchgrpo/app/shapes.hpp"
+#include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
@@ -377,7 +384,15 @@ class training_run {
         out.state["ema." + named[i].first] = policy_->ema_parameters()[i].detach().clone();
     for (const auto& [name, values] : recipe_.normalizer.save_state())
       out.state["normalizer." + name] = torch::tensor(values, torch::kFloat64);
+    out.state.merge(adamw_state_presence(out.state, named));
+    out.config_text = canonical_config();
     return out;
+  }
+
+  /// The canonical text of this run's config with its input files' checksums (config_text.hpp), computed once.
+  [[nodiscard]] const std::string& canonical_config() {
+    if (!config_text_) config_text_ = config_text(config_);
+    return *config_text_;
   }
 
   /// Restores a checkpoint of this configuration (weights, optimizer, EMA, normalizer, iteration).
@@ -406,6 +421,10 @@ class training_run {
         fail("the checkpoint does not match this config's trainable weights: ", line);
       }
     }
+    // A checkpoint's optimizer state is all there or, when a caller dropped it on purpose, wholly absent.
+    if (std::any_of(contents.state.begin(), contents.state.end(),
+                    [](const auto& t) { return t.first.starts_with("adamw."); }))
+      check_adamw_state(contents.state, named);
     torch::NoGradGuard no_grad;
     for (const auto& [name, tensor] : named) tensor.copy_(contents.weights.at(name));
     load_adamw_state(policy_->optimizer(), named, contents.state);
@@ -442,12 +461,48 @@ class training_run {
     return dir;
   }
 
-  /// Continues from the latest complete checkpoint under checkpoint_root(); returns its directory, or nullopt
-  /// (nothing changed) when there is none.
-  std::optional<std::filesystem::path> resume() {
-    const auto latest = latest_checkpoint(checkpoint_root());
-    if (latest) restore(read_checkpoint(*latest));
-    return latest;
+  /// Continues from the newest checkpoint under checkpoint_root() that verifies; returns its directory, or nullopt
+  /// (nothing changed) when there is no checkpoint at all. First cleans what an interrupted write or prune left
+  /// (recover_checkpoints), one line each on `log`. Each newer checkpoint that does not verify gets one line
+  /// "warning: skipping <dir>: <reason>" on `log`. Throws invalid_input when checkpoints exist but none verifies
+  /// ("<root>: no valid checkpoint among 2 (newest: ...)"), and when the checkpoint's config differs from this
+  /// run's in a key that changes the experiment ("<dir>: cannot resume: the config changes optimizer.lr (0.001 ->
+  /// 0.002) ..."); keys that may change are listed on `log`.
+  std::optional<std::filesystem::path> resume(std::ostream& log = std::cerr) {
+    for (const std::string& line : recover_checkpoints(checkpoint_root())) log << "checkpoints: " << line << '\n';
+    const std::vector<checkpoint_entry> entries = list_checkpoints(checkpoint_root());
+    if (entries.empty()) return std::nullopt;
+    std::string newest_problem;
+    for (const checkpoint_entry& entry : entries) {
+      checkpoint_contents contents;
+      try {
+        contents = read_checkpoint(entry.dir);
+      } catch (const std::exception& error) {
+        if (newest_problem.empty()) newest_problem = error.what();
+        log << "warning: skipping checkpoint " << entry.dir.string() << ": " << error.what() << '\n';
+        continue;
+      }
+      check_resumable(entry.dir, contents.config_text, log);
+      restore(contents);
+      return entry.dir;
+    }
+    fail(checkpoint_root().string(), ": no valid checkpoint among ", entries.size(), " (newest: ", newest_problem,
+         "); move them aside to start afresh, or set another run.output_dir");
+  }
+
+  /// Throws invalid_input unless a checkpoint whose config is `stored` (config_text) may continue under this run's
+  /// config: "<dir>: cannot resume: the config changes <keys> (...), which change the experiment; ...". Keys that
+  /// may change are listed on `log` ("resume: changed run.iterations (2 -> 3)"); an empty `stored` is not compared.
+  void check_resumable(const std::filesystem::path& dir, const std::string& stored, std::ostream& log = std::cerr) {
+    if (stored.empty()) {
+      log << "warning: " << dir.string() << " holds no config: not compared with " << config_.source << '\n';
+      return;
+    }
+    const config_difference changes = compare_config_text(stored, canonical_config());
+    require(changes.refused.empty(), dir.string(), ": cannot resume: the config changes ",
+            config_changes_text(changes.refused),
+            ", which change the experiment (restore them, or start a new run in another run.output_dir)");
+    if (!changes.allowed.empty()) log << "resume: changed " << config_changes_text(changes.allowed) << '\n';
   }
 
   /// Loads trainable weights only (e.g. `branchgrpo sample --checkpoint DIR`).
@@ -504,6 +559,7 @@ class training_run {
   bool keep_images_ = false;
   torch::Tensor last_images_;
   std::vector<std::int64_t> last_prompts_;
+  std::optional<std::string> config_text_;
 };
 
 }  // namespace branchgrpo

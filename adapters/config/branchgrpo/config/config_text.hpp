@@ -1,0 +1,331 @@
+#pragma once
+// The canonical text of a run configuration, and what differs between two of them (what `train --resume` checks).
+//
+//   config_text(config)                      every key with its effective value (defaults included), one
+//                                            "key.path = value" per line in TOML, then one "# input" line per
+//                                            input file with its size and XXH64 (the model's identity)
+//   compare_config_text(stored, current)     the keys whose values differ, split into those that change the
+//                                            experiment (refused on resume) and those that may change
+//
+// Example (the default config, abridged):
+//   # branchgrpo run config: every key with its effective value
+//   model.dir = "models/shapes-tiny"
+//   model.dtype = "float32"
+//   ...
+//   topology.kind = "split_schedule"
+//   topology.split_steps = [0, 3, 6, 9]
+//   ...
+//   pruning.pruners = []
+//   rewards = [{ name = "alignment", weight = 1.0, params = {} }]
+//   run.iterations = 100
+//   ...
+//   # input model.dir/model.safetensors = "1857704 bytes, xxh64 3f1c...."
+//
+// The text is a valid config: parse_run_config(config_text(c), ...) gives c back (the "# input" lines are
+// comments to TOML; model.weights is written only without model.dir, where the reader accepts it). Policies are written
+// through their described parameters (core/parameters.hpp), the held policy's only, so every family's choice
+// round-trips.
+//
+// What may change on resume (resume_may_change): the run's length and bookkeeping, and what changes speed or
+// memory but not the experiment:
+//   run.iterations, run.grid_every, run.checkpoint_every, run.keep_checkpoints, run.output_dir
+//   rollout.max_batch, model.gradient_checkpointing, model.device (the results agree up to floating-point
+//     rounding: a resumed run stays bit-identical to an uninterrupted one only when these are unchanged)
+//   model.dir, model.weights, model.decoder, data.embeddings (paths: a moved file may be named anew; its
+//     content is compared through its "# input" line, which is an experiment key)
+// Every other key changes the experiment (the learning rate, steps, topology, rewards, advantage, dtype, seed, the
+// base model's bytes, ...) and is refused.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "branchgrpo/config/run_config.hpp"
+#include "branchgrpo/core/hash.hpp"
+#include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/core/parameters.hpp"
+
+namespace branchgrpo {
+
+namespace config_text_detail {
+
+// A TOML basic string: quoted, with \, " and control characters escaped.
+inline std::string toml_string(std::string_view text) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7F) {
+      out += "\\u00";
+      out += hex[u >> 4];
+      out += hex[u & 0xF];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// A value as TOML writes it: strings and enumeration names quoted, numbers and lists as value_text.
+template <class V>
+std::string toml_value(const V& value) {
+  if constexpr (NamedEnum<V>) {
+    return toml_string(value_text(value));
+  } else if constexpr (std::is_convertible_v<const V&, std::string_view>) {
+    return toml_string(value);
+  } else if constexpr (requires {
+                         value.size();
+                         value[0];
+                       }) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < value.size(); ++i) text += (i == 0 ? "" : ", ") + toml_value(value[i]);
+    return text + "]";
+  } else {
+    return value_text(value);
+  }
+}
+
+// "key = value" for each described parameter of `policy`, keys prefixed with `prefix`.
+template <class Policy>
+void add_parameters(std::string& out, std::string_view prefix, const Policy& policy) {
+  std::apply(
+      [&](const auto&... p) {
+        ((out += std::string(prefix) + std::string(p.name) + " = " + toml_value(policy.*(p.member)) + "\n"), ...);
+      },
+      parameters_of<Policy>());
+}
+
+// "<prefix><kind_key> = "<name>"" and the held policy's parameters.
+template <class AnyPolicy>
+void add_policy(std::string& out, std::string_view prefix, std::string_view kind_key, const AnyPolicy& any) {
+  out += std::string(prefix) + std::string(kind_key) + " = " + toml_string(any.name()) + "\n";
+  std::visit([&](const auto& p) { add_parameters(out, prefix, p); }, any.policy);
+}
+
+// The held policy as an inline table: { kind = "parent_top_k", k = 1 }.
+template <class AnyPolicy>
+std::string inline_policy(const AnyPolicy& any) {
+  std::string body = "kind = " + toml_string(any.name());
+  std::visit(
+      [&](const auto& p) {
+        using P = std::decay_t<decltype(p)>;
+        std::apply(
+            [&](const auto&... d) { ((body += ", " + std::string(d.name) + " = " + toml_value(p.*(d.member))), ...); },
+            parameters_of<P>());
+      },
+      any.policy);
+  return "{ " + body + " }";
+}
+
+// "1857704 bytes, xxh64 3f1c..." of a file, or why it has none.
+inline std::string input_identity(const std::filesystem::path& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return "not a readable file";
+  try {
+    const file_digest_result digest = file_digest(path);
+    return std::to_string(digest.size) + " bytes, xxh64 " + hex_digest(digest.xxh64);
+  } catch (const invalid_input&) {
+    return "not a readable file";
+  }
+}
+
+// The keys resume may change (see the file comment).
+inline constexpr std::array<std::string_view, 12> resumable = {"run.iterations",
+                                                               "run.grid_every",
+                                                               "run.checkpoint_every",
+                                                               "run.keep_checkpoints",
+                                                               "run.output_dir",
+                                                               "rollout.max_batch",
+                                                               "model.gradient_checkpointing",
+                                                               "model.device",
+                                                               "model.dir",
+                                                               "model.weights",
+                                                               "model.decoder",
+                                                               "data.embeddings"};
+
+}  // namespace config_text_detail
+
+/// The input files a config names, as "# input" keys: "model.dir/model.safetensors" (and
+/// "model.dir/prompts.safetensors" without data.embeddings), "model.weights", "data.embeddings", "model.decoder"
+/// (unless "pixels") and "rewards[i].params.file", each with its resolved path.
+inline std::vector<std::pair<std::string, std::filesystem::path>> config_inputs(const run_config& config) {
+  std::vector<std::pair<std::string, std::filesystem::path>> out;
+  const model_section& m = config.model;
+  if (!m.dir.empty()) {
+    out.emplace_back("model.dir/model.safetensors", config.input_path(m.dir) / "model.safetensors");
+    if (config.data.embeddings.empty())
+      out.emplace_back("model.dir/prompts.safetensors", config.input_path(m.dir) / "prompts.safetensors");
+  }
+  if (!m.weights.empty()) out.emplace_back("model.weights", config.input_path(m.weights));
+  if (!config.data.embeddings.empty()) out.emplace_back("data.embeddings", config.input_path(config.data.embeddings));
+  if (m.decoder != "pixels") out.emplace_back("model.decoder", config.input_path(m.decoder));
+  for (std::size_t i = 0; i < config.rewards.size(); ++i) {
+    const auto it = config.rewards[i].params.find("file");
+    if (it != config.rewards[i].params.end() && std::holds_alternative<std::string>(it->second))
+      out.emplace_back("rewards[" + std::to_string(i) + "].params.file",
+                       config.input_path(std::get<std::string>(it->second)));
+  }
+  return out;
+}
+
+/// The canonical text of `config` (see the file comment): every key with its effective value, then, with
+/// `inputs`, each input file's size and XXH64 (read whole: a large base model takes a while to hash).
+/// @post parse_run_config(config_text(c), ...) holds the same values as c; equal configs give equal texts.
+inline std::string config_text(const run_config& config, bool inputs = true) {
+  using namespace config_text_detail;
+  std::string out = "# branchgrpo run config: every key with its effective value\n";
+  const auto line = [&](std::string_view key, const std::string& value) {
+    out += std::string(key) + " = " + value + "\n";
+  };
+  const model_section& m = config.model;
+  line("model.dir", toml_string(m.dir));
+  line("model.config", toml_string(m.config));
+  if (m.dir.empty()) line("model.weights", toml_string(m.weights));  // refused beside model.dir (always "" there)
+  line("model.decoder", toml_string(m.decoder));
+  line("model.dtype", toml_string(m.dtype));
+  line("model.device", toml_string(m.device));
+  line("model.guidance", toml_value(m.guidance));
+  line("model.latent_height", toml_value(m.latent_height));
+  line("model.latent_width", toml_value(m.latent_width));
+  line("model.gradient_checkpointing", toml_value(m.gradient_checkpointing));
+  line("data.embeddings", toml_string(config.data.embeddings));
+  line("data.prompts_per_iteration", toml_value(config.data.prompts_per_iteration));
+  add_policy(out, "topology.", "kind", config.recipe.topology);
+  line("rollout.steps", toml_value(config.rollout.steps));
+  line("rollout.shift", toml_value(config.rollout.shift));
+  line("rollout.max_batch", toml_value(config.rollout.max_batch));
+  add_policy(out, "rollout.", "stepper", config.recipe.stepper);
+  add_policy(out, "correlator.", "kind", config.recipe.correlator);
+  add_policy(out, "fusion.", "kind", config.recipe.fusion);
+  add_policy(out, "advantage.", "kind", config.recipe.normalizer);
+  line("pruning.active_fraction", toml_value(config.recipe.pruner.fraction));
+  {
+    std::string list = "[";
+    const auto& pruners = config.recipe.pruner.pruner.pruners;
+    for (std::size_t i = 0; i < pruners.size(); ++i) list += (i ? ", " : "") + inline_policy(pruners[i]);
+    line("pruning.pruners", list + "]");
+  }
+  line("loss.clip_range", toml_value(config.loss.clip_range));
+  line("loss.advantage_clip", toml_value(config.loss.advantage_clip));
+  line("loss.kl_beta", toml_value(config.loss.kl_beta));
+  add_parameters(out, "optimizer.", config.optimizer);
+  line("lora.enabled", toml_value(config.lora.enabled));
+  line("lora.rank", toml_value(config.lora.rank));
+  line("lora.alpha", toml_value(config.lora.alpha));
+  line("lora.targets", toml_value(config.lora.targets));
+  {
+    std::string list = "[";
+    for (std::size_t i = 0; i < config.rewards.size(); ++i) {
+      const reward_entry& r = config.rewards[i];
+      std::string params;
+      for (const auto& [key, value] : r.params)  // a std::map: sorted, so equal entries give equal text
+        params +=
+            (params.empty() ? "" : ", ") + key + " = " + std::visit([](const auto& v) { return toml_value(v); }, value);
+      list += std::string(i ? ", " : "") + "{ name = " + toml_string(r.name) + ", weight = " + toml_value(r.weight) +
+              ", params = {" + (params.empty() ? "" : " " + params + " ") + "} }";
+    }
+    line("rewards", list + "]");
+  }
+  line("run.iterations", toml_value(config.run.iterations));
+  line("run.seed", toml_value(config.run.seed));
+  line("run.output_dir", toml_string(config.run.output_dir));
+  line("run.grid_every", toml_value(config.run.grid_every));
+  line("run.checkpoint_every", toml_value(config.run.checkpoint_every));
+  line("run.keep_checkpoints", toml_value(config.run.keep_checkpoints));
+  line("run.updates_per_iteration", toml_value(config.run.updates_per_iteration));
+  if (inputs)
+    for (const auto& [key, path] : config_inputs(config))
+      out += "# input " + key + " = " + toml_string(input_identity(path)) + "\n";
+  return out;
+}
+
+/// Whether resume accepts a change of `key` (see the file comment). Example: resume_may_change("run.iterations")
+/// is true, resume_may_change("optimizer.lr") false, resume_may_change("input model.dir/model.safetensors") false.
+inline bool resume_may_change(std::string_view key) {
+  const auto& keys = config_text_detail::resumable;
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+/// One key whose value differs; "" for a side that has no such key.
+struct config_change {
+  std::string key;
+  std::string before;
+  std::string after;
+  friend bool operator==(const config_change&, const config_change&) = default;
+};
+
+/// The differing keys of two canonical texts, in the order of `current` (then keys only `stored` has).
+struct config_difference {
+  std::vector<config_change> refused;  ///< keys that change the experiment
+  std::vector<config_change> allowed;  ///< keys resume may change (resume_may_change)
+  [[nodiscard]] bool empty() const { return refused.empty() && allowed.empty(); }
+};
+
+/// The "key = value" entries of a canonical text, in order: "# input <key> = <value>" lines give key
+/// "input <key>"; other comments and blank lines are skipped.
+inline std::vector<std::pair<std::string, std::string>> config_entries(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!text.empty()) {
+    const std::size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    std::string prefix;
+    if (line.starts_with("# input ")) {
+      line.remove_prefix(8);
+      prefix = "input ";
+    } else if (line.empty() || line.starts_with("#")) {
+      continue;
+    }
+    const std::size_t equals = line.find(" = ");
+    if (equals == std::string_view::npos) continue;
+    out.emplace_back(prefix + std::string(line.substr(0, equals)), std::string(line.substr(equals + 3)));
+  }
+  return out;
+}
+
+/// What differs between the config a checkpoint stored and the current one (both config_text).
+/// Example: stored "optimizer.lr = 0.001\nrun.iterations = 2\n", current "optimizer.lr = 0.002\nrun.iterations =
+/// 3\n" -> refused {{"optimizer.lr", "0.001", "0.002"}}, allowed {{"run.iterations", "2", "3"}}.
+inline config_difference compare_config_text(std::string_view stored, std::string_view current) {
+  const auto before = config_entries(stored), after = config_entries(current);
+  std::map<std::string, std::string> old(before.begin(), before.end());
+  config_difference out;
+  const auto add = [&](config_change change) {
+    (resume_may_change(change.key) ? out.allowed : out.refused).push_back(std::move(change));
+  };
+  for (const auto& [key, value] : after) {
+    const auto it = old.find(key);
+    if (it == old.end()) {
+      add({.key = key, .before = "", .after = value});
+      continue;
+    }
+    if (it->second != value) add({.key = key, .before = it->second, .after = value});
+    old.erase(it);
+  }
+  for (const auto& [key, value] : before)
+    if (old.contains(key)) add({.key = key, .before = value, .after = ""});
+  return out;
+}
+
+/// The changes as one line: "optimizer.lr (0.001 -> 0.002), rewards ([...] -> [...])", values cut to 32
+/// characters (echo_text), "(none)" for a missing side.
+inline std::string config_changes_text(const std::vector<config_change>& changes) {
+  std::string text;
+  for (const config_change& c : changes)
+    text += (text.empty() ? "" : ", ") + c.key + " (" + (c.before.empty() ? "(none)" : echo_text(c.before)) + " -> " +
+            (c.after.empty() ? "(none)" : echo_text(c.after)) + ")";
+  return text;
+}
+
+}  // namespace branchgrpo
