@@ -7,7 +7,7 @@
 #              and finishes; with every checkpoint damaged --resume fails (exit 2) instead of starting afresh
 #   config     --resume with a changed optimizer.lr is refused naming it; a changed run.iterations is listed and
 #              accepted; every start's config is kept under configs/
-#   sigterm    SIGTERM during a run (checkpoint_every = 0): exit 143 and one line naming the checkpoint written at
+#   sigterm    SIGTERM during a 30-iteration run (checkpoint_every = 0): exit 143 and one line naming the checkpoint written at
 #              the stop, which verifies; --resume finishes with weights and optimizer state byte-identical to an
 #              uninterrupted run's
 #   full       metrics.jsonl a symlink to /dev/full: exit non-zero naming it and "No space left on device"
@@ -96,7 +96,7 @@ config)
     "$work/out/configs/config-000001.canonical.toml" || fail "no model identity in the canonical text"
   ;;
 sigterm)
-  every=0 config straight 12 1e-3 straight && every=0 config run 12  # checkpoints: at the stop and the end only
+  every=0 config straight 30 1e-3 straight && every=0 config run 30  # checkpoints at the stop and the end; 30 iterations leave ample time for the signal
   "$tool" train --config "$work/straight.toml" --quiet > /dev/null 2> "$work/err" || fail "straight: $(cat "$work/err")"
   "$tool" train --config "$work/run.toml" --quiet > /dev/null 2> "$work/err" &
   pid=$!
@@ -109,16 +109,16 @@ sigterm)
   status=$?
   [ $status = 143 ] || fail "exit $status after SIGTERM: $(cat "$work/err")"
   line=$(tail -n 1 "$work/err")
-  echo "$line" | grep -q "^train: stopped by SIGTERM after [0-9]* iterations\?; checkpoint $work/out/checkpoints/iter-0000[01][0-9] is valid; continue with --resume$" ||
+  echo "$line" | grep -q "^train: stopped by SIGTERM after [0-9]* iterations\?; checkpoint $work/out/checkpoints/iter-0000[0-3][0-9] is valid; continue with --resume$" ||
     fail "$line"
   dir=$(echo "$line" | sed 's/.*checkpoint \(.*\) is valid.*/\1/')
   [ -f "$dir/manifest.txt" ] || fail "$dir has no manifest"
   "$tool" train --config "$work/run.toml" --resume --quiet > /dev/null 2> "$work/err" || fail "resume: $(cat "$work/err")"
   for f in weights.safetensors state.safetensors; do
-    cmp "$work/straight/checkpoints/iter-000012/$f" "$work/out/checkpoints/iter-000012/$f" ||
+    cmp "$work/straight/checkpoints/iter-000030/$f" "$work/out/checkpoints/iter-000030/$f" ||
       fail "$f differs from the uninterrupted run's"
   done
-  [ "$(lines "$work/out/metrics.jsonl")" = 12 ] || fail "metrics.jsonl: $(lines "$work/out/metrics.jsonl") lines"
+  [ "$(lines "$work/out/metrics.jsonl")" = 30 ] || fail "metrics.jsonl: $(lines "$work/out/metrics.jsonl") lines"
   ;;
 full)
   config run 1
