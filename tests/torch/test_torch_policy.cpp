@@ -16,6 +16,7 @@
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
+#include "thread_group.hpp"
 
 using namespace branchgrpo;
 
@@ -371,4 +372,36 @@ TEST_CASE("policy: invalid options and inputs are one-line invalid_input errors"
   edges.std.pop_back();
   CHECK_THROWS_WITH(policy.accumulate(edges, [](std::span<const double> lp) { return std::vector<double>(lp.size()); }),
                     "edge batch at step 2 is inconsistent: 2 parents, 2 children, 1 stds, 2 trees, 2 prompts");
+}
+
+TEST_CASE("policy: all_reduce_gradients sums the ranks' gradients and rows, so every rank steps alike",
+          "[torch][policy][distributed]") {
+  torch_backend backend{.device = torch::kCPU, .dtype = torch::kFloat64};
+  const auto edges = make_edges(backend, 3);
+  const std::vector<double> w0{0.7, -1.3, 0.4}, w1{-0.2, 0.5, 0.9};
+  // One process accumulates both batches, then steps.
+  auto model = tiny_velocity_model::make(4, 8, 2, torch::kFloat64, false, 2);
+  autograd_policy alone(model, backend);
+  alone.accumulate(edges, [&](std::span<const double>) { return w0; });
+  alone.accumulate(edges, [&](std::span<const double>) { return w1; });
+  const std::vector<torch::Tensor> summed = {model.lora_a.grad().clone(), model.lora_b.grad().clone()};
+  alone.apply_update();
+  // Two ranks (threads) accumulate one batch each; rank 1's second run accumulates nothing and still steps.
+  for (const bool idle : {false, true}) {
+    std::vector<tiny_velocity_model> models = {tiny_velocity_model::make(4, 8, 2, torch::kFloat64, false, 2),
+                                               tiny_velocity_model::make(4, 8, 2, torch::kFloat64, false, 2)};
+    branchgrpo::testing::thread_group(2).run([&](branchgrpo::testing::thread_group::member& member) {
+      auto& mine = models[static_cast<std::size_t>(member.rank())];
+      autograd_policy policy(mine, backend);
+      if (member.rank() == 0) policy.accumulate(edges, [&](std::span<const double>) { return w0; });
+      if (member.rank() == 0 && idle) policy.accumulate(edges, [&](std::span<const double>) { return w1; });
+      if (member.rank() == 1 && !idle) policy.accumulate(edges, [&](std::span<const double>) { return w1; });
+      policy.all_reduce_gradients(member);
+      CHECK(torch::equal(mine.lora_a.grad(), summed[0]));
+      CHECK(torch::equal(mine.lora_b.grad(), summed[1]));
+      CHECK(policy.apply_update().rows == 6);
+    });
+    CHECK(torch::equal(models[0].lora_a, model.lora_a));
+    CHECK(torch::equal(models[1].lora_b, model.lora_b));
+  }
 }

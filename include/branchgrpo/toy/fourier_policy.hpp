@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/toy/adam.hpp"
@@ -186,6 +187,12 @@ class fourier_policy {
   }
 
   /// One Adam step on the accumulated gradient, then zeroes it.
+  /// DataParallelPolicy: the gradient buffer becomes its sum over the communicator's ranks.
+  template <Communicator C>
+  void all_reduce_gradients(C& communicator) {
+    communicator.all_reduce_sum(gradient_);
+  }
+
   void apply_update() {
     options_.optimizer(optimizer_state_, weights_, gradient_);
     std::fill(gradient_.begin(), gradient_.end(), 0.0);

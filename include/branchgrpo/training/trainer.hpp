@@ -7,17 +7,29 @@
 //                       applied in `updates_per_iteration` optimizer steps; the KL term through accumulate_kl
 // Each stage can be called, tested and benchmarked alone.
 // Every algorithmic choice is a component of `method`; the model is a Policy, the score a Reward.
+//
+// Data parallel over trees (a Communicator of size > 1, distributed/communicator.hpp): every rank calls
+// train_iteration with the same prompts and rolls out its tree_share of them, keyed by the global tree index, so
+// the ranks' trees together are the one-process rollout. The leaf rewards and the trees' log-probs are gathered
+// (a few doubles per node), so every rank assigns credit on the whole forest exactly as one process would, and
+// the stateful normalizers and cross-tree pruners stay identical everywhere; each rank then accumulates the
+// gradient of its own trees' trained edges with the one-process weights (1 / all trained edges), the gradients
+// are summed over the ranks before every optimizer step (DataParallelPolicy), and the parameters stay identical.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "branchgrpo/advantage/concept.hpp"
 #include "branchgrpo/correlator/concept.hpp"
+#include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/fusion/concept.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/pruning/combinators.hpp"
@@ -221,6 +233,13 @@ edge_credit assign_credit(method<T, S, C, F, N, P>& recipe, const rollout_tree& 
   return credit;
 }
 
+/// A policy whose accumulated gradient can be summed over a process group: policy.all_reduce_gradients(c) replaces
+/// the gradient buffer by its sum over c's ranks (called before every optimizer step when c.size() > 1).
+template <class P, class C>
+concept DataParallelPolicy = Communicator<C> && requires(P& policy, C& communicator) {
+  policy.all_reduce_gradients(communicator);
+};
+
 /// What the update stage did.
 struct update_report {
   std::int64_t evaluations = 0;          ///< policy rows (PPO, plus the KL term's when kl_beta > 0)
@@ -230,31 +249,23 @@ struct update_report {
   double first_update_log_prob_gap = 0;  ///< max |log-prob at the first update - the rollout's|
 };
 
-/// Stage 4: the PPO update over the trained edges. They are split into min(updates_per_iteration, edges)
-/// contiguous groups of near-equal size (so the grouping does not depend on max_batch); each group is fed by
-/// step in chunks of max_batch rows through policy.accumulate (plus accumulate_kl when kl_beta > 0), then one
-/// optimizer step. The loss is the mean over all trained edges. Before the first optimizer step the parameters
-/// are those of the rollout, so the first group's old log-prob is the one just computed: its ratio is exactly 1.
-/// Example: one dense tree's 218 trained edges, updates_per_iteration 2, max_batch 64 -> two optimizer steps
-///   over edges [0, 109) and [109, 218), evaluations 218, clip_fraction 0 in the first group
-///   (tests/unit/test_trainer.cpp).
-/// @pre credit.trained non-empty and from `result`'s forest; options valid (train_iteration's checks).
-/// @post the policy took min(updates_per_iteration, credit.trained.size()) optimizer steps.
-template <Backend B, Policy<B> Model, Stepper S>
-update_report update_policy(B& backend, Model& policy, const rollout_result<B>& result, const edge_credit& credit,
-                            const S& stepper, const sigma_schedule& schedule, const training_options& options) {
+namespace detail {
+
+// The trained edges of one rank: `trained` are nodes of `result`'s forest in the global update order, `advantage`
+// is per node of that forest, `group_ends[g]` is the end in `trained` of optimizer step g's edges, `per_edge` is
+// 1 / (trained edges of all ranks). After every group the gradient is summed over the ranks, then applied.
+template <Backend B, Policy<B> Model, Stepper S, Communicator Comm>
+update_report update_edges(B& backend, Model& policy, const rollout_result<B>& result,
+                           std::span<const std::int32_t> trained, std::span<const double> advantage,
+                           std::span<const std::size_t> group_ends, double per_edge, const S& stepper,
+                           const sigma_schedule& schedule, const training_options& options, Comm& communicator) {
   const rollout_tree& full = result.tree;
-  const std::vector<std::int32_t>& trained = credit.trained;
-  require(!trained.empty(), "the update needs at least one trained edge");
   update_report report;
-  const auto edge_count = static_cast<std::int64_t>(trained.size());
-  const double per_edge = 1.0 / static_cast<double>(trained.size());
-  const auto groups = std::min<std::int64_t>(options.updates_per_iteration, edge_count);
   double loss_sum = 0, kl_sum = 0;
   std::int64_t clipped = 0;
-  for (std::int64_t group = 0; group < groups; ++group) {
-    const auto group_begin = static_cast<std::size_t>(group * edge_count / groups);
-    const auto group_end = static_cast<std::size_t>((group + 1) * edge_count / groups);
+  std::size_t group_begin = 0;
+  for (std::size_t group = 0; group < group_ends.size(); ++group) {
+    const std::size_t group_end = group_ends[group];
     const bool first_group = group == 0;
     for (std::size_t begin = group_begin; begin < group_end;) {
       const int step = full.step(full.parent(trained[begin]));
@@ -290,12 +301,12 @@ update_report update_policy(B& backend, Model& policy, const rollout_result<B>& 
             report.first_update_log_prob_gap =
                 std::max(report.first_update_log_prob_gap, std::abs(log_probs[i] - rollout_log_prob));
           const double old_log_prob = first_group ? log_probs[i] : rollout_log_prob;
-          const double advantage =
-              clip_advantage(credit.edge_advantage[static_cast<std::size_t>(n)], options.loss.advantage_clip);
+          const double clipped_advantage =
+              clip_advantage(advantage[static_cast<std::size_t>(n)], options.loss.advantage_clip);
           if (std::abs(importance_ratio(log_probs[i], old_log_prob) - 1.0) > options.loss.clip_range) ++clipped;
-          loss_sum += ppo_clipped_loss(log_probs[i], old_log_prob, advantage, options.loss.clip_range);
-          weights[i] =
-              per_edge * ppo_clipped_loss_gradient(log_probs[i], old_log_prob, advantage, options.loss.clip_range);
+          loss_sum += ppo_clipped_loss(log_probs[i], old_log_prob, clipped_advantage, options.loss.clip_range);
+          weights[i] = per_edge * ppo_clipped_loss_gradient(log_probs[i], old_log_prob, clipped_advantage,
+                                                            options.loss.clip_range);
         }
         return weights;
       };
@@ -308,7 +319,25 @@ update_report update_policy(B& backend, Model& policy, const rollout_result<B>& 
         }
       begin = end;
     }
+    if constexpr (!std::same_as<Comm, single_process>) {
+      static_assert(DataParallelPolicy<Model, Comm>,
+                    "training on more than one process needs a policy with all_reduce_gradients(communicator)");
+      if (communicator.size() > 1) policy.all_reduce_gradients(communicator);
+    }
     policy.apply_update();
+    group_begin = group_end;
+  }
+  if (communicator.size() > 1) {  // the ranks' partial sums, and the largest gap of any rank
+    std::array<double, 4> sums = {loss_sum, kl_sum, static_cast<double>(clipped),
+                                  static_cast<double>(report.evaluations)};
+    communicator.all_reduce_sum(sums);
+    loss_sum = sums[0];
+    kl_sum = sums[1];
+    clipped = static_cast<std::int64_t>(sums[2]);
+    report.evaluations = static_cast<std::int64_t>(sums[3]);
+    const std::vector<double> gaps =
+        all_gather_values(communicator, std::span<const double>(&report.first_update_log_prob_gap, 1));
+    report.first_update_log_prob_gap = *std::max_element(gaps.begin(), gaps.end());
   }
   report.loss = loss_sum * per_edge;
   report.clip_fraction = static_cast<double>(clipped) * per_edge;
@@ -316,18 +345,104 @@ update_report update_policy(B& backend, Model& policy, const rollout_result<B>& 
   return report;
 }
 
+// The ends of the min(updates_per_iteration, edges) contiguous groups of near-equal size of `edges` edges.
+inline std::vector<std::size_t> update_group_ends(std::int64_t edges, int updates_per_iteration) {
+  const auto groups = std::min<std::int64_t>(updates_per_iteration, edges);
+  std::vector<std::size_t> ends;
+  for (std::int64_t group = 0; group < groups; ++group)
+    ends.push_back(static_cast<std::size_t>((group + 1) * edges / groups));
+  return ends;
+}
+
+}  // namespace detail
+
+/// Stage 4: the PPO update over the trained edges. They are split into min(updates_per_iteration, edges)
+/// contiguous groups of near-equal size (so the grouping does not depend on max_batch); each group is fed by
+/// step in chunks of max_batch rows through policy.accumulate (plus accumulate_kl when kl_beta > 0), then one
+/// optimizer step. The loss is the mean over all trained edges. Before the first optimizer step the parameters
+/// are those of the rollout, so the first group's old log-prob is the one just computed: its ratio is exactly 1.
+/// Example: one dense tree's 218 trained edges, updates_per_iteration 2, max_batch 64 -> two optimizer steps
+///   over edges [0, 109) and [109, 218), evaluations 218, clip_fraction 0 in the first group
+///   (tests/unit/test_trainer.cpp).
+/// @pre credit.trained non-empty and from `result`'s forest; options valid (train_iteration's checks).
+/// @post the policy took min(updates_per_iteration, credit.trained.size()) optimizer steps.
+template <Backend B, Policy<B> Model, Stepper S>
+update_report update_policy(B& backend, Model& policy, const rollout_result<B>& result, const edge_credit& credit,
+                            const S& stepper, const sigma_schedule& schedule, const training_options& options) {
+  require(!credit.trained.empty(), "the update needs at least one trained edge");
+  const auto edge_count = static_cast<std::int64_t>(credit.trained.size());
+  single_process one;
+  return detail::update_edges(backend, policy, result, credit.trained, credit.edge_advantage,
+                              detail::update_group_ends(edge_count, options.updates_per_iteration),
+                              1.0 / static_cast<double>(edge_count), stepper, schedule, options, one);
+}
+
+namespace detail {
+
+// The whole forest of an iteration on every rank: each rank's trees' leaf scores and node log-probs, gathered in
+// rank order (shares padded to the largest), set into the forest of every tree (`infos`, all ranks' trees).
+struct gathered_forest {
+  rollout_tree tree;
+  std::vector<double> scores;  // every leaf's reward, tree.leaves() order
+};
+
+template <Communicator Comm>
+gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::vector<tree_info> infos,
+                              const rollout_tree& local, std::span<const double> local_scores) {
+  const auto trees = static_cast<std::int64_t>(infos.size());
+  const int ranks = communicator.size();
+  const std::int64_t widest = (trees + ranks - 1) / ranks;  // a share has at most this many trees
+  gathered_forest out{.tree = rollout_tree(plan, std::move(infos)), .scores = {}};
+  const auto leaves = static_cast<std::size_t>(out.tree.leaves_per_tree());
+  const auto nodes = static_cast<std::size_t>(out.tree.nodes_per_tree());
+  const std::size_t per_tree = leaves + nodes;
+  std::vector<double> mine(static_cast<std::size_t>(widest) * per_tree, 0.0);
+  for (std::int32_t t = 0; t < local.tree_count(); ++t) {
+    const auto at = mine.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * per_tree);
+    std::copy_n(local_scores.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * leaves), leaves, at);
+    std::copy_n(local.log_probs().begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * nodes), nodes,
+                at + static_cast<std::ptrdiff_t>(leaves));
+  }
+  const std::vector<double> all = all_gather_values(communicator, std::span<const double>(mine));
+  out.scores.resize(static_cast<std::size_t>(trees) * leaves);
+  const std::span<double> log_probs = out.tree.mutable_log_probs();
+  for (int r = 0; r < ranks; ++r) {
+    const tree_share share = tree_share::of(trees, r, ranks);
+    for (std::int64_t t = share.first; t < share.last; ++t) {
+      const auto from = all.begin() + static_cast<std::ptrdiff_t>(
+                                          (static_cast<std::size_t>(r * widest + t - share.first)) * per_tree);
+      std::copy_n(from, leaves, out.scores.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * leaves));
+      std::copy_n(from + static_cast<std::ptrdiff_t>(leaves), nodes,
+                  log_probs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * nodes));
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`, composing the stages:
-/// rollout (rollout/engine.hpp) -> score_leaves -> assign_credit -> update_policy.
-/// @pre prompts is not empty; schedule.steps() is the number of denoising steps of every tree;
-///      options.max_batch >= 1, options.updates_per_iteration >= 1; kl_beta > 0 only for a ReferencePolicy.
+/// rollout (rollout/engine.hpp) -> score_leaves -> assign_credit -> update_policy. With a communicator of several
+/// ranks every rank passes the same prompts and rolls out its tree_share of them (see the file comment); the
+/// returned statistics are those of the whole iteration, equal on every rank.
+/// Example: toy policy, branch method, 4 prompts on 2 ranks -> rank 0 rolls out trees 0 and 1, rank 1 trees 2 and
+///   3, and both end with the parameters of the one-process iteration up to rounding in the gradient's sum
+///   (tests/distributed).
+/// @pre prompts is not empty and has at least one tree per rank; schedule.steps() is the number of denoising
+///      steps of every tree; options.max_batch >= 1, options.updates_per_iteration >= 1; kl_beta > 0 only for a
+///      ReferencePolicy; with several ranks a DataParallelPolicy, and the same arguments on every rank.
 /// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
 ///       dropped or no edge was kept).
 template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
-          Pruner P>
+          Pruner P, Communicator Comm>
 iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
                                 const sigma_schedule& schedule, const latent_shape& shape,
-                                std::span<const std::int64_t> prompts, int iteration, const training_options& options) {
+                                std::span<const std::int64_t> prompts, int iteration, const training_options& options,
+                                Comm& communicator) {
   require(!prompts.empty(), "an iteration needs at least one prompt");
+  require(static_cast<std::int64_t>(prompts.size()) >= communicator.size(), "an iteration of ", prompts.size(),
+          prompts.size() == 1 ? " prompt" : " prompts", " cannot give each of ", communicator.size(),
+          " ranks a tree: use at least as many prompts per iteration as ranks");
   require(options.max_batch >= 1, "max_batch must be at least 1, got ", options.max_batch);
   require(options.updates_per_iteration >= 1, "updates_per_iteration must be at least 1, got ",
           options.updates_per_iteration);
@@ -338,23 +453,40 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   const auto start = detail::training_clock::now();
   iteration_stats stats{.iteration = iteration};
 
-  // 1. Rollout.
+  // 1. Rollout of this rank's trees, keyed by their index in the whole iteration.
   const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration);
   std::vector<tree_info> infos(prompts.size());
   for (std::size_t t = 0; t < prompts.size(); ++t)
     infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};
+  const tree_share share =
+      tree_share::of(static_cast<std::int64_t>(prompts.size()), communicator.rank(), communicator.size());
+  const bool alone = communicator.size() == 1;
+  std::vector<tree_info> mine(infos.begin() + share.first, infos.begin() + share.last);
   const auto result = rollout(
-      backend, policy, recipe.stepper, recipe.correlator, schedule, rollout_tree(plan, std::move(infos)), shape,
+      backend, policy, recipe.stepper, recipe.correlator, schedule, rollout_tree(plan, std::move(mine)), shape,
       {.max_batch = options.max_batch, .seed = options.seed, .iteration = static_cast<std::uint32_t>(iteration)});
   stats.rollout_evaluations = result.evaluations;
-  stats.edges = result.tree.edge_count();
   stats.rollout_seconds = detail::seconds_since(start);
 
-  // 2. Rewards; trees with a non-finite leaf reward are dropped from the update.
+  // 2. Rewards; trees with a non-finite leaf reward are dropped from the update. Several ranks: every rank gets
+  // the whole forest's rewards and log-probs, so that the credit below is the one-process credit everywhere.
   const auto reward_start = detail::training_clock::now();
-  const scored_leaves leaves = score_leaves(backend, reward, result);
+  std::optional<detail::gathered_forest> whole;
+  scored_leaves leaves;
+  if (alone) {
+    leaves = score_leaves(backend, reward, result);
+  } else {
+    const scored_leaves local = score_leaves(backend, reward, result);
+    whole = detail::gather_forest(communicator, plan, std::move(infos), result.tree, local.scores);
+    leaves = keep_finite_trees(whole->tree, std::move(whole->scores));
+    double evaluations = static_cast<double>(stats.rollout_evaluations);
+    communicator.all_reduce_sum(std::span<double>(&evaluations, 1));
+    stats.rollout_evaluations = static_cast<std::int64_t>(evaluations);
+  }
+  const rollout_tree& forest = alone ? result.tree : whole->tree;
+  stats.edges = forest.edge_count();
   stats.reward_seconds = detail::seconds_since(reward_start);
-  stats.trees_dropped = result.tree.tree_count() - static_cast<int>(leaves.kept_trees.size());
+  stats.trees_dropped = forest.tree_count() - static_cast<int>(leaves.kept_trees.size());
   stats.reward_mean = leaves.mean;
   stats.reward_std = leaves.std;
   stats.reward_min = leaves.min;
@@ -364,12 +496,38 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
     return stats;
   }
 
-  // 3. Credit assignment, 4. the update.
+  // 3. Credit assignment on the whole forest, 4. the update of this rank's trained edges.
   const auto update_start = detail::training_clock::now();
-  const edge_credit credit = assign_credit(recipe, result.tree, leaves, iteration, options.total_iterations);
+  const edge_credit credit = assign_credit(recipe, forest, leaves, iteration, options.total_iterations);
   stats.edges_trained = static_cast<std::int64_t>(credit.trained.size());
   if (!credit.trained.empty()) {
-    const update_report update = update_policy(backend, policy, result, credit, recipe.stepper, schedule, options);
+    const auto edge_count = static_cast<std::int64_t>(credit.trained.size());
+    const std::vector<std::size_t> global_ends = detail::update_group_ends(edge_count, options.updates_per_iteration);
+    std::vector<std::int32_t> trained;
+    std::vector<std::size_t> group_ends;
+    std::span<const double> advantage = credit.edge_advantage;
+    std::vector<double> local_advantage;
+    if (alone) {
+      trained = credit.trained;
+      group_ends = global_ends;
+    } else {  // this rank's trees' nodes, renumbered in its own forest (trees are contiguous: an offset)
+      const std::int32_t per_tree = forest.nodes_per_tree();
+      const auto offset = static_cast<std::int32_t>(share.first) * per_tree;
+      const auto owned_end = static_cast<std::int32_t>(share.last) * per_tree;
+      local_advantage.assign(credit.edge_advantage.begin() + offset, credit.edge_advantage.begin() + owned_end);
+      advantage = local_advantage;
+      std::size_t next_end = 0;
+      for (std::size_t i = 0; i < credit.trained.size(); ++i) {
+        if (credit.trained[i] >= offset && credit.trained[i] < owned_end) trained.push_back(credit.trained[i] - offset);
+        while (next_end < global_ends.size() && global_ends[next_end] == i + 1) {
+          group_ends.push_back(trained.size());
+          ++next_end;
+        }
+      }
+    }
+    const update_report update =
+        detail::update_edges(backend, policy, result, trained, advantage, group_ends,
+                             1.0 / static_cast<double>(edge_count), recipe.stepper, schedule, options, communicator);
     stats.update_evaluations = update.evaluations;
     stats.loss = update.loss;
     stats.clip_fraction = update.clip_fraction;
@@ -379,6 +537,16 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   stats.update_seconds = detail::seconds_since(update_start);
   stats.seconds = detail::seconds_since(start);
   return stats;
+}
+
+/// train_iteration on this process alone.
+template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
+          Pruner P>
+iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
+                                const sigma_schedule& schedule, const latent_shape& shape,
+                                std::span<const std::int64_t> prompts, int iteration, const training_options& options) {
+  single_process one;
+  return train_iteration(backend, policy, reward, recipe, schedule, shape, prompts, iteration, options, one);
 }
 
 }  // namespace branchgrpo

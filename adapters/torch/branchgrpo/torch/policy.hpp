@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
@@ -143,8 +144,37 @@ class autograd_policy {
     return values;
   }
 
+  /// DataParallelPolicy: the accumulated gradient and row count become their sums over the communicator's ranks
+  /// (a parameter without a gradient on this rank counts as zeros), so every rank takes the same step. A
+  /// communicator that reduces tensors (c10d) reduces them on their device; any other goes through host doubles.
+  template <Communicator C>
+  void all_reduce_gradients(C& communicator) {
+    double rows = static_cast<double>(rows_);
+    communicator.all_reduce_sum(std::span<double>(&rows, 1));
+    rows_ = static_cast<std::int64_t>(rows);
+    std::vector<torch::Tensor> gradients;
+    for (torch::Tensor& parameter : parameters_) {
+      if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
+      gradients.push_back(parameter.grad());
+    }
+    if constexpr (requires { communicator.all_reduce_sum(gradients); }) {
+      communicator.all_reduce_sum(gradients);
+    } else {
+      torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> flat;
+      for (const torch::Tensor& g : gradients) flat.push_back(g.detach().to(torch::kCPU, torch::kFloat64).flatten());
+      torch::Tensor host = torch::cat(flat).contiguous();
+      communicator.all_reduce_sum(std::span<double>(host.data_ptr<double>(), static_cast<std::size_t>(host.numel())));
+      std::int64_t at = 0;
+      for (torch::Tensor& g : gradients) {
+        g.copy_(host.narrow(0, at, g.numel()).view(g.sizes()));
+        at += g.numel();
+      }
+    }
+  }
+
   /// One optimizer step on the accumulated gradient, after clipping to max_grad_norm; then zeroes the gradient
-  /// and updates the EMA. No step when nothing was accumulated.
+  /// and updates the EMA. No step when nothing was accumulated (by any rank, after all_reduce_gradients).
   policy_update_report apply_update() {
     policy_update_report report{.rows = rows_, .grad_norm = 0, .steps = steps_};
     if (rows_ == 0) return report;

@@ -1,0 +1,133 @@
+// The data-parallel trainer (training/trainer.hpp with a Communicator, distributed/communicator.hpp) on the toy
+// policy, ranks as threads (tests/support/thread_group.hpp): any number of ranks ends with the parameters and the
+// statistics of one process, up to rounding in the sum of the ranks' gradients.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/branchgrpo.hpp"
+#include "branchgrpo/toy.hpp"
+#include "error_text.hpp"
+#include "thread_group.hpp"
+
+using namespace branchgrpo;
+using branchgrpo::testing::error_of;
+using branchgrpo::testing::thread_group;
+
+namespace {
+
+struct run_summary {
+  std::vector<iteration_stats> stats;
+  std::vector<double> parameters;
+};
+
+// `iterations` of `recipe` on the toy with `prompts`; the communicator decides this rank's trees.
+template <class Recipe, class Comm>
+run_summary train_toy(Recipe recipe, const std::vector<std::int64_t>& prompts, int iterations, int updates,
+                      Comm& communicator) {
+  auto policy = make_toy_policy(7);
+  mode_reward<> reward;
+  host_backend backend;
+  const auto schedule = shifted_linear_schedule(20);
+  run_summary out;
+  for (int i = 0; i < iterations; ++i)
+    out.stats.push_back(train_iteration(
+        backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
+        training_options{.max_batch = 16, .seed = 11, .updates_per_iteration = updates, .total_iterations = iterations},
+        communicator));
+  out.parameters.assign(policy.parameters().begin(), policy.parameters().end());
+  return out;
+}
+
+// Every rank's summary of the same run on `ranks` threads.
+template <class Recipe>
+std::vector<run_summary> train_on_ranks(const Recipe& recipe, const std::vector<std::int64_t>& prompts, int ranks,
+                                        int iterations, int updates) {
+  std::vector<run_summary> out(static_cast<std::size_t>(ranks));
+  thread_group group(ranks);
+  group.run([&](thread_group::member& member) {
+    out[static_cast<std::size_t>(member.rank())] = train_toy(recipe, prompts, iterations, updates, member);
+  });
+  return out;
+}
+
+double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), 1e-12));
+  return worst;
+}
+
+template <class Recipe>
+void check_ranks_match_one_process(const Recipe& recipe, const std::vector<std::int64_t>& prompts, int ranks,
+                                   int updates) {
+  single_process one;
+  const run_summary alone = train_toy(recipe, prompts, 3, updates, one);
+  const std::vector<run_summary> parts = train_on_ranks(recipe, prompts, ranks, 3, updates);
+  for (const run_summary& part : parts) {
+    CHECK(part.parameters == parts[0].parameters);  // every rank holds the same parameters
+    CHECK(max_relative_difference(part.parameters, alone.parameters) < 1e-9);
+    for (std::size_t i = 0; i < alone.stats.size(); ++i) {
+      // The first iteration's rollouts are the one-process rollout, bit for bit; later ones start from parameters
+      // that differ by the rounding of the gradient's sum over the ranks.
+      if (i == 0)
+        CHECK(part.stats[i].reward_mean == alone.stats[i].reward_mean);
+      else
+        CHECK(part.stats[i].reward_mean == Approx(alone.stats[i].reward_mean).epsilon(1e-9));
+      CHECK(part.stats[i].rollout_evaluations == alone.stats[i].rollout_evaluations);
+      CHECK(part.stats[i].edges == alone.stats[i].edges);
+      CHECK(part.stats[i].edges_trained == alone.stats[i].edges_trained);
+      CHECK(part.stats[i].update_evaluations == alone.stats[i].update_evaluations);
+      CHECK(part.stats[i].loss == Approx(alone.stats[i].loss).epsilon(1e-9));
+    }
+  }
+}
+
+const std::vector<std::int64_t> four_prompts = {0, 1, 2, 3};
+
+}  // namespace
+
+TEST_CASE("data parallel: 2 and 3 ranks end where one process ends", "[distributed][trainer]") {
+  for (const char* name : {"dance", "branch", "branch-widpru", "branch-mix"}) {
+    INFO(name);
+    with_method(name, [](auto recipe) {
+      check_ranks_match_one_process(recipe, four_prompts, 2, 1);
+      check_ranks_match_one_process(recipe, {0, 1, 2, 3, 4}, 3, 2);  // uneven shares, two optimizer steps
+      return 0;
+    });
+  }
+}
+
+TEST_CASE("data parallel: stateful and cross-tree components see the whole forest", "[distributed][trainer]") {
+  // per_prompt_running keeps per-prompt statistics across iterations and leaf_group normalizes over every tree:
+  // both must see every rank's trees to stay identical to one process.
+  with_method("branch-widpru", [](auto recipe) {
+    auto running =
+        method{recipe.topology, recipe.stepper, recipe.correlator, recipe.fusion, per_prompt_running{}, recipe.pruner};
+    check_ranks_match_one_process(running, {0, 1, 0, 1}, 2, 1);
+    auto grouped =
+        method{recipe.topology, recipe.stepper, recipe.correlator, recipe.fusion, leaf_group{}, recipe.pruner};
+    check_ranks_match_one_process(grouped, four_prompts, 2, 1);
+    return 0;
+  });
+}
+
+TEST_CASE("data parallel: fewer trees than ranks is one clear error", "[distributed][trainer]") {
+  std::mutex lock;
+  std::vector<std::string> errors;
+  thread_group(2).run([&](thread_group::member& member) {
+    const std::string error = error_of([&] {
+      with_method("branch", [&](auto recipe) { return train_toy(recipe, {0}, 1, 1, member).parameters.size(); });
+    });
+    const std::scoped_lock guard(lock);
+    errors.push_back(error);
+  });
+  for (const std::string& error : errors)
+    CHECK(error ==
+          "an iteration of 1 prompt cannot give each of 2 ranks a tree: use at least as many prompts per iteration as "
+          "ranks");
+}
