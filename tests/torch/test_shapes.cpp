@@ -527,9 +527,6 @@ TEST_CASE("run memory: the documented estimate and a one-line refusal naming the
   CHECK(e.nodes_per_tree == 219);
   CHECK(e.rollout == 2.0 * 219 * 768 * 4);  // the doc comment's example
   CHECK(byte_text(e.rollout) == "1.35 MB");
-  CHECK(byte_text(512) == "512 B");
-  CHECK(byte_text(23.4e9) == "23.4 GB");
-  CHECK(byte_text(1.234e12) == "1.23 TB");
   CHECK_NOTHROW(check_run_memory(config, {.bytes = 1e9, .source = "test"}));
 
   // The issue's example: branching 4096 at two split steps is 2^24 leaves per tree for 19 steps, about 2 TB.

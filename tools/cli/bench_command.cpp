@@ -1,16 +1,19 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/limits.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/concepts.hpp"
 #include "cli/bench_harness.hpp"
 #include "cli/commands.hpp"
+#include "cli/number_options.hpp"
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
 #include "cli/bench_flux.hpp"
 #endif
@@ -33,7 +36,7 @@ void run_iteration_bench(const bench_options& options) {
 #endif
   }
   require(options.model == "toy", "unknown model '", options.model, "' (expected toy, flux-tiny or flux)");
-  validate_bench_options(options);
+  validate_bench_options(options, toy_bytes_per_node);
   const fourier_policy<host_backend> base = make_toy_policy(options.seed);
   // Each variant trains its own copy of the toy; prompts cycle through its 8 modes, as `branchgrpo toy` does.
   const std::vector<variant_run> runs = run_harness<host_backend>(
@@ -55,32 +58,35 @@ void add_bench_command(CLI::App& app) {
                    "the LibTorch adapter")
       ->type_name("NAME")
       ->capture_default_str();
-  iteration->add_option("--iters", options->iters, "Measured iterations per variant")
+  // Hard limits: iteration counts stay below the noise key's iteration field (with --warmup: validate_bench_options),
+  // --steps is the core's max_steps, sizes are checked against memory; the rest are far beyond any sensible run.
+  add_integer(iteration, "--iters", options->iters, "Measured iterations per variant", 1, 500'000)
       ->type_name("N")
       ->capture_default_str();
-  iteration->add_option("--warmup", options->warmup, "Unmeasured iterations per variant first")
+  add_integer(iteration, "--warmup", options->warmup, "Unmeasured iterations per variant first", 0, 500'000)
       ->type_name("N")
       ->capture_default_str();
-  iteration->add_option("--prompts", options->prompts, "Trees (prompts) per iteration")
+  add_integer(iteration, "--prompts", options->prompts, "Trees (prompts) per iteration", 1,
+              std::numeric_limits<int>::max())
       ->type_name("P")
       ->capture_default_str();
-  iteration->add_option("--max-batch", options->max_batch, "Rows per model call in training")
+  add_integer(iteration, "--max-batch", options->max_batch, "Rows per model call in training", std::int64_t{1},
+              std::numeric_limits<std::int64_t>::max())
       ->type_name("B")
       ->capture_default_str();
-  iteration->add_option("--steps", options->steps, "Denoising steps")->type_name("N")->capture_default_str();
-  iteration
-      ->add_option("--batching-repeats", options->batching_repeats,
-                   "Rollouts per setting for the batching speedup (median)")
+  add_integer(iteration, "--steps", options->steps, "Denoising steps", 1, max_steps)
+      ->type_name("N")
+      ->capture_default_str();
+  add_integer(iteration, "--batching-repeats", options->batching_repeats,
+              "Rollouts per setting for the batching speedup (median)", 1, 10'000)
       ->type_name("R")
       ->capture_default_str();
-  iteration->add_option("--seed", options->seed, "Seed of the model and the rollout noise")
+  add_integer(iteration, "--seed", options->seed, "Seed of the model and the rollout noise")
       ->type_name("S")
       ->capture_default_str();
-  iteration
-      ->add_option("--methods", options->methods,
-                   "Comma-separated subset of dance, branch, branch-widpru, branch-deppru, branch-mix "
-                   "(default: all; must include dance)")
-      ->delimiter(',')
+  add_text_list(iteration, "--methods", options->methods,
+                "Comma-separated subset of dance, branch, branch-widpru, branch-deppru, branch-mix "
+                "(default: all; must include dance)")
       ->type_name("LIST");
   iteration->add_flag("--json", options->json, "One JSON object keyed by variant");
   iteration->add_option("--json-file", options->json_file, "Also write the JSON object to this file")
@@ -97,27 +103,29 @@ void add_bench_command(CLI::App& app) {
   iteration->add_option("--dtype", options->dtype, "flux models: weights in float32 or bfloat16")
       ->type_name("T")
       ->capture_default_str();
-  iteration->add_option("--latent", options->latent, "flux: latent C,H,W (default: C of the config, pixels / 8)")
-      ->delimiter(',')
-      ->expected(3)
+  add_integer_list(iteration, "--latent", options->latent, "flux: latent C,H,W (default: C of the config, pixels / 8)",
+                   std::int64_t{1}, std::int64_t{4096})
       ->type_name("C,H,W");
-  iteration->add_option("--height", options->height, "flux: image height in pixels (latent H = height / 8)")
+  add_integer(iteration, "--height", options->height, "flux: image height in pixels (latent H = height / 8)",
+              std::int64_t{8}, std::int64_t{32768})
       ->type_name("PX")
       ->capture_default_str();
-  iteration->add_option("--width", options->width, "flux: image width in pixels (latent W = width / 8)")
+  add_integer(iteration, "--width", options->width, "flux: image width in pixels (latent W = width / 8)",
+              std::int64_t{8}, std::int64_t{32768})
       ->type_name("PX")
       ->capture_default_str();
-  iteration->add_option("--text-tokens", options->text_tokens, "flux: text tokens per prompt (random embeddings)")
+  add_integer(iteration, "--text-tokens", options->text_tokens, "flux: text tokens per prompt (random embeddings)",
+              std::int64_t{1}, std::int64_t{65536})
       ->type_name("L")
       ->capture_default_str();
-  iteration->add_option("--rank", options->lora_rank, "flux models: LoRA rank (attention and MLP layers)")
+  add_integer(iteration, "--rank", options->lora_rank, "flux models: LoRA rank (attention and MLP layers)",
+              std::int64_t{1}, std::int64_t{4096})
       ->type_name("R")
       ->capture_default_str();
   iteration->add_flag("--gradient-checkpointing", options->gradient_checkpointing,
                       "flux models: recompute each block in the backward (less memory)");
-  iteration
-      ->add_option("--peak-tflops", options->peak_tflops,
-                   "flux models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
+  add_number(iteration, "--peak-tflops", options->peak_tflops,
+             "flux models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
       ->type_name("TF")
       ->capture_default_str();
   iteration->callback([options] { run_iteration_bench(*options); });

@@ -13,11 +13,13 @@
 // them to a model_clock; the library overhead is the iteration minus that time. A model on an asynchronous
 // device must synchronize before returning from each call, or its time lands in the overhead.
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
+#include <filesystem>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/pruning/combinators.hpp"
 #include "branchgrpo/rollout/engine.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
@@ -39,6 +42,8 @@
 #include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
+#include "cli/memory_budget.hpp"
+#include "cli/output_file.hpp"
 
 namespace branchgrpo::cli {
 
@@ -380,6 +385,14 @@ inline nlohmann::json variant_json(const variant_run& run, const variant_summary
   return out;
 }
 
+/// The whole text on standard output in one write, checked at once: the system's reason for a failure (errno) is
+/// known only right after the failing write. Example: print_checked("x\n") with stdout on /dev/full throws
+/// write_error "standard output: cannot write: No space left on device".
+inline void print_checked(std::string_view text) {
+  std::cout << text << std::flush;
+  if (!std::cout) throw write_error("standard output", "cannot write", errno);
+}
+
 inline void print_table(const std::vector<variant_run>& runs, const std::vector<variant_summary>& summaries,
                         const bench_options& options) {
   const bool flops = !runs.empty() && runs.front().forward_flops.has_value();
@@ -420,24 +433,40 @@ inline void print_table(const std::vector<variant_run>& runs, const std::vector<
            "gradient) / iteration time; of peak: of --peak-tflops "
         << std::defaultfloat << std::setprecision(6) << options.peak_tflops
         << "; peak mem: CUDA caching allocator, - when not on CUDA.\n";
-  std::cout << out.str();
+  print_checked(out.str());
 }
 
-/// Checks the counts and that every variant's topology fits the steps, before any work.
-inline void validate_bench_options(const bench_options& options) {
-  require(options.iters >= 1, "--iters must be at least 1, got ", options.iters);
-  require(options.warmup >= 0, "--warmup must be non-negative, got ", options.warmup);
-  require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
-  require(options.max_batch >= 1, "--max-batch must be at least 1, got ", options.max_batch);
-  require(options.steps >= 1, "--steps must be at least 1, got ", options.steps);
-  require(options.batching_repeats >= 1, "--batching-repeats must be at least 1, got ", options.batching_repeats);
-  if (!options.json_file.empty()) {  // fail before a long run, not after it
-    const std::ofstream file(options.json_file);
-    require(file.is_open(), "--json-file ", options.json_file, ": cannot write the file");
+/// Fails with write_error naming `path` and the reason when `path` cannot be written: an existing file or device
+/// that is not writable, or a directory to create it in that is missing or not writable. Nothing is created.
+/// Example: check_writable("/nonexistent/x.json") throws "/nonexistent/x.json: cannot write: No such file or
+/// directory".
+inline void check_writable(const std::filesystem::path& path) {
+  std::error_code error;
+  if (std::filesystem::exists(path, error)) {
+    if (std::filesystem::is_directory(path, error)) throw write_error(path, "cannot write", EISDIR);
+    if (::access(path.c_str(), W_OK) != 0) throw write_error(path, "cannot write", errno);
+    return;
   }
+  const std::filesystem::path parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) throw write_error(path, "cannot write", errno);
+}
+
+/// Checks that every variant's topology fits the steps, the memory the sizes imply (bytes_per_node: what one
+/// rollout-tree node costs the model's iteration in host memory; 0 for a model on a device) and that --json-file
+/// can be written, before any work. The counts' ranges are checked as the flags are parsed (bench_command.cpp).
+/// Returns the node count of the largest tree of the variants run.
+inline std::int64_t validate_bench_options(const bench_options& options, double bytes_per_node) {
+  require(options.iters + options.warmup <= static_cast<int>(max_noise_iteration),
+          "--iters + --warmup = ", options.iters + options.warmup, ": at most ", max_noise_iteration,
+          " iterations (a noise key field)");
+  if (!options.json_file.empty()) check_writable(options.json_file);  // fail before a long run, not after it
   // Every method's topology must fit the steps (dense splits at 0, 3, 6, 9): fail before any work.
+  std::int64_t nodes = 0;
   for (const std::string& name : bench_variants(options))
-    with_method(name, [&](auto recipe) { (void)recipe.topology(options.steps); });
+    with_method(name, [&](auto recipe) { nodes = std::max(nodes, recipe.topology(options.steps).node_count()); });
+  require_fits(static_cast<double>(options.prompts) * static_cast<double>(nodes) * bytes_per_node,
+               setting_text("--prompts", options.prompts), "the rollout of " + std::to_string(nodes) + "-node trees");
+  return nodes;
 }
 
 /// Prints the table, or one JSON object keyed by variant with --json. runs.front() is dance.
@@ -447,13 +476,9 @@ inline void report_runs(const std::vector<variant_run>& runs, const bench_option
   for (const variant_run& run : runs) summaries.push_back(summarize(run, dance_seconds));
   nlohmann::json out = nlohmann::json::object();
   for (std::size_t v = 0; v < runs.size(); ++v) out[runs[v].name] = variant_json(runs[v], summaries[v], options);
-  if (!options.json_file.empty()) {
-    std::ofstream file(options.json_file);
-    file << out.dump() << '\n';
-    require(static_cast<bool>(file), "--json-file ", options.json_file, ": cannot write the file");
-  }
+  if (!options.json_file.empty()) write_file(options.json_file, out.dump() + '\n');
   if (options.json)
-    std::cout << out.dump() << '\n';
+    print_checked(out.dump() + '\n');
   else
     print_table(runs, summaries, options);
 }

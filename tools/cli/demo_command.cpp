@@ -1,24 +1,27 @@
 #include <CLI/CLI.hpp>
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <system_error>
 #include <vector>
 
+#include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/training_run.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/limits.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
+#include "cli/memory_budget.hpp"
+#include "cli/number_options.hpp"
+#include "cli/output_file.hpp"
 #include "cli/plot.hpp"
 #include "cli/png.hpp"
 #include "cli/run_support.hpp"
@@ -77,13 +80,8 @@ std::vector<std::int64_t> parse_prompt_rows(const std::string& text) {
   if (text == "all") return {};
   std::vector<std::int64_t> rows;
   std::istringstream in(text);
-  for (std::string entry; std::getline(in, entry, ',');) {
-    std::int64_t row = 0;
-    const auto [end, error] = std::from_chars(entry.data(), entry.data() + entry.size(), row);
-    require(error == std::errc() && end == entry.data() + entry.size(), "--prompt-rows: '", entry,
-            "' is not a row number (expected all or rows like 1,5,6,11)");
-    rows.push_back(row);
-  }
+  for (std::string entry; std::getline(in, entry, ',');)
+    rows.push_back(parse_integer<std::int64_t>(entry, "--prompt-rows", 0, std::numeric_limits<std::int64_t>::max()));
   require(!rows.empty(), "--prompt-rows is empty (expected all or rows like 1,5,6,11)");
   return rows;
 }
@@ -105,6 +103,7 @@ void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& rows) {
 }
 
 std::unique_ptr<training_run> make_run(const run_config& config, const demo_options& options) {
+  check_run_memory(config, available_memory());  // the whole run's estimate (app/run_memory.hpp), before loading
   run_model model = load_run_model(config);
   keep_prompt_rows(model, parse_prompt_rows(options.prompt_rows));
   weighted_sum reward = make_run_reward(config, model);
@@ -154,7 +153,7 @@ void write_report(const std::filesystem::path& path, const demo_options& options
   double dance = 0;  // the ratio column needs dance among the methods
   for (const method_result& r : results)
     if (r.name == "dance") dance = r.seconds_per_iter;
-  std::ofstream out(path);
+  std::ostringstream out;
   out << "# branchgrpo demo: aligning the shipped shapes model\n\n"
       << "Model: the tiny FLUX-architecture transformer of `models/shapes-tiny` (3 x 16 x 16 pixels, "
       << "pretrained by `branchgrpo pretrain`), LoRA rank " << options.rank << ", AdamW lr " << options.lr << ".\n"
@@ -188,11 +187,11 @@ void write_report(const std::filesystem::path& path, const demo_options& options
       << "![held-out reward against training time](reward_vs_time.png)\n\n"
       << "![held-out samples before and after](before_after.png)\n\n"
       << "Every iteration of every method: `demo.csv`.\n";
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  write_file(path, out.str());
 }
 
 void write_csv(const std::filesystem::path& path, const std::vector<method_result>& results) {
-  std::ofstream out(path);
+  std::ostringstream out;
   out << "method,iteration,reward_mean,reward_std,evaluations,edges,edges_trained,update_evaluations,loss,seconds,"
          "cumulative_seconds\n";
   for (const method_result& r : results) {
@@ -204,7 +203,7 @@ void write_csv(const std::filesystem::path& path, const std::vector<method_resul
           << ',' << number_text(s.loss) << ',' << number_text(s.seconds) << ',' << number_text(cumulative) << '\n';
     }
   }
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  write_file(path, out.str());
 }
 
 void write_plot(const std::filesystem::path& path, const std::vector<method_result>& results) {
@@ -246,19 +245,34 @@ void write_grid(const std::filesystem::path& path, const std::vector<std::string
   write_png(path.string(), render(grid));
 }
 
+// Host bytes per image of the shipped model's latent (3 x 16 x 16 float32) that the sizes multiply: a rollout
+// keeps each node's latent with its noise, mean and update copies (x 4); an evaluation keeps each sample's
+// image, ODE state and the transformer's activations for it (x 16: 72 tokens x 64-wide layers, no gradient).
+// A lower-bound-ish estimate (the model's activations in the update are chunked): a refusal never hits a run
+// that would fit, and the sizes that cannot fit are refused before anything is loaded.
+constexpr double demo_latent_bytes = 3.0 * 16 * 16 * 4;
+
+void check_memory(const demo_options& options, std::int64_t nodes) {
+  require_fits(static_cast<double>(options.prompts) * static_cast<double>(nodes) * 4 * demo_latent_bytes,
+               setting_text("--prompts", options.prompts), "the rollout of " + std::to_string(nodes) + "-node trees");
+  const double rows = 12.0 * options.eval_samples;  // the shipped model's 12 prompts at most
+  require_fits(rows * 16 * demo_latent_bytes, setting_text("--eval-samples", options.eval_samples),
+               "the held-out evaluation");
+}
+
 void run_demo(demo_options options) {
+  // The counts' ranges are checked as the flags are parsed (add_demo_command).
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
-  require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
-  require(options.eval_samples >= 1, "--eval-samples must be at least 1, got ", options.eval_samples);
   (void)parse_prompt_rows(options.prompt_rows);  // a bad list fails here, before any work
-  require(options.updates >= 1, "--updates must be at least 1, got ", options.updates);
-  require(options.lr > 0 && std::isfinite(options.lr), "--lr must be positive, got ", options.lr);
-  require(options.eta > 0 && std::isfinite(options.eta), "--eta must be positive, got ", options.eta);
+  require(options.lr > 0, "--lr must be positive, got ", options.lr);
+  require(options.eta > 0, "--eta must be positive, got ", options.eta);
   if (options.quick) options.eval_samples = 1;
   const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
   if (options.methods.empty()) options.methods.assign(method_names.begin(), method_names.end());
+  std::int64_t nodes = 0;                          // of the largest tree of the methods run
   for (const std::string& name : options.methods)  // a bad name or --steps fails here, before any work
-    (void)demo_config(options, iterations, name).recipe.topology(options.steps);
+    nodes = std::max(nodes, demo_config(options, iterations, name).recipe.topology(options.steps).node_count());
+  check_memory(options, nodes);
   const std::filesystem::path out = make_directory(options.out);
   const auto start = std::chrono::steady_clock::now();
 
@@ -330,39 +344,42 @@ void add_demo_command(CLI::App& app) {
       ->type_name("DIR")
       ->capture_default_str();
   demo->add_flag("--quick", options->quick, "2 iterations per method and 1 held-out sample per prompt (CI)");
-  demo->add_option("--iters", options->iters, "Iterations per method (default 16; 2 with --quick)")
-      ->type_name("N")
-      ->check(CLI::PositiveNumber);
+  // Hard limits: --iters and --updates far beyond a demo's minutes, --steps the core's max_steps, --rank that of
+  // `bench iteration`; --prompts and --eval-samples are checked against the memory they imply (check_memory).
+  add_integer(demo, "--iters", options->iters, "Iterations per method (default 16; 2 with --quick)", 1, 100'000)
+      ->type_name("N");
   demo->add_option("--model", options->model, "Model directory (default models/shapes-tiny)")->type_name("DIR");
   demo->add_option("--prompt-rows", options->prompt_rows,
                    "Rows of the model's prompt table to train and evaluate on, or all")
       ->type_name("ROW,...|all")
       ->capture_default_str();
-  demo->add_option("--prompts", options->prompts, "Prompts (trees) per iteration")
+  add_integer(demo, "--prompts", options->prompts, "Prompts (trees) per iteration", 1, std::numeric_limits<int>::max())
       ->type_name("P")
       ->capture_default_str();
-  demo->add_option("--steps", options->steps, "Denoising steps")->type_name("N")->capture_default_str();
-  demo->add_option("--eval-samples", options->eval_samples, "Held-out samples per prompt")
+  add_integer(demo, "--steps", options->steps, "Denoising steps", 1, max_steps)->type_name("N")->capture_default_str();
+  add_integer(demo, "--eval-samples", options->eval_samples, "Held-out samples per prompt", 1,
+              std::numeric_limits<int>::max())
       ->type_name("K")
       ->capture_default_str();
-  demo->add_option("--lr", options->lr, "AdamW learning rate of the LoRA factors")
+  add_number(demo, "--lr", options->lr, "AdamW learning rate of the LoRA factors")
       ->type_name("LR")
       ->capture_default_str();
-  demo->add_option("--eta", options->eta, "SDE noise scale of every method (dance_sde)")
+  add_number(demo, "--eta", options->eta, "SDE noise scale of every method (dance_sde)")
       ->type_name("ETA")
       ->capture_default_str();
-  demo->add_option("--updates", options->updates, "Optimizer steps per iteration (PPO-clipped after the first)")
+  add_integer(demo, "--updates", options->updates, "Optimizer steps per iteration (PPO-clipped after the first)", 1,
+              1024)
       ->type_name("N")
       ->capture_default_str();
-  demo->add_option("--rank", options->rank, "LoRA rank")->type_name("R")->capture_default_str();
-  demo->add_option("--seed", options->seed, "Seed of every method's rollouts and of the held-out set")
+  add_integer(demo, "--rank", options->rank, "LoRA rank", std::int64_t{1}, std::int64_t{4096})
+      ->type_name("R")
+      ->capture_default_str();
+  add_integer(demo, "--seed", options->seed, "Seed of every method's rollouts and of the held-out set")
       ->type_name("S")
       ->capture_default_str();
-  demo->add_option("--methods", options->methods,
-                   "Comma-separated subset of dance, branch, branch-widpru, "
-                   "branch-deppru, branch-mix (default: all, in that order)")
-      ->delimiter(',')
-      ->type_name("LIST");
+  add_text_list(demo, "--methods", options->methods,
+                "Comma-separated subset of dance, branch, branch-widpru, "
+                "branch-deppru, branch-mix (default: all, in that order)");
   demo->add_flag("--quiet", options->quiet, "No progress bar");
   demo->callback([options] { run_demo(*options); });
 }

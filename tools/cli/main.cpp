@@ -48,6 +48,7 @@ std::string missing_subcommand(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const branchgrpo::cli::checked_standard_output standard_output;  // every write to std::cout checked, errno kept
   CLI::App app{"BranchGRPO: tree-structured GRPO for diffusion and flow-matching models", "branchgrpo"};
   app.require_subcommand(0, 1);  // "none" is reported below; an unknown word is an ExtrasError naming it
   branchgrpo::cli::add_tree_command(app);

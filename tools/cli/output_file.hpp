@@ -7,7 +7,8 @@
 //                                 fsync, rename), so a failure leaves the old file or none, never a 0-byte one;
 //                                 a device or FIFO (/dev/full, /dev/stdout) is written in place
 //   append_to_file(path, line)    one write(2) in O_APPEND mode, then fsync: a kill loses at most this line
-//   check_standard_output()       flushes stdout; throws when anything written to it failed
+//   check_standard_output()       flushes std::cout; throws when anything written to it failed, with the reason
+//                                 (standard_output_buffer, installed by main.cpp, remembers it)
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
+#include <streambuf>
 #include <string>
 #include <string_view>
 
@@ -91,14 +93,76 @@ inline void append_to_file(const std::filesystem::path& path, std::string_view b
   if (error != 0 || closed != 0) throw write_error(path, "cannot write", error != 0 ? error : closed);
 }
 
-/// Flushes std::cout and stdout; throws write_error "standard output: cannot write: <reason>" when this or any
-/// earlier write to them failed (e.g. `branchgrpo tree --json > /dev/full`). main.cpp calls it after every command;
-/// commands that stream lines call it after each line to stop at the first failure.
+/// std::cout's buffer while the tool runs (main.cpp installs it): bytes go to file descriptor 1 with write(2),
+/// and the first failure's errno is kept, so that check_standard_output can name the reason however long ago
+/// the failing write happened (a stdio buffer forgets it). Once a write failed, later output is dropped.
+class standard_output_buffer : public std::streambuf {
+ public:
+  standard_output_buffer() { setp(buffer_, buffer_ + sizeof buffer_); }
+  standard_output_buffer(const standard_output_buffer&) = delete;
+  standard_output_buffer& operator=(const standard_output_buffer&) = delete;
+  ~standard_output_buffer() override { (void)sync(); }
+
+  /// 0, or the errno of the first failed write.
+  [[nodiscard]] int error() const { return error_; }
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (sync() != 0) return traits_type::eof();
+    if (!traits_type::eq_int_type(c, traits_type::eof())) {
+      *pptr() = traits_type::to_char_type(c);
+      pbump(1);
+    }
+    return traits_type::not_eof(c);
+  }
+  int sync() override {
+    const std::string_view pending(pbase(), static_cast<std::size_t>(pptr() - pbase()));
+    if (error_ == 0 && !pending.empty()) error_ = detail::write_all(STDOUT_FILENO, pending);
+    setp(buffer_, buffer_ + sizeof buffer_);
+    return error_ == 0 ? 0 : -1;
+  }
+
+ private:
+  char buffer_[1 << 16];
+  int error_ = 0;
+};
+
+/// The buffer main.cpp installs into std::cout (nullptr before).
+inline standard_output_buffer*& installed_standard_output() {
+  static standard_output_buffer* buffer = nullptr;
+  return buffer;
+}
+
+/// Installs a standard_output_buffer into std::cout for its lifetime (main.cpp: one for the whole run); restores
+/// the previous buffer at the end, so that nothing writes through a dead buffer at exit.
+class checked_standard_output {
+ public:
+  checked_standard_output() : previous_(std::cout.rdbuf(&buffer_)) { installed_standard_output() = &buffer_; }
+  checked_standard_output(const checked_standard_output&) = delete;
+  checked_standard_output& operator=(const checked_standard_output&) = delete;
+  ~checked_standard_output() {
+    std::cout.flush();
+    std::cout.rdbuf(previous_);
+    installed_standard_output() = nullptr;
+  }
+
+ private:
+  standard_output_buffer buffer_;
+  std::streambuf* previous_;
+};
+
+/// Flushes std::cout; throws write_error "standard output: cannot write: <reason>" when this or any earlier write
+/// to it failed (e.g. `branchgrpo tree --json > /dev/full`). main.cpp calls it after every command; commands that
+/// stream lines call it after each line to stop at the first failure.
 inline void check_standard_output() {
-  errno = 0;
   std::cout.flush();
-  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout;
-  if (failed) throw write_error("standard output", "cannot write", errno);
+  if (const standard_output_buffer* buffer = installed_standard_output(); buffer != nullptr) {
+    if (buffer->error() != 0) throw write_error("standard output", "cannot write", buffer->error());
+    return;
+  }
+  errno = 0;  // without the buffer (a test program): stdio's own state, its reason when still known
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout)
+    throw write_error("standard output", "cannot write", errno);
 }
 
 }  // namespace branchgrpo::cli

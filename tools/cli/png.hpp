@@ -6,7 +6,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "cli/output_file.hpp"
 
 namespace branchgrpo::cli {
 
@@ -126,12 +126,11 @@ inline std::vector<std::uint8_t> encode_png(const rgb_image& image) {
   return out;
 }
 
-/// Writes encode_png(image) to `path`; throws std::runtime_error naming the path when it cannot.
+/// Writes encode_png(image) to `path` with write_file (atomic replace; a failure throws write_error naming the
+/// path and the reason, e.g. "/dev/full: cannot write: No space left on device").
 inline void write_png(const std::string& path, const rgb_image& image) {
   const std::vector<std::uint8_t> bytes = encode_png(image);
-  std::ofstream file(path, std::ios::binary);
-  file.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!file) throw std::runtime_error("cannot write " + path);
+  write_file(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 }  // namespace branchgrpo::cli

@@ -1,7 +1,9 @@
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/topology/catalog.hpp"
 #include "cli/commands.hpp"
+#include "cli/output_file.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -36,26 +39,32 @@ std::vector<family_description> families() {
 }
 
 // One markdown table per family; the first policy listed is the default.
-void print_markdown(const family_description& family) {
-  std::cout << "#### " << family.name << " (`" << family.config_key << "`)\n\n"
-            << "| kind | parameter | default | rule | meaning |\n|---|---|---|---|---|\n";
-  for (const policy_description& policy : family.policies) {
-    std::cout << "| `" << policy.name << "` | | | | " << policy.summary << " |\n";
-    for (const parameter_description& p : policy.parameters)
-      std::cout << "| | `" << p.name << "` | `" << p.default_value << "` | " << p.constraint << " | " << p.meaning
-                << " |\n";
-  }
-  std::cout << '\n';
+// The whole output in one write, checked at once: the system's reason for a failure (errno) is known only right
+// after the failing write, not at the final check (main.cpp) when the output was larger than stdout's buffer.
+void print_checked(std::string_view text) {
+  std::cout << text << std::flush;
+  if (!std::cout) throw write_error("standard output", "cannot write", errno);
 }
 
-void print_text(const family_description& family) {
-  std::cout << family.name << " (" << family.config_key << ")\n";
+void print_markdown(std::ostream& out, const family_description& family) {
+  out << "#### " << family.name << " (`" << family.config_key << "`)\n\n"
+      << "| kind | parameter | default | rule | meaning |\n|---|---|---|---|---|\n";
   for (const policy_description& policy : family.policies) {
-    std::cout << "  " << policy.name << std::string(policy.name.size() < 20 ? 20 - policy.name.size() : 1, ' ')
-              << policy.summary << '\n';
+    out << "| `" << policy.name << "` | | | | " << policy.summary << " |\n";
     for (const parameter_description& p : policy.parameters)
-      std::cout << "    " << p.name << " = " << p.default_value
-                << (p.constraint.empty() ? "" : "  (" + p.constraint + ")") << "  " << p.meaning << '\n';
+      out << "| | `" << p.name << "` | `" << p.default_value << "` | " << p.constraint << " | " << p.meaning << " |\n";
+  }
+  out << '\n';
+}
+
+void print_text(std::ostream& out, const family_description& family) {
+  out << family.name << " (" << family.config_key << ")\n";
+  for (const policy_description& policy : family.policies) {
+    out << "  " << policy.name << std::string(policy.name.size() < 20 ? 20 - policy.name.size() : 1, ' ')
+        << policy.summary << '\n';
+    for (const parameter_description& p : policy.parameters)
+      out << "    " << p.name << " = " << p.default_value << (p.constraint.empty() ? "" : "  (" + p.constraint + ")")
+          << "  " << p.meaning << '\n';
   }
 }
 
@@ -74,6 +83,7 @@ void add_policies_command(CLI::App& app) {
   command->add_flag("--markdown", o->markdown, "Markdown tables (docs/config.md)");
   command->callback([o] {
     std::vector<family_description> all = families();
+    std::ostringstream out;
     std::vector<std::string_view> names;
     bool found = o->family.empty();
     for (const family_description& family : all) {
@@ -81,11 +91,12 @@ void add_policies_command(CLI::App& app) {
       if (!o->family.empty() && family.name != o->family) continue;
       found = true;
       if (o->markdown)
-        print_markdown(family);
+        print_markdown(out, family);
       else
-        print_text(family);
+        print_text(out, family);
     }
     require(found, "--family '", o->family, "' is not ", name_list(names));
+    print_checked(out.str());
   });
 }
 

@@ -6,14 +6,15 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numbers>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "branchgrpo/app/rewards.hpp"
@@ -24,6 +25,9 @@
 #include "branchgrpo/torch/optim.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "cli/commands.hpp"
+#include "cli/memory_budget.hpp"
+#include "cli/number_options.hpp"
+#include "cli/output_file.hpp"
 #include "cli/png.hpp"
 
 namespace branchgrpo::cli {
@@ -59,13 +63,14 @@ flux_config config_from_json(const std::string& text) {
   } catch (const nlohmann::json::parse_error& error) {
     fail("--config-json is not valid JSON: ", error.what());
   }
-  require(json.is_object(), "--config-json must be a JSON object, got ", json.dump());
+  require(json.is_object(), "--config-json must be a JSON object, got ", echo_text(json.dump()));
+  // An integer beyond int64 (an unsigned 2^64 - 1) is refused, never wrapped; the config's limits come after.
   const auto integer = [](const nlohmann::json& value, const std::string& key) {
-    require(value.is_number_integer(), "--config-json '", key, "' must be an integer, got ", value.dump());
-    return value.get<std::int64_t>();
+    require(value.is_number_integer(), "--config-json '", key, "' must be an integer, got ", echo_text(value.dump()));
+    return parse_integer<std::int64_t>(value.dump(), "--config-json '" + key + "'");
   };
   const auto number = [](const nlohmann::json& value, const std::string& key) {
-    require(value.is_number(), "--config-json '", key, "' must be a number, got ", value.dump());
+    require(value.is_number(), "--config-json '", key, "' must be a number, got ", echo_text(value.dump()));
     return value.get<double>();
   };
   for (const auto& [key, value] : json.items()) {
@@ -86,11 +91,11 @@ flux_config config_from_json(const std::string& text) {
     else if (key == "mlp_ratio")
       config.mlp_ratio = number(value, key);
     else if (key == "qkv_bias") {
-      require(value.is_boolean(), "--config-json 'qkv_bias' must be true or false, got ", value.dump());
+      require(value.is_boolean(), "--config-json 'qkv_bias' must be true or false, got ", echo_text(value.dump()));
       config.qkv_bias = value.get<bool>();
     } else if (key == "rope_axes") {
       require(value.is_array() && value.size() == 3, "--config-json 'rope_axes' must be 3 integers, got ",
-              value.dump());
+              echo_text(value.dump()));
       for (std::size_t a = 0; a < 3; ++a) config.rope_axes[a] = integer(value[a], key);
     } else {
       fail("--config-json: unknown or fixed key '", key,
@@ -102,18 +107,50 @@ flux_config config_from_json(const std::string& text) {
   return config;
 }
 
+// The most --threads: 4 per hardware thread (at least 4, at most 1024). More only adds stacks and contention.
+int max_threads() { return static_cast<int>(std::clamp(4u * std::thread::hardware_concurrency(), 4u, 1024u)); }
+
+// The counts' ranges are checked as the flags are parsed (add_pretrain_command); these are the real numbers'.
 void validate(const pretrain_options& o) {
-  require(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
-  require(o.batch >= 1, "--batch must be at least 1, got ", o.batch);
-  require(std::isfinite(o.lr) && o.lr > 0, "--lr must be positive, got ", o.lr);
-  require(o.warmup >= 0, "--warmup must be non-negative, got ", o.warmup);
+  require(o.lr > 0, "--lr must be positive, got ", o.lr);
   require(o.ema >= 0 && o.ema < 1, "--ema must be in [0, 1), got ", o.ema);
-  require(o.grid_samples >= 1, "--grid-samples must be at least 1, got ", o.grid_samples);
-  require(o.grid_scale >= 1 && o.grid_scale <= 16, "--grid-scale must be in [1, 16], got ", o.grid_scale);
-  require(o.log_every >= 1, "--log-every must be at least 1, got ", o.log_every);
-  require(o.threads >= 0, "--threads must be non-negative, got ", o.threads);
-  require(static_cast<std::uint64_t>(o.steps) <= max_noise_iteration, "--steps ", o.steps, " exceeds ",
-          max_noise_iteration);
+}
+
+// Parameters of the transformer, from the config alone (nothing built): per double block two streams of qkv,
+// projection, MLP and 6-way modulation; per single block the fused qkv + MLP input, the output and 3-way
+// modulation; the embeddings and the final layer are small and counted roughly.
+double parameter_estimate(const flux_config& c) {
+  const auto h = static_cast<double>(c.hidden), m = static_cast<double>(c.mlp_hidden());
+  const double double_block = 2 * (4 * h * h + 2 * h * m + 6 * h * h);
+  const double single_block = h * (3 * h + m) + (h + m) * h + 3 * h * h;
+  const double rest = h * (static_cast<double>(c.in_channels + c.vec_in + c.context_in) + 256 + 2 * h) +
+                      h * static_cast<double>(c.in_channels);
+  return static_cast<double>(c.depth_double) * double_block + static_cast<double>(c.depth_single) * single_block + rest;
+}
+
+// Bytes one image costs a training step, upper-bound-ish: its keyed noise (float64, then float32 copies) and the
+// activations autograd keeps for the backward (float32): per block about 12 hidden-wide and 3 MLP-wide values
+// per token, and the attention scores and probabilities (2 x heads x tokens^2); a double block counts twice
+// (image and text streams). Tokens: 64 image (16 x 16, 2 x 2 patches) + the prompts' words (at most 8).
+double bytes_per_image(const flux_config& c) {
+  const double tokens = 64 + 8;
+  const double per_block = tokens * static_cast<double>(12 * c.hidden + 3 * c.mlp_hidden()) +
+                           2 * static_cast<double>(c.heads) * tokens * tokens;
+  const double blocks = static_cast<double>(2 * c.depth_double + c.depth_single);
+  const double noise = 3.0 * shapes_image_size * shapes_image_size * (8 + 4 + 4);
+  return 4 * per_block * blocks + noise;
+}
+
+// The memory the sizes imply, checked before the model is built: the weights with their gradients, AdamW
+// moments and EMA copy (5 float32 each), a step's batch, and the sample grids (every prompt x --grid-samples).
+void check_memory(const pretrain_options& o, const flux_config& config) {
+  const double model = 5 * 4 * parameter_estimate(config);
+  require_fits(model, "--config-json = " + echo_text(o.config_json.empty() ? "{}" : o.config_json),
+               "the model and its optimizer state");
+  const double image = bytes_per_image(config);
+  require_fits(model + static_cast<double>(o.batch) * image, setting_text("--batch", o.batch), "a training step");
+  require_fits(model + static_cast<double>(shapes_prompt_count) * o.grid_samples * image,
+               setting_text("--grid-samples", o.grid_samples), "the sample grids");
 }
 
 // Learning rate of step s: linear warmup over `warmup` steps, then cosine decay to 10 % at the last step.
@@ -197,9 +234,13 @@ std::string fixed(double value, int digits) {
 void run_pretrain(const pretrain_options& o) {
   validate(o);
   const flux_config config = config_from_json(o.config_json);
+  check_memory(o, config);
   if (o.threads > 0) torch::set_num_threads(o.threads);
   const std::filesystem::path dir(o.out);
-  std::filesystem::create_directories(dir);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir))
+    throw write_error(dir, "cannot create the output directory", error ? error.value() : ENOTDIR);
 
   const std::vector<std::string> prompts = shapes_prompts();
   const prompt_embeddings embeddings = shapes_word_embeddings(prompts, config.context_in, config.vec_in);
@@ -306,7 +347,7 @@ void run_pretrain(const pretrain_options& o) {
       {"jpeg_kb", -mean(jpeg_compressibility{}(samples, grid_prompts))},
       {"data_jpeg_kb", -mean(jpeg_compressibility{}(data, grid_prompts))},
   };
-  std::ofstream(dir / "pretrain.json") << summary.dump(2) << '\n';
+  write_file(dir / "pretrain.json", summary.dump(2) + '\n');
   std::cout << summary.dump() << '\n';
 }
 
@@ -319,16 +360,24 @@ void add_pretrain_command(CLI::App& app) {
   pretrain->add_option("--out", options->out, "Directory for model.safetensors, prompts.safetensors and the PNGs")
       ->required()
       ->type_name("DIR");
-  pretrain->add_option("--steps", options->steps, "Optimizer steps")->type_name("N")->capture_default_str();
-  pretrain->add_option("--seed", options->seed, "Seed of the weights, the data and the noise")
-      ->type_name("S")
-      ->capture_default_str();
-  pretrain->add_option("--batch", options->batch, "Images per step")->type_name("B")->capture_default_str();
-  pretrain->add_option("--lr", options->lr, "Peak AdamW learning rate")->type_name("LR")->capture_default_str();
-  pretrain->add_option("--warmup", options->warmup, "Linear warmup steps (then cosine decay to 10%)")
+  // --steps and --warmup: a step is a noise key's iteration field (max_noise_iteration); --batch and
+  // --grid-samples are checked against the memory they imply (check_memory), --threads against the machine.
+  add_integer(pretrain, "--steps", options->steps, "Optimizer steps", 1, static_cast<int>(max_noise_iteration))
       ->type_name("N")
       ->capture_default_str();
-  pretrain->add_option("--ema", options->ema, "EMA decay of the saved weights (0: none)")
+  add_integer(pretrain, "--seed", options->seed, "Seed of the weights, the data and the noise")
+      ->type_name("S")
+      ->capture_default_str();
+  add_integer(pretrain, "--batch", options->batch, "Images per step", std::int64_t{1},
+              std::numeric_limits<std::int64_t>::max())
+      ->type_name("B")
+      ->capture_default_str();
+  add_number(pretrain, "--lr", options->lr, "Peak AdamW learning rate")->type_name("LR")->capture_default_str();
+  add_integer(pretrain, "--warmup", options->warmup, "Linear warmup steps (then cosine decay to 10%)", 0,
+              static_cast<int>(max_noise_iteration))
+      ->type_name("N")
+      ->capture_default_str();
+  add_number(pretrain, "--ema", options->ema, "EMA decay of the saved weights (0: none)")
       ->type_name("D")
       ->capture_default_str();
   pretrain->add_option("--t-sampling", options->t_sampling, "Distribution of the training noise level t")
@@ -340,16 +389,18 @@ void add_pretrain_command(CLI::App& app) {
           "--config-json", options->config_json,
           "FLUX config fields replacing the shapes config's, e.g. '{\"hidden\": 96, \"rope_axes\": [16, 16, 16]}'")
       ->type_name("JSON");
-  pretrain->add_option("--grid-samples", options->grid_samples, "Samples per prompt in samples.png")
+  add_integer(pretrain, "--grid-samples", options->grid_samples, "Samples per prompt in samples.png", 1, 4096)
       ->type_name("N")
       ->capture_default_str();
-  pretrain->add_option("--grid-scale", options->grid_scale, "Screen pixels per image pixel in the PNG grids")
+  add_integer(pretrain, "--grid-scale", options->grid_scale, "Screen pixels per image pixel in the PNG grids", 1, 16)
       ->type_name("N")
       ->capture_default_str();
-  pretrain->add_option("--log-every", options->log_every, "Steps between progress lines")
+  add_integer(pretrain, "--log-every", options->log_every, "Steps between progress lines", 1,
+              std::numeric_limits<int>::max())
       ->type_name("N")
       ->capture_default_str();
-  pretrain->add_option("--threads", options->threads, "LibTorch intra-op threads (0: LibTorch's default)")
+  add_integer(pretrain, "--threads", options->threads, "LibTorch intra-op threads (0: LibTorch's default)", 0,
+              max_threads())
       ->type_name("N")
       ->capture_default_str();
   pretrain->add_flag("--quiet", options->quiet, "No progress lines");

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/limits.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/rollout/ode_sampler.hpp"
@@ -29,6 +29,9 @@
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/commands.hpp"
+#include "cli/memory_budget.hpp"
+#include "cli/number_options.hpp"
+#include "cli/output_file.hpp"
 #include "cli/plot.hpp"
 #include "cli/png.hpp"
 #include "cli/progress_bar.hpp"
@@ -202,9 +205,10 @@ method_run train_method(const std::string& name, const fourier_policy<host_backe
                  if (stream) {
                    bar.clear();
                    if (options.json)
-                     std::cout << iteration_json(name, stats).dump() << '\n' << std::flush;
+                     std::cout << iteration_json(name, stats).dump() << '\n';
                    else
                      print_iteration_row(std::cout, stats);
+                   check_standard_output();  // a closed pipe or a full disk stops the run at this line
                  }
                  bar.update(done_before + i + 1,
                             bar_prefix + std::to_string(i + 1) + "/" + std::to_string(options.iters), stats.reward_mean,
@@ -250,7 +254,7 @@ std::string csv_number(double value) {
 }
 
 void write_csv(const std::string& path, const std::vector<method_run>& runs) {
-  std::ofstream out(path);
+  std::ostringstream out;
   out << "iteration,method,reward_mean,reward_std,evaluations,edges_trained,seconds,cumulative_seconds,loss,"
          "update_evaluations,trees_dropped\n";
   for (const method_run& run : runs) {
@@ -263,7 +267,7 @@ void write_csv(const std::string& path, const std::vector<method_run>& runs) {
           << s.trees_dropped << '\n';
     }
   }
-  if (!out) throw std::runtime_error("cannot write " + path);
+  write_file(path, out.str());
 }
 
 void write_reward_plot(const std::string& path, const std::vector<method_run>& runs) {
@@ -320,19 +324,26 @@ void write_samples_plot(const std::string& path, const evaluation& base, const s
 
 // --- The two modes --------------------------------------------------------------------------------------------
 
+// Bytes one iteration's statistics keep (iteration_stats, printed at the end): tiny, but --iters is large.
+constexpr double toy_bytes_per_iteration = sizeof(iteration_stats);
+
 void validate(const toy_options& options) {
-  require(options.iters >= 1, "--iters must be at least 1, got ", options.iters);
-  require(options.prompts >= 1, "--prompts must be at least 1, got ", options.prompts);
-  require(options.max_batch >= 1, "--max-batch must be at least 1, got ", options.max_batch);
-  require(options.steps >= 1, "--steps must be at least 1, got ", options.steps);
-  require(options.nan_leaf_every >= 0, "--nan-leaf-every must be non-negative, got ", options.nan_leaf_every);
-  // Unknown names and topologies that do not fit the steps fail here, with the library's message, before
-  // anything is printed or fitted.
-  const auto check_topology = [&](auto recipe) { (void)recipe.topology(options.steps); };
+  // Ranges are checked as the flags are parsed (number_options.hpp). Unknown names and topologies that do not
+  // fit the steps fail here, with the library's message, before anything is printed or fitted; so does a size
+  // whose memory does not fit.
+  std::int64_t nodes = 0;  // of the largest tree of the methods run
+  const auto check_topology = [&](auto recipe) {
+    nodes = std::max(nodes, recipe.topology(options.steps).node_count());
+  };
   if (options.compare)
     for (const std::string_view name : method_names) with_method(name, check_topology);
   else
     with_method(options.method, check_topology);
+  require_fits(static_cast<double>(options.prompts) * static_cast<double>(nodes) * toy_bytes_per_node,
+               setting_text("--prompts", options.prompts), "the rollout of " + std::to_string(nodes) + "-node trees");
+  const double methods = options.compare ? static_cast<double>(method_names.size()) : 1.0;
+  require_fits(methods * options.iters * toy_bytes_per_iteration, setting_text("--iters", options.iters),
+               "the per-iteration statistics");
 }
 
 std::filesystem::path prepare_out(const toy_options& options) {
@@ -340,8 +351,7 @@ std::filesystem::path prepare_out(const toy_options& options) {
   std::error_code error;
   std::filesystem::create_directories(out, error);
   if (error || !std::filesystem::is_directory(out))
-    throw std::runtime_error("cannot create the output directory " + options.out +
-                             (error ? ": " + error.message() : std::string()));
+    throw write_error(out, "cannot create the output directory", error ? error.value() : ENOTDIR);
   return out;
 }
 
@@ -469,22 +479,31 @@ void add_toy_command(CLI::App& app) {
           ->capture_default_str();
   toy->add_flag("--compare", options->compare, "Train every method from the same base model and print a table")
       ->excludes(method);
-  toy->add_option("--iters", options->iters, "Training iterations per method")->type_name("N")->capture_default_str();
-  toy->add_option("--seed", options->seed, "Seed of the base model, the rollout noise and the held-out roots")
+  // The limits: --iters is a noise-key field (max_noise_iteration); --prompts and --iters are also checked
+  // against the memory they imply (validate).
+  add_integer(toy, "--iters", options->iters, "Training iterations per method", 1,
+              static_cast<int>(max_noise_iteration))
+      ->type_name("N")
+      ->capture_default_str();
+  add_integer(toy, "--seed", options->seed, "Seed of the base model, the rollout noise and the held-out roots")
       ->type_name("S")
       ->capture_default_str();
-  toy->add_option("--prompts", options->prompts, "Trees (prompts) per iteration")
+  add_integer(toy, "--prompts", options->prompts, "Trees (prompts) per iteration", 1, std::numeric_limits<int>::max())
       ->type_name("P")
       ->capture_default_str();
-  toy->add_option("--max-batch", options->max_batch, "Rows per denoiser call")->type_name("B")->capture_default_str();
-  toy->add_option("--steps", options->steps, "Denoising steps")->type_name("N")->capture_default_str();
+  add_integer(toy, "--max-batch", options->max_batch, "Rows per denoiser call", std::int64_t{1},
+              std::numeric_limits<std::int64_t>::max())
+      ->type_name("B")
+      ->capture_default_str();
+  add_integer(toy, "--steps", options->steps, "Denoising steps", 1, max_steps)->type_name("N")->capture_default_str();
   toy->add_option("--out", options->out, "Directory for the CSV and PNG files (created)")
       ->type_name("DIR")
       ->capture_default_str();
   toy->add_flag("--json", options->json, "JSON lines per iteration; with --compare one JSON object");
   toy->add_flag("--quiet", options->quiet, "No progress bar");
-  toy->add_option("--nan-leaf-every", options->nan_leaf_every,
-                  "Testing aid: one leaf scores NaN every K-th iteration, so its tree is dropped (0: never)")
+  add_integer(toy, "--nan-leaf-every", options->nan_leaf_every,
+              "Testing aid: one leaf scores NaN every K-th iteration, so its tree is dropped (0: never)", 0,
+              std::numeric_limits<int>::max())
       ->type_name("K")
       ->capture_default_str();
 

@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/training_run.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
+#include "cli/memory_budget.hpp"
 #include "cli/output_file.hpp"
 #include "cli/png.hpp"
 #include "cli/run_support.hpp"
@@ -31,7 +33,10 @@ struct train_options {
   bool quiet = false;
 };
 
+// The run's memory is estimated from the config and the model files' headers and compared with what this process
+// may use before anything is loaded (app/run_memory.hpp): a 2^24-leaf tree is one line, not an OOM kill.
 std::unique_ptr<training_run> make_run(const run_config& config) {
+  check_run_memory(config, available_memory());
   run_model model = load_run_model(config);
   weighted_sum reward = make_run_reward(config, model);
   return std::make_unique<training_run>(config, std::move(model), std::move(reward));

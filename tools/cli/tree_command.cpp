@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <iomanip>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -16,6 +18,8 @@
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
 #include "cli/commands.hpp"
+#include "cli/number_options.hpp"
+#include "cli/output_file.hpp"
 #include "cli/tree_report.hpp"
 
 namespace branchgrpo::cli {
@@ -126,16 +130,26 @@ nlohmann::json to_json(const std::string& topology, const tree_plan& plan, const
           {"sigmas", std::vector<double>(schedule.values().begin(), schedule.values().end())}};
 }
 
+// The whole output in one write, checked at once: the system's reason for a failure (errno) is known only right
+// after the failing write, not at the final check (main.cpp) when the output was larger than stdout's buffer.
+void print_checked(std::string_view text) {
+  std::cout << text << std::flush;
+  if (!std::cout) throw write_error("standard output", "cannot write", errno);
+}
+
 void run_tree(const tree_options& options) {
   const any_topology topology = make_topology(options);
   const tree_plan plan = topology(options.steps);
   const sigma_schedule schedule = make_sigma_schedule(options);
   const tree_report report = make_tree_report(plan);
   const std::string description = std::visit([](const auto& t) { return describe(t); }, topology.policy);
-  if (options.json)
-    std::cout << to_json(description, plan, report, schedule).dump() << '\n';
-  else
-    print_table(std::cout, description, plan, report, schedule);
+  if (options.json) {
+    print_checked(to_json(description, plan, report, schedule).dump() + '\n');
+  } else {
+    std::ostringstream table;  // 255 steps make a table larger than stdout's buffer
+    print_table(table, description, plan, report, schedule);
+    print_checked(table.str());
+  }
 }
 
 }  // namespace
@@ -144,7 +158,8 @@ void add_tree_command(CLI::App& app) {
   auto options = std::make_shared<tree_options>();
   CLI::App* tree = app.add_subcommand("tree", "Print the shape and cost of one rollout tree of a topology");
 
-  tree->add_option("--steps", options->steps, "Denoising steps, 1 to " + std::to_string(max_steps))
+  // Counts take the whole int range here: the core checks them (steps, branching, 2^24 leaves) with its messages.
+  add_integer(tree, "--steps", options->steps, "Denoising steps, 1 to " + std::to_string(max_steps))
       ->type_name("N")
       ->capture_default_str();
   auto* schedule =
@@ -152,30 +167,28 @@ void add_tree_command(CLI::App& app) {
                        "Split schedule of the paper: dense {0,3,6,9}, mixed {0,4,8,12}, sparse {0,5,10,15}")
           ->check(CLI::IsMember({"dense", "mixed", "sparse"}))
           ->capture_default_str();
-  auto* split_steps = tree->add_option("--split-steps", options->split_steps, "Split steps, e.g. 0,3,6,9")
+  auto* split_steps = add_integer_list(tree, "--split-steps", options->split_steps, "Split steps, e.g. 0,3,6,9")
                           ->type_name("S,S,...")
-                          ->delimiter(',')
                           ->excludes(schedule);
-  auto* branching = tree->add_option("--branching", options->branching,
+  auto* branching = add_integer_list(tree, "--branching", options->branching,
                                      "Branching factor K for every split, or one factor per split step, e.g. 4,2,2,1")
                         ->type_name("K[,K...]")
-                        ->default_str("2")
-                        ->delimiter(',');
-  auto* seq = tree->add_option("--sequential", options->sequential_group,
-                               "DanceGRPO baseline: G independent SDE chains instead of a tree")
+                        ->default_str("2");
+  auto* seq = add_integer(tree, "--sequential", options->sequential_group,
+                          "DanceGRPO baseline: G independent SDE chains instead of a tree")
                   ->type_name("G");
   tree->add_option("--shared-root", options->shared_root,
                    "With --sequential: the chains share their initial latent, whose first step is evaluated once")
       ->type_name("true|false")
       ->default_str("true")
       ->needs(seq);
-  auto* fast = tree->add_option("--flow-grpo-fast", options->fast_group,
-                                "Flow-GRPO-Fast: ODE prefix, one SDE split into G at --split-step, ODE after")
+  auto* fast = add_integer(tree, "--flow-grpo-fast", options->fast_group,
+                           "Flow-GRPO-Fast: ODE prefix, one SDE split into G at --split-step, ODE after")
                    ->type_name("G");
-  auto* split_step = tree->add_option("--split-step", options->split_step, "With --flow-grpo-fast: the split step")
+  auto* split_step = add_integer(tree, "--split-step", options->split_step, "With --flow-grpo-fast: the split step")
                          ->type_name("S")
                          ->needs(fast);
-  tree->add_option("--sde-steps", options->sde_steps, "With --flow-grpo-fast: SDE steps from the split step on")
+  add_integer(tree, "--sde-steps", options->sde_steps, "With --flow-grpo-fast: SDE steps from the split step on")
       ->type_name("W")
       ->capture_default_str()
       ->needs(fast);
@@ -185,11 +198,10 @@ void add_tree_command(CLI::App& app) {
     fast->excludes(tree_option);
   }
   seq->excludes(fast);
-  auto* sigmas = tree->add_option("--sigmas", options->sigmas,
-                                  "Noise levels, steps + 1 values, strictly decreasing in [0, 1], e.g. 1,0.5,0")
-                     ->type_name("X,X,...")
-                     ->delimiter(',');
-  tree->add_option("--shift", options->shift, "SD3 time shift of the default linear schedule 1 -> 0")
+  auto* sigmas = add_number_list(tree, "--sigmas", options->sigmas,
+                                 "Noise levels, steps + 1 values, strictly decreasing in [0, 1], e.g. 1,0.5,0")
+                     ->type_name("X,X,...");
+  add_number(tree, "--shift", options->shift, "SD3 time shift of the default linear schedule 1 -> 0")
       ->type_name("S")
       ->capture_default_str()
       ->excludes(sigmas);

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <iomanip>
@@ -9,7 +10,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "branchgrpo/model_specs/flux/layout.hpp"
 #include "branchgrpo/safetensors.hpp"
 #include "cli/commands.hpp"
+#include "cli/output_file.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -103,6 +107,13 @@ std::uint64_t total_bytes(const safetensors_checkpoint& checkpoint) {
   return bytes;
 }
 
+// The whole output in one write, checked at once: the system's reason for a failure (errno) is known only right
+// after the failing write, not at the final check (main.cpp) when the output was larger than stdout's buffer.
+void print_checked(std::string_view text) {
+  std::cout << text << std::flush;
+  if (!std::cout) throw write_error("standard output", "cannot write", errno);
+}
+
 void print_json(const weights_report& report) {
   const safetensors_checkpoint& checkpoint = *report.checkpoint;
   nlohmann::json out;
@@ -125,12 +136,12 @@ void print_json(const weights_report& report) {
   out["unexpected"] = report.keys.unexpected;
   out["mismatched"] = report.keys.mismatched;
   out["ok"] = report.layout ? nlohmann::json(report.keys.ok()) : nullptr;
-  std::cout << out.dump() << '\n';
+  print_checked(out.dump() + '\n');
 }
 
 void print_table(const weights_report& report) {
   const safetensors_checkpoint& checkpoint = *report.checkpoint;
-  std::ostream& out = std::cout;
+  std::ostringstream out;  // a sharded checkpoint lists thousands of tensors: one checked write at the end
   const auto row = [&](const std::string& key, const std::string& value) {
     out << std::left << std::setw(10) << key << value << '\n';
   };
@@ -179,6 +190,7 @@ void print_table(const weights_report& report) {
   for (const safetensors_tensor& tensor : checkpoint.tensors())
     out << std::left << std::setw(static_cast<int>(width) + 2) << safetensors_detail::printable(tensor.name)
         << std::setw(9) << safetensors_dtype_name(tensor.dtype) << shape_text(tensor.shape) << '\n';
+  print_checked(out.str());
 }
 
 void run_weights(const weights_options& options) {

@@ -19,30 +19,12 @@
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/model_specs/flux/layout.hpp"
 #include "branchgrpo/safetensors.hpp"
 
 namespace branchgrpo {
-
-/// Bytes as a person reads them: "512 B", "1.5 kB", "23.4 GB", "1.2 TB" (powers of 1000, 3 significant digits).
-inline std::string byte_text(double bytes) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
-  std::size_t unit = 0;
-  while (bytes >= 999.5 && unit + 1 < std::size(units)) {
-    bytes /= 1000;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 || bytes >= 99.5 ? "%.0f %s" : "%.3g %s", bytes, units[unit]);
-  return text;
-}
-
-/// The memory a process may use: `bytes`, and where the figure comes from ("physical memory", "ulimit -v").
-struct memory_budget {
-  double bytes = 0;
-  std::string source;
-};
 
 /// The transformer shape of a run: model.config's named shape, or the "branchgrpo.flux_config" metadata of
 /// model.dir's model.safetensors (only its header is read; the file is mapped, not loaded).

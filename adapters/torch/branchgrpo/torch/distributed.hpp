@@ -1,0 +1,502 @@
+#pragma once
+// Multi-process training over torch.distributed's C++ core (c10d): the Communicator of distributed/communicator.hpp
+// on c10d's process groups, with no communication layer of our own.
+//
+//   read_launch_environment(lookup)        torchrun's environment contract (RANK, WORLD_SIZE, LOCAL_RANK,
+//                                          LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), checked; nullopt when
+//                                          WORLD_SIZE is unset (one process)
+//   communicator_from_environment(options) the same from the process environment, joined into a group
+//   c10d_communicator                      Communicator: rendezvous on a c10d::TCPStore (rank 0 hosts it at
+//                                          MASTER_ADDR:MASTER_PORT), Gloo for host data, NCCL for CUDA tensors
+//                                          where LibTorch has it; all_reduce_sum of tensors (gradients)
+//   distributed_error                      a rank died or hangs, or a collective failed: one line naming the rank
+//   parameters_digest, check_same_parameters   XXH64 of tensors, compared across the ranks (a debug check)
+//
+// Faults. A collective over Gloo fails with "Connection closed by peer" when a peer died and with "Timed out" when
+// one hangs, without saying which rank. So before each collective a rank records in the store the collective's
+// sequence number ("entered/<rank>" = 7), and a rank whose collective fails records "failed/<rank>" and waits a
+// short grace for the others' reports: a rank without a report is the culprit, named by the last collective it
+// entered: "rank 1 did not reach collective 7 (all_reduce, timeout 5 s): it died or hangs". The collective timeout
+// is the option's timeout less the grace, so a survivor throws within timeout_seconds. The cost is one store write
+// (a loopback or LAN round trip to rank 0) per collective; the trainer runs a few per iteration.
+//
+// Which process groups exist is decided by CMake alone (adapters/CMakeLists.txt): USE_C10D_GLOO when Gloo's
+// headers are found (Debian: libgloo-dev), USE_C10D_NCCL on a CUDA LibTorch with NCCL. Without Gloo this header
+// is unusable.
+#if !defined(USE_C10D_GLOO)
+#error "branchgrpo/torch/distributed.hpp needs Gloo's headers (Debian: libgloo-dev): install them and reconfigure"
+#endif
+
+#include "branchgrpo/torch/compat.hpp"  // first: LibTorch's CHECK macro guard
+
+#pragma push_macro("CHECK")
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#pragma pop_macro("CHECK")
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/hash.hpp"
+#include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/distributed/communicator.hpp"
+#include "branchgrpo/distributed/consistency.hpp"
+
+namespace branchgrpo {
+
+/// A multi-process run cannot go on: a rank died or hangs, the store is unreachable, or a collective failed.
+/// what() is one line that names the rank when one is to blame.
+class distributed_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// How a process joins its group.
+/// Example: distributed_options{.timeout_seconds = 5} (the tests); the defaults for a training run.
+struct distributed_options {
+  /// Longest wait for the rendezvous and for any collective, fault report included: a rank that died or hangs
+  /// ends the others within it. In [1, 86400].
+  double timeout_seconds = 300;
+  /// Network interface Gloo uses (e.g. "eth0"). Empty: GLOO_SOCKET_IFNAME when set (torch's variable), else the
+  /// loopback address when MASTER_ADDR is a loopback one (every rank on this host), else the address of this
+  /// host's name.
+  std::string gloo_interface = {};
+  /// CUDA tensors through NCCL when LibTorch has it (USE_C10D_NCCL); else through Gloo via host copies.
+  bool nccl = true;
+};
+
+/// torchrun's environment contract, checked.
+struct launch_environment {
+  int rank = 0;                  // RANK, in [0, world_size)
+  int world_size = 1;            // WORLD_SIZE
+  int local_rank = 0;            // LOCAL_RANK (default RANK): this rank's CUDA device on its node
+  int local_world_size = 1;      // LOCAL_WORLD_SIZE (default WORLD_SIZE)
+  std::string master_addr = {};  // MASTER_ADDR: where rank 0 hosts the store
+  int master_port = 0;           // MASTER_PORT
+  bool agent_store = false;      // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the store, no rank does
+  int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT: keys of a restarted attempt never meet the last one's
+};
+
+/// The launch environment read through `lookup(name)` (a const char*, nullptr when unset); nullopt when
+/// WORLD_SIZE is unset. Throws invalid_input naming the variable when one is malformed or a required one missing.
+/// Example: {WORLD_SIZE=2, RANK=1, MASTER_ADDR=127.0.0.1, MASTER_PORT=29500} -> rank 1 of 2, local rank 1 of 2;
+///   RANK=x -> "RANK = x: must be an integer in [0, 1]";
+///   no MASTER_PORT -> "MASTER_PORT is not set (WORLD_SIZE is: a multi-process launch needs RANK, MASTER_ADDR and
+///   MASTER_PORT too)".
+/// @post 0 <= rank < world_size, 0 <= local_rank < local_world_size <= world_size, master_port in [1, 65535].
+template <class Lookup>
+std::optional<launch_environment> read_launch_environment(Lookup&& lookup) {
+  const auto text = [&](const char* name) -> std::optional<std::string_view> {
+    const char* value = lookup(name);
+    if (value == nullptr) return std::nullopt;
+    return std::string_view(value);
+  };
+  const auto required = [&](const char* name) {
+    const std::optional<std::string_view> value = text(name);
+    require(value.has_value(), name,
+            " is not set (WORLD_SIZE is: a multi-process launch needs RANK, MASTER_ADDR and MASTER_PORT too)");
+    return *value;
+  };
+  const std::optional<std::string_view> world = text("WORLD_SIZE");
+  if (!world) return std::nullopt;
+  launch_environment e;
+  e.world_size = parse_integer<int>(*world, "WORLD_SIZE", 1, 1 << 20);
+  e.rank = parse_integer<int>(required("RANK"), "RANK", 0, e.world_size - 1);
+  const std::optional<std::string_view> local_world = text("LOCAL_WORLD_SIZE");
+  e.local_world_size =
+      local_world ? parse_integer<int>(*local_world, "LOCAL_WORLD_SIZE", 1, e.world_size) : e.world_size;
+  const std::optional<std::string_view> local_rank = text("LOCAL_RANK");
+  e.local_rank =
+      parse_integer<int>(local_rank ? *local_rank : std::to_string(e.rank), "LOCAL_RANK", 0, e.local_world_size - 1);
+  e.master_addr = std::string(required("MASTER_ADDR"));
+  require(!e.master_addr.empty() && e.master_addr.find_first_of(" \t\n") == std::string::npos, "MASTER_ADDR = '",
+          echo_text(e.master_addr), "': must be a host name or address");
+  e.master_port = parse_integer<int>(required("MASTER_PORT"), "MASTER_PORT", 1, 65535);
+  const std::optional<std::string_view> agent = text("TORCHELASTIC_USE_AGENT_STORE");
+  e.agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+  if (const std::optional<std::string_view> restarts = text("TORCHELASTIC_RESTART_COUNT"))
+    e.restart_count = parse_integer<int>(*restarts, "TORCHELASTIC_RESTART_COUNT", 0, 1 << 30);
+  return e;
+}
+
+/// The process environment's launch_environment (read_launch_environment over std::getenv).
+inline std::optional<launch_environment> launch_environment_from_process() {
+  return read_launch_environment([](const char* name) { return std::getenv(name); });
+}
+
+/// One rank of a group of processes over c10d: a Communicator (communicator.hpp) plus all_reduce_sum of tensors.
+/// Every collective must be called by every rank in the same order, from one thread.
+/// Example (2 ranks, started by torchrun or run_ranks.sh):
+///   c10d_communicator comm(*launch_environment_from_process(), {.timeout_seconds = 60});
+///   std::vector<double> rewards{comm.rank() + 1.0};
+///   comm.all_reduce_sum(rewards);            // {3} on both ranks
+///   comm.all_reduce_sum(gradients);          // std::vector<torch::Tensor>, in place on their device
+class c10d_communicator {
+ public:
+  /// Joins the group: rank 0 hosts the store at MASTER_ADDR:MASTER_PORT (torchrun's agent does with
+  /// agent_store), every rank waits for the others, then Gloo (and NCCL) connect through the store.
+  /// Throws distributed_error naming the ranks that did not join within the timeout, or when the store cannot be
+  /// hosted or reached; invalid_input when options are out of range.
+  /// @post rank() == environment.rank, size() == environment.world_size.
+  explicit c10d_communicator(const launch_environment& environment, const distributed_options& options = {})
+      : environment_(environment) {
+    require(std::isfinite(options.timeout_seconds) && options.timeout_seconds >= 1 && options.timeout_seconds <= 86400,
+            "distributed timeout_seconds = ", options.timeout_seconds, ": must be in [1, 86400]");
+    require(environment.world_size >= 1 && environment.rank >= 0 && environment.rank < environment.world_size, "rank ",
+            environment.rank, " is not in a group of ", environment.world_size);
+    timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_seconds * 1000));
+    // The fault report's share of the timeout: a tenth, within [0.5 s, 5 s].
+    grace_ = std::clamp(timeout_ / 10, std::chrono::milliseconds(500), std::chrono::milliseconds(5000));
+    connect_store();
+    wait_for_ranks();
+    connect_groups(options);
+  }
+
+  [[nodiscard]] int rank() const { return environment_.rank; }
+  [[nodiscard]] int size() const { return environment_.world_size; }
+  [[nodiscard]] int local_rank() const { return environment_.local_rank; }
+  /// This rank's device: CUDA device LOCAL_RANK when CUDA is available, else the CPU.
+  [[nodiscard]] torch::Device device() const { return device_; }
+  [[nodiscard]] const launch_environment& environment() const { return environment_; }
+  /// Collectives run so far (the number the fault messages give).
+  [[nodiscard]] std::int64_t collectives() const { return sequence_; }
+
+  /// Every rank's `values` become their element-wise sum over the ranks (in float64, over Gloo).
+  /// @pre every rank passes the same values.size().
+  void all_reduce_sum(std::span<double> values) {
+    collective("all_reduce", [&] {
+      if (values.empty()) return;
+      std::vector<torch::Tensor> tensors{torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())},
+                                                          torch::TensorOptions().dtype(torch::kFloat64))};
+      gloo_->allreduce(tensors)->wait();
+    });
+  }
+
+  /// Every tensor becomes its element-wise sum over the ranks, in place on its device (gradients: divide by
+  /// size() for the mean). One collective per dtype, over the tensors flattened into one buffer; CUDA tensors go
+  /// through NCCL where LibTorch has it, else through a host copy and Gloo.
+  /// Example: 2 ranks with {[1, 2], [[3]]} and {[10, 20], [[30]]} -> {[11, 22], [[33]]} on both.
+  /// @pre every rank passes tensors of the same count, shapes and dtypes; all defined, on one device.
+  void all_reduce_sum(std::vector<torch::Tensor>& tensors) {
+    if (tensors.empty()) return;
+    for (const torch::Tensor& t : tensors) {
+      require(t.defined(), "all_reduce_sum: an undefined tensor (a parameter without a gradient?)");
+      require(t.device() == tensors.front().device(), "all_reduce_sum: tensors on ", tensors.front().device(), " and ",
+              t.device());
+    }
+    torch::NoGradGuard no_grad;
+    std::vector<torch::ScalarType> dtypes;  // in order of first appearance: the same order on every rank
+    for (const torch::Tensor& t : tensors)
+      if (std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) == dtypes.end()) dtypes.push_back(t.scalar_type());
+    for (const torch::ScalarType dtype : dtypes) {
+      std::vector<torch::Tensor> group;
+      for (const torch::Tensor& t : tensors)
+        if (t.scalar_type() == dtype) group.push_back(t);
+      reduce_group(group);
+    }
+  }
+
+  /// gathered = the ranks' `local` bytes in rank order.
+  /// @pre every rank passes the same local.size(); gathered.size() == local.size() * size().
+  void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) {
+    require(gathered.size() == local.size() * static_cast<std::size_t>(size()), "all_gather: ", gathered.size(),
+            " bytes for ", size(), " ranks of ", local.size());
+    collective("all_gather", [&] {
+      if (local.empty()) return;
+      const auto count = static_cast<std::int64_t>(local.size());
+      const auto bytes = torch::TensorOptions().dtype(torch::kUInt8);
+      // Gloo only reads its input: the const_cast lends the caller's bytes without a copy.
+      std::vector<torch::Tensor> input{
+          torch::from_blob(const_cast<std::byte*>(local.data()), {count}, bytes)};  // NOLINT
+      std::vector<std::vector<torch::Tensor>> output(1);
+      for (int r = 0; r < size(); ++r)
+        output[0].push_back(
+            torch::from_blob(gathered.data() + static_cast<std::size_t>(r) * local.size(), {count}, bytes));
+      gloo_->allgather(output, input)->wait();
+    });
+  }
+
+  /// Returns when every rank reached it.
+  void barrier() {
+    collective("barrier", [&] { gloo_->barrier()->wait(); });
+  }
+
+ private:
+  using store_pointer = c10::intrusive_ptr<c10d::Store>;
+
+  static std::vector<std::uint8_t> bytes_of(std::int64_t value) {
+    const std::string text = std::to_string(value);
+    return {text.begin(), text.end()};
+  }
+  static std::string key(std::string_view kind, int rank) { return std::string(kind) + "/" + std::to_string(rank); }
+  // The first line of an exception's message (c10::Error appends a backtrace).
+  static std::string first_line(const std::exception& error) {
+    const std::string text = error.what();
+    return text.substr(0, text.find('\n'));
+  }
+  [[nodiscard]] std::string seconds(std::chrono::milliseconds duration) const {
+    std::ostringstream text;
+    text << static_cast<double>(duration.count()) / 1000 << " s";
+    return text.str();
+  }
+  [[nodiscard]] std::string store_address() const {
+    return environment_.master_addr + ":" + std::to_string(environment_.master_port);
+  }
+  [[nodiscard]] std::string store_host() const {
+    return environment_.agent_store ? "the store at " + store_address() + " (torchrun's agent)"
+                                    : "rank 0 (the store at " + store_address() + ")";
+  }
+
+  void connect_store() {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(environment_.master_port);
+    options.isServer = !environment_.agent_store && rank() == 0;
+    options.numWorkers = static_cast<std::size_t>(size());
+    options.waitWorkers = false;  // wait_for_ranks names the missing ones
+    options.timeout = timeout_;
+    try {
+      tcp_store_ = c10::make_intrusive<c10d::TCPStore>(environment_.master_addr, options);
+    } catch (const std::exception& error) {
+      if (options.isServer)
+        throw distributed_error("rank 0 cannot host the store at " + store_address() + ": " + first_line(error));
+      throw distributed_error("rank " + std::to_string(rank()) + " could not reach " + store_host() + " within " +
+                              seconds(timeout_) + ": " + first_line(error));
+    }
+    store_ = c10::make_intrusive<c10d::PrefixStore>("branchgrpo/attempt_" + std::to_string(environment_.restart_count),
+                                                    tcp_store_);
+  }
+
+  // Every rank announces itself, then waits for all: a missing rank is named, not reported as a Gloo timeout.
+  void wait_for_ranks() {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(key("joined", r));
+    try {
+      store_->set(key("joined", rank()), bytes_of(1));
+      store_->wait(keys, timeout_);
+    } catch (const std::exception& error) {
+      std::vector<int> missing;
+      try {
+        for (int r = 0; r < size(); ++r)
+          if (!store_->check({keys[static_cast<std::size_t>(r)]})) missing.push_back(r);
+      } catch (const std::exception&) {
+        throw distributed_error("rank " + std::to_string(rank()) + " lost " + store_host() +
+                                " while the ranks joined: it died (" + first_line(error) + ")");
+      }
+      if (missing.empty()) throw distributed_error("joining the group failed: " + first_line(error));
+      throw distributed_error(ranks_text(missing) + " did not join the group at " + store_address() + " within " +
+                              seconds(timeout_) + ": not started, or died");
+    }
+  }
+
+  void connect_groups(const distributed_options& options) {
+    const auto collective_timeout = timeout_ - grace_;
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(collective_timeout);
+    std::string interface = options.gloo_interface;
+    if (interface.empty())
+      if (const char* variable = std::getenv("GLOO_SOCKET_IFNAME")) interface = variable;
+    const std::string& address = environment_.master_addr;
+    const bool loopback = address == "localhost" || address.starts_with("127.") || address == "::1";
+    try {
+      gloo_options->devices.push_back(!interface.empty() ? c10d::ProcessGroupGloo::createDeviceForInterface(interface)
+                                      : loopback         ? c10d::ProcessGroupGloo::createDeviceForHostname(address)
+                                                         : c10d::ProcessGroupGloo::createDefaultDevice());
+      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store_),
+                                                          rank(), size(), gloo_options);
+    } catch (const std::exception& error) {
+      throw distributed_error("rank " + std::to_string(rank()) + " could not connect Gloo to the other ranks" +
+                              (interface.empty() ? "" : " on interface " + interface) + ": " + first_line(error));
+    }
+    if (torch::cuda::is_available()) {
+      const auto devices = static_cast<int>(torch::cuda::device_count());
+      if (environment_.local_rank >= devices)
+        throw distributed_error("LOCAL_RANK = " + std::to_string(environment_.local_rank) + " but this node has " +
+                                std::to_string(devices) + " CUDA devices");
+      device_ = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(environment_.local_rank));
+    }
+#if defined(USE_C10D_NCCL)
+    if (options.nccl && device_.is_cuda()) {
+      c10::cuda::set_device(device_.index());
+      // Blocking waits: a failed or timed-out NCCL collective then throws in wait(), inside the fault protocol,
+      // instead of aborting the process from c10d's watchdog thread (1.13 and 2.x spell the variable differently).
+      // The caller's own setting wins.
+      setenv("NCCL_BLOCKING_WAIT", "1", 0);
+      setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = collective_timeout;
+      nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c10::make_intrusive<c10d::PrefixStore>("nccl", store_),
+                                                          rank(), size(), nccl_options);
+    }
+#endif
+  }
+
+  // Same-dtype tensors, reduced as one flat buffer (or in place when there is one contiguous tensor).
+  void reduce_group(std::vector<torch::Tensor>& group) {
+    const bool alone = group.size() == 1 && group.front().is_contiguous();
+    torch::Tensor flat = alone ? group.front() : torch::cat(flatten(group));
+    const bool on_cuda = flat.device().is_cuda();
+    collective("all_reduce", [&] {
+#if defined(USE_C10D_NCCL)
+      if (on_cuda && nccl_) {
+        std::vector<torch::Tensor> buffer{flat};
+        nccl_->allreduce(buffer)->wait();
+        return;
+      }
+#endif
+      std::vector<torch::Tensor> buffer{on_cuda ? flat.to(torch::kCPU) : flat};
+      gloo_->allreduce(buffer)->wait();
+      if (on_cuda) flat.copy_(buffer.front());
+    });
+    if (alone) return;
+    std::int64_t offset = 0;
+    for (torch::Tensor& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+  static std::vector<torch::Tensor> flatten(const std::vector<torch::Tensor>& group) {
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& t : group) flat.push_back(t.reshape({-1}));
+    return flat;
+  }
+
+  // Runs one collective under the fault protocol (see the header comment).
+  template <class Run>
+  void collective(std::string_view what, Run&& run) {
+    const std::int64_t number = ++sequence_;
+    if (broken_ != 0)
+      throw distributed_error("collective " + std::to_string(number) + " (" + std::string(what) +
+                              ") after collective " + std::to_string(broken_) + " failed: the group is unusable");
+    try {
+      store_->set(key("entered", rank()), bytes_of(number));
+    } catch (const std::exception& error) {
+      broken_ = number;
+      throw distributed_error(store_host() + " is unreachable before collective " + std::to_string(number) + " (" +
+                              std::string(what) + "): it died or hangs (" + first_line(error) + ")");
+    }
+    try {
+      run();
+    } catch (const std::exception& error) {
+      broken_ = number;
+      throw distributed_error(diagnose(number, what, first_line(error)));
+    }
+  }
+
+  // Who is to blame for collective `number` failing here with `cause`: the ranks that report no failure of their
+  // own within the grace. Ends early once every other rank reported.
+  std::string diagnose(std::int64_t number, std::string_view what, const std::string& cause) {
+    const std::string collective_text =
+        "collective " + std::to_string(number) + " (" + std::string(what) + ", timeout " + seconds(timeout_) + ")";
+    try {
+      store_->set(key("failed", rank()), bytes_of(number));
+      const auto deadline = std::chrono::steady_clock::now() + grace_;
+      std::vector<int> silent;
+      while (true) {
+        silent.clear();
+        for (int r = 0; r < size(); ++r)
+          if (r != rank() && !store_->check({key("failed", r)})) silent.push_back(r);
+        if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      store_->set(key("diagnosed", rank()), bytes_of(number));
+      if (!environment_.agent_store && rank() == 0) linger_for_reports();
+      if (silent.empty()) return collective_text + " failed on every rank: " + cause;
+      std::vector<int> absent, inside;  // did not reach the collective / died or hang inside it
+      for (const int r : silent) {
+        const std::string entered = key("entered", r);
+        std::int64_t last = 0;
+        if (store_->check({entered})) {
+          const std::vector<std::uint8_t> value = store_->get(entered);
+          last = std::stoll(std::string(value.begin(), value.end()));
+        }
+        (last < number ? absent : inside).push_back(r);
+      }
+      std::string text;
+      if (!absent.empty()) text = ranks_text(absent) + " did not reach " + collective_text;
+      if (!inside.empty())
+        text += (text.empty() ? "" : "; ") + ranks_text(inside) + " stopped inside " + collective_text;
+      return text + ": " + (silent.size() == 1 ? "it died or hangs" : "they died or hang") + " (rank " +
+             std::to_string(rank()) + ": " + cause + ")";
+    } catch (const std::exception& error) {
+      return store_host() + " is unreachable after " + collective_text + " failed on rank " + std::to_string(rank()) +
+             ": it died or hangs (" + cause + ")";
+    }
+  }
+
+  // Rank 0 hosts the store: it stays until the ranks that reported a failure have read the reports (at most one
+  // more grace), so that they do not mistake its exit for the fault.
+  void linger_for_reports() {
+    const auto deadline = std::chrono::steady_clock::now() + grace_;
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool done = true;
+      for (int r = 1; r < size() && done; ++r)
+        done = !store_->check({key("failed", r)}) || store_->check({key("diagnosed", r)});
+      if (done) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  launch_environment environment_;
+  std::chrono::milliseconds timeout_{}, grace_{};
+  c10::intrusive_ptr<c10d::TCPStore> tcp_store_;
+  store_pointer store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
+#if defined(USE_C10D_NCCL)
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_;
+#endif
+  torch::Device device_ = torch::kCPU;
+  std::int64_t sequence_ = 0;
+  std::int64_t broken_ = 0;  // the collective that failed; 0 while the group works
+};
+
+/// The process's group when launched as several processes (WORLD_SIZE set), else nullopt: one process, as before.
+/// Example: torchrun --nproc_per_node 2 ... -> a c10d_communicator on each; plain `branchgrpo train` -> nullopt.
+/// Throws invalid_input for a malformed environment, distributed_error when joining fails.
+inline std::optional<c10d_communicator> communicator_from_environment(const distributed_options& options = {}) {
+  const std::optional<launch_environment> environment = launch_environment_from_process();
+  if (!environment) return std::nullopt;
+  return std::optional<c10d_communicator>(std::in_place, *environment, options);
+}
+
+/// XXH64 over the tensors' dtypes, shapes and values (host copies, contiguous): equal on two ranks exactly when
+/// the tensors are bit-identical.
+/// Example: parameters_digest({torch::zeros({2})}) differs from parameters_digest({torch::zeros({3})}).
+inline std::uint64_t parameters_digest(std::span<const torch::Tensor> tensors) {
+  xxh64 hash;
+  for (const torch::Tensor& t : tensors) {
+    const torch::Tensor host = t.detach().to(torch::kCPU).contiguous();
+    const auto dtype = static_cast<std::int64_t>(host.scalar_type());
+    hash.update(&dtype, sizeof dtype);
+    for (const std::int64_t extent : host.sizes()) hash.update(&extent, sizeof extent);
+    hash.update(host.data_ptr(), host.nbytes());
+  }
+  return hash.digest();
+}
+
+/// Debug check that data-parallel replicas did not drift: throws invalid_input on every rank
+/// "the ranks run different parameters: rank 0 xxh64 ..., rank 1 xxh64 ..." when their tensors differ.
+/// @pre a collective: every rank calls it at the same point.
+template <Communicator C>
+void check_same_parameters(C& communicator, std::span<const torch::Tensor> tensors) {
+  check_same_everywhere(communicator, parameters_digest(tensors), "parameters");
+}
+
+}  // namespace branchgrpo

@@ -1,0 +1,239 @@
+// The c10d communicator (branchgrpo/torch/distributed.hpp) as N real processes: run_ranks.sh starts this program
+// once per rank with torchrun's variables set by hand; `test_distributed SCENARIO [TIMEOUT_SECONDS]`.
+//
+//   collectives      all_reduce_sum of doubles and tensors, all_gather of bytes, barrier, the consistency checks
+//                    (also their mismatch, caught on every rank); any number of ranks; prints "rank R: ok"
+//   rank1_exits      rank 1 exits after collective 1; rank 0 must fail collective 2 naming rank 1
+//   rank1_hangs      rank 1 sleeps after collective 1; rank 0 must fail within the timeout naming rank 1
+//   rank0_exits      rank 0 (the store's host) exits after collective 1; rank 1 must fail naming rank 0
+//   rank1_absent     rank 1 never joins; rank 0 must fail the rendezvous naming rank 1
+//   config_mismatch  the ranks hash different configs: every rank must fail with the mismatch line
+//   size_mismatch    the ranks all-reduce different sizes: every rank must fail, blaming none
+//   join             joins from the environment and leaves (the environment errors, one line)
+//   environment      one process: read_launch_environment's checks over made-up environments
+//
+// An expected failure prints "rank R: <message>" (one line) on stderr and exits 1; a failed check prints
+// "FAILED: ..." and exits 2; an error of several lines exits 3; one later than the timeout (+1 s) after the join
+// (or the start, for a failed join) exits 4.
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "branchgrpo/torch/distributed.hpp"
+
+namespace {
+
+namespace bg = branchgrpo;
+
+// Where the timeout starts: the program's start, then the end of the join (a collective's timeout runs from it).
+std::chrono::steady_clock::time_point phase_start = std::chrono::steady_clock::now();
+
+struct check_failed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw check_failed(what);
+}
+
+// The error `run` throws, or "" when it throws none.
+template <class Run>
+std::string error_of(Run&& run) {
+  try {
+    run();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void collectives(bg::c10d_communicator& comm) {
+  static_assert(bg::Communicator<bg::c10d_communicator>);
+  const int rank = comm.rank(), size = comm.size();
+  const double ranks_sum = size * (size + 1) / 2.0;  // sum of rank + 1 over the ranks
+
+  std::vector<double> values{rank + 1.0, 0.5, -2.0 * rank};
+  comm.all_reduce_sum(values);
+  expect(values == std::vector<double>{ranks_sum, 0.5 * size, -1.0 * size * (size - 1)}, "all_reduce_sum doubles");
+  std::vector<double> none;
+  comm.all_reduce_sum(none);
+
+  // Gradients: two dtypes, non-contiguous and scalar tensors, reduced in place.
+  std::vector<torch::Tensor> tensors{torch::full({2, 3}, rank + 1.0, torch::kFloat32),
+                                     torch::full({4}, 10.0 * (rank + 1), torch::kFloat64),
+                                     torch::full({3, 2}, rank + 1.0, torch::kFloat32).t(), torch::tensor(1.0f)};
+  const void* storage = tensors[0].data_ptr();
+  comm.all_reduce_sum(tensors);
+  expect(tensors[0].data_ptr() == storage, "all_reduce_sum tensors in place");
+  expect(torch::equal(tensors[0], torch::full({2, 3}, ranks_sum, torch::kFloat32)), "all_reduce_sum float32");
+  expect(torch::equal(tensors[1], torch::full({4}, 10 * ranks_sum, torch::kFloat64)), "all_reduce_sum float64");
+  expect(torch::equal(tensors[2], torch::full({2, 3}, ranks_sum, torch::kFloat32)), "all_reduce_sum transposed");
+  expect(tensors[3].item<float>() == static_cast<float>(size), "all_reduce_sum scalar");
+  std::vector<torch::Tensor> one{torch::arange(5, torch::kFloat32) * (rank + 1)};
+  comm.all_reduce_sum(one);
+  expect(torch::equal(one[0], torch::arange(5, torch::kFloat32) * ranks_sum), "all_reduce_sum one tensor");
+
+  const std::string local = "rank" + std::to_string(rank);  // equal sizes for ranks 0-9
+  std::vector<std::byte> gathered(local.size() * static_cast<std::size_t>(size));
+  comm.all_gather(std::as_bytes(std::span(local)), gathered);
+  std::string expected;
+  for (int r = 0; r < size; ++r) expected += "rank" + std::to_string(r);
+  expect(std::string(reinterpret_cast<const char*>(gathered.data()), gathered.size()) == expected, "all_gather");
+  const std::int64_t mine[2] = {rank, -rank};
+  const std::vector<std::int64_t> values64 = bg::all_gather_values<std::int64_t>(comm, mine);
+  for (int r = 0; r < size; ++r)
+    expect(values64[2 * static_cast<std::size_t>(r)] == r && values64[2 * static_cast<std::size_t>(r) + 1] == -r,
+           "all_gather_values");
+  expect(error_of([&] {
+           comm.all_gather(std::as_bytes(std::span(local)), std::span(gathered).first(1));
+         }).find("all_gather: 1 bytes for") == 0,
+         "all_gather size check");
+
+  comm.barrier();
+
+  // Consistency: equal hashes pass; different ones throw the same line on every rank, and the group goes on.
+  bg::check_same_everywhere(comm, bg::xxh64_digest("the same config"), "configs");
+  const std::vector<torch::Tensor> parameters{torch::ones({3}), torch::zeros({2, 2}, torch::kFloat64)};
+  bg::check_same_parameters(comm, std::span<const torch::Tensor>(parameters));
+  const std::vector<torch::Tensor> drifted{torch::ones({3}) * (rank == size - 1 ? 2 : 1)};
+  const std::string mismatch = error_of([&] { bg::check_same_parameters(comm, std::span(drifted)); });
+  const std::string last = size == 2 ? "rank 1" : size == 3 ? "rank 2" : "rank " + std::to_string(size - 1);
+  const std::string first = size == 2 ? "rank 0" : "ranks 0-" + std::to_string(size - 2);
+  expect(mismatch.starts_with("the ranks run different parameters: " + first + " xxh64 ") &&
+             mismatch.find(", " + last + " xxh64 ") != std::string::npos,
+         "parameter mismatch: " + mismatch);
+  comm.barrier();
+  expect(comm.collectives() == 12, "12 collectives, got " + std::to_string(comm.collectives()));
+}
+
+int environment_checks() {
+  using environment = std::map<std::string, std::string>;
+  const auto read = [](const environment& variables) {
+    return bg::read_launch_environment([&](const char* name) -> const char* {
+      const auto found = variables.find(name);
+      return found == variables.end() ? nullptr : found->second.c_str();
+    });
+  };
+  const auto error = [&](const environment& variables) { return error_of([&] { (void)read(variables); }); };
+  const environment good{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+
+  expect(!read({}).has_value(), "no WORLD_SIZE: one process");
+  const auto e = read(good);
+  expect(e && e->rank == 1 && e->world_size == 2 && e->local_rank == 1 && e->local_world_size == 2 &&
+             e->master_addr == "127.0.0.1" && e->master_port == 29500 && !e->agent_store && e->restart_count == 0,
+         "a good environment");
+  environment torchrun = good;
+  torchrun.insert({{"LOCAL_RANK", "0"},
+                   {"LOCAL_WORLD_SIZE", "1"},
+                   {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                   {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  const auto t = read(torchrun);
+  expect(t && t->local_rank == 0 && t->local_world_size == 1 && t->agent_store && t->restart_count == 2, "torchrun");
+
+  const auto with = [&](const std::string& name, const std::string& value) {
+    environment changed = good;
+    changed[name] = value;
+    return error(changed);
+  };
+  const auto without = [&](const std::string& name) {
+    environment changed = good;
+    changed.erase(name);
+    return error(changed);
+  };
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {with("RANK", "x"), "RANK = x: must be an integer in [0, 1]"},
+      {with("RANK", "2"), "RANK = 2: must be an integer in [0, 1]"},
+      {with("WORLD_SIZE", "0"), "WORLD_SIZE = 0: must be an integer in [1, 1048576]"},
+      {with("WORLD_SIZE", ""), "WORLD_SIZE = : must be an integer in [1, 1048576]"},
+      {with("MASTER_PORT", "70000"), "MASTER_PORT = 70000: must be an integer in [1, 65535]"},
+      {with("LOCAL_RANK", "-1"), "LOCAL_RANK = -1: must be an integer in [0, 1]"},
+      {with("LOCAL_WORLD_SIZE", "3"), "LOCAL_WORLD_SIZE = 3: must be an integer in [1, 2]"},
+      {with("MASTER_ADDR", ""), "MASTER_ADDR = '': must be a host name or address"},
+      {with("TORCHELASTIC_RESTART_COUNT", "one"),
+       "TORCHELASTIC_RESTART_COUNT = one: must be an integer in [0, 1073741824]"},
+      {without("RANK"),
+       "RANK is not set (WORLD_SIZE is: a multi-process launch needs RANK, MASTER_ADDR and "
+       "MASTER_PORT too)"},
+      {without("MASTER_ADDR"),
+       "MASTER_ADDR is not set (WORLD_SIZE is: a multi-process launch needs RANK, "
+       "MASTER_ADDR and MASTER_PORT too)"},
+      {without("MASTER_PORT"),
+       "MASTER_PORT is not set (WORLD_SIZE is: a multi-process launch needs RANK, "
+       "MASTER_ADDR and MASTER_PORT too)"},
+  };
+  for (const auto& [got, want] : cases) expect(got == want, "environment error '" + got + "', expected '" + want + "'");
+
+  const bg::launch_environment one{.master_addr = "127.0.0.1", .master_port = 1};
+  expect(error_of([&] { bg::c10d_communicator c(one, {.timeout_seconds = 0.5}); }) ==
+             "distributed timeout_seconds = 0.5: must be in [1, 86400]",
+         "timeout range");
+  std::cout << "environment: ok\n";
+  return 0;
+}
+
+int run(const std::string& scenario, double timeout) {
+  if (scenario == "environment") return environment_checks();
+  const std::optional<bg::launch_environment> environment = bg::launch_environment_from_process();
+  expect(environment.has_value(), "WORLD_SIZE is not set: start the ranks with run_ranks.sh");
+  const int rank = environment->rank;
+  if (scenario == "rank1_absent" && rank == 1) return 0;
+  std::optional<bg::c10d_communicator> comm = bg::communicator_from_environment({.timeout_seconds = timeout});
+  expect(comm.has_value() && comm->rank() == rank, "joined");
+  expect(comm->device() == torch::Device(torch::kCPU) || comm->device().index() == environment->local_rank,
+         "device from LOCAL_RANK");
+  if (scenario == "join") return 0;
+  phase_start = std::chrono::steady_clock::now();
+  if (scenario == "collectives") {
+    collectives(*comm);
+  } else if (scenario == "config_mismatch") {
+    bg::check_same_everywhere(*comm, bg::xxh64_digest("config of rank " + std::to_string(rank)), "configs");
+    expect(false, "the configs differ, yet check_same_everywhere returned");
+  } else if (scenario == "size_mismatch") {
+    std::vector<double> values(static_cast<std::size_t>(rank) + 1, 1.0);  // a bug: sizes differ across the ranks
+    comm->all_reduce_sum(values);
+    expect(false, "the sizes differ, yet all_reduce_sum returned");
+  } else if (scenario == "rank1_exits" || scenario == "rank1_hangs" || scenario == "rank0_exits") {
+    std::vector<double> values{1.0};
+    comm->all_reduce_sum(values);
+    const int victim = scenario == "rank0_exits" ? 0 : 1;
+    if (rank == victim) {
+      if (scenario == "rank1_hangs") std::this_thread::sleep_for(std::chrono::seconds(120));
+      std::_Exit(7);  // a crash: no destructors, no goodbye
+    }
+    comm->all_reduce_sum(values);
+    comm->barrier();
+    expect(false, "rank " + std::to_string(victim) + " is gone, yet the collectives returned");
+  } else {
+    expect(false, "unknown scenario " + scenario);
+  }
+  std::cout << "rank " << rank << ": ok\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  const double timeout = argc > 2 ? std::stod(argv[2]) : 5.0;
+  const std::string rank = std::getenv("RANK") != nullptr ? std::getenv("RANK") : "?";
+  try {
+    return run(scenario, timeout);
+  } catch (const check_failed& failure) {
+    std::cerr << "FAILED: rank " << rank << ": " << failure.what() << '\n';
+    return 2;
+  } catch (const std::exception& error) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_start).count();
+    const std::string text = error.what();
+    std::cerr << (scenario == "join" ? "test_distributed" : "rank " + rank) << ": " << text << '\n';
+    if (text.find('\n') != std::string::npos) return 3;
+    if (seconds > timeout + 1) {
+      std::cout << "rank " << rank << " failed after " << seconds << " s, over the timeout of " << timeout << " s\n";
+      return 4;
+    }
+    return 1;
+  }
+}
