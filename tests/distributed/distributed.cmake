@@ -65,3 +65,18 @@ add_test(NAME distributed_environment_line
                  env WORLD_SIZE=2 RANK=x MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ${program} join)
 set_tests_properties(distributed_environment distributed_environment_line PROPERTIES LABELS "distributed;torch"
                                                                                      TIMEOUT 60)
+
+# The toy policy (host backend) through the c10d communicator: 2 ranks end where one process ends.
+distributed_test(toy 2 40 -- ${program} toy 20)
+
+# `branchgrpo train` on 2 ranks (tests/distributed/train_ranks.sh): the same weights and metrics as one process; a
+# killed rank named within the timeout; a 2-rank checkpoint resumed by one process; different configs refused on both
+# ranks.
+if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
+  foreach(mode IN ITEMS same killed resume mismatch)
+    add_test(NAME distributed_train_${mode}
+             COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_ranks.sh ${mode} $<TARGET_FILE:branchgrpo_cli> ${program}
+                     ${PROJECT_SOURCE_DIR}/models/shapes-tiny ${CMAKE_CURRENT_BINARY_DIR}/distributed_train_${mode})
+    set_tests_properties(distributed_train_${mode} PROPERTIES LABELS "distributed;torch;cli" TIMEOUT 90)
+  endforeach()
+endif()

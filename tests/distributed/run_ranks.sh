@@ -9,6 +9,7 @@
 #                        ok           exit 0
 #                        fail:REGEX   exit 1 (the program's status for an expected error) with a line of stderr
 #                                     matching the extended REGEX
+#                        error:REGEX  exit 1 or 2 (the branchgrpo tool's statuses for an error) with such a line
 #                        any          anything; it may be killed once the others ended (a rank that hangs)
 # Prints each rank's status, time and output; exits 0 when every expectation holds, 1 otherwise.
 # Used by tests/distributed/distributed.cmake.
@@ -90,6 +91,13 @@ for ((r = 0; r < ranks; ++r)); do
         verdict="FAILED: expected exit 1"
       elif ! grep -Eq -- "${want#fail:}" "$work/err.$r"; then
         verdict="FAILED: no stderr line matches '${want#fail:}'"
+      fi
+      ;;
+    error:*)
+      if [[ ($code -ne 1 && $code -ne 2) || -n $killed ]]; then
+        verdict="FAILED: expected exit 1 or 2"
+      elif ! grep -Eq -- "${want#error:}" "$work/err.$r"; then
+        verdict="FAILED: no stderr line matches '${want#error:}'"
       fi
       ;;
     any) ;;

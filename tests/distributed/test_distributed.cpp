@@ -9,13 +9,19 @@
 //   rank1_absent     rank 1 never joins; rank 0 must fail the rendezvous naming rank 1
 //   config_mismatch  the ranks hash different configs: every rank must fail with the mismatch line
 //   size_mismatch    the ranks all-reduce different sizes: every rank must fail, blaming none
+//   toy              every rank trains the toy policy (host backend) through the c10d communicator for 3
+//                    iterations; rank 0 also trains alone and compares: parameters within 1e-9 (relative), equal
+//                    on every rank; prints "rank 0: toy: max relative difference X"
 //   join             joins from the environment and leaves (the environment errors, one line)
+//   compare A B TOL  one process: the tensors of two safetensors files agree within the relative tolerance TOL
+//                    (||a - b|| / ||a|| over all of them); prints "compare: N tensors, relative difference X ..."
 //   environment      one process: read_launch_environment's checks over made-up environments
 //
 // An expected failure prints "rank R: <message>" (one line) on stderr and exits 1; a failed check prints
 // "FAILED: ..." and exits 2; an error of several lines exits 3; one later than the timeout (+1 s) after the join
 // (or the start, for a failed join) exits 4.
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -23,7 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "branchgrpo/branchgrpo.hpp"
 #include "branchgrpo/torch/distributed.hpp"
+#include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/toy.hpp"
 
 namespace {
 
@@ -175,6 +184,52 @@ int environment_checks() {
   return 0;
 }
 
+// The toy (fourier policy, host backend) trained for 3 iterations of the branch method with the stateful
+// per-prompt normalizer and two optimizer steps per iteration, through `communicator`.
+template <class Comm>
+std::vector<double> train_toy(Comm& communicator) {
+  auto policy = bg::make_toy_policy(7);
+  bg::mode_reward<> reward;
+  bg::host_backend backend;
+  const auto schedule = bg::shifted_linear_schedule(20);
+  const std::vector<std::int64_t> prompts = {0, 1, 2, 3, 0};
+  bg::with_method("branch-widpru", [&](auto recipe) {
+    auto running = bg::method{recipe.topology, recipe.stepper,           recipe.correlator,
+                              recipe.fusion,   bg::per_prompt_running{}, recipe.pruner};
+    for (int i = 0; i < 3; ++i)
+      (void)bg::train_iteration(
+          backend, policy, reward, running, schedule, bg::toy_latent_shape(), prompts, i,
+          bg::training_options{.max_batch = 16, .seed = 11, .updates_per_iteration = 2, .total_iterations = 3},
+          communicator);
+    return 0;
+  });
+  return {policy.parameters().begin(), policy.parameters().end()};
+}
+
+// Two checkpoints' trainable tensors: the relative difference ||a - b|| / ||a|| over all of them must be at most
+// `tolerance`. Adam normalizes each element's update, so an element whose gradient is at the rounding level moves
+// by an amount set by that rounding: element-wise relative differences are printed too, but not the criterion.
+int compare_files(const std::string& a, const std::string& b, double tolerance) {
+  const auto left = bg::load_safetensors(a), right = bg::load_safetensors(b);
+  expect(left.size() == right.size() && !left.empty(), "the files hold different tensor names");
+  double differences = 0, norms = 0, worst_tensor = 0;
+  for (const auto& [name, tensor] : left) {
+    const auto other = right.find(name);
+    expect(other != right.end() && other->second.sizes() == tensor.sizes(), name + ": missing or another shape");
+    const torch::Tensor x = tensor.to(torch::kFloat64), y = other->second.to(torch::kFloat64);
+    const double difference = (x - y).square().sum().item<double>(), norm = x.square().sum().item<double>();
+    differences += difference;
+    norms += norm;
+    if (norm > 0) worst_tensor = std::max(worst_tensor, std::sqrt(difference / norm));
+  }
+  const double relative = std::sqrt(differences / norms);
+  std::cout << "compare: " << left.size() << " tensors, relative difference " << relative << " (the worst tensor's "
+            << worst_tensor << ")\n";
+  expect(relative <= tolerance,
+         "relative difference " + std::to_string(relative) + " over " + std::to_string(tolerance));
+  return 0;
+}
+
 int run(const std::string& scenario, double timeout) {
   if (scenario == "environment") return environment_checks();
   const std::optional<bg::launch_environment> environment = bg::launch_environment_from_process();
@@ -189,6 +244,21 @@ int run(const std::string& scenario, double timeout) {
   phase_start = std::chrono::steady_clock::now();
   if (scenario == "collectives") {
     collectives(*comm);
+  } else if (scenario == "toy") {
+    const std::vector<double> mine = train_toy(*comm);
+    bg::check_same_everywhere(
+        *comm,
+        bg::xxh64_digest(std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double))),
+        "parameters");
+    if (rank == 0) {
+      bg::single_process one;
+      const std::vector<double> alone = train_toy(one);
+      double worst = 0;
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        worst = std::max(worst, std::abs(mine[i] - alone[i]) / std::max(std::abs(alone[i]), 1e-12));
+      std::cout << "rank 0: toy: max relative difference " << worst << '\n';
+      expect(worst < 1e-9, "the toy's parameters differ from one process's by " + std::to_string(worst));
+    }
   } else if (scenario == "config_mismatch") {
     bg::check_same_everywhere(*comm, bg::xxh64_digest("config of rank " + std::to_string(rank)), "configs");
     expect(false, "the configs differ, yet check_same_everywhere returned");
@@ -218,6 +288,14 @@ int run(const std::string& scenario, double timeout) {
 
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
+  if (scenario == "compare" && argc == 5) {
+    try {
+      return compare_files(argv[2], argv[3], std::stod(argv[4]));
+    } catch (const std::exception& error) {
+      std::cerr << "compare: " << error.what() << '\n';
+      return 2;
+    }
+  }
   const double timeout = argc > 2 ? std::stod(argv[2]) : 5.0;
   const std::string rank = std::getenv("RANK") != nullptr ? std::getenv("RANK") : "?";
   try {

@@ -3,25 +3,36 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/training_run.hpp"
+#include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/hash.hpp"
+#include "branchgrpo/distributed/consistency.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
 #include "cli/memory_budget.hpp"
+#include "cli/number_options.hpp"
 #include "cli/output_file.hpp"
 #include "cli/png.hpp"
 #include "cli/run_support.hpp"
 #include "cli/signals.hpp"
+
+#if defined(USE_C10D_GLOO)
+#include "branchgrpo/torch/distributed.hpp"
+#endif
 
 namespace branchgrpo::cli {
 namespace {
@@ -31,6 +42,7 @@ struct train_options {
   bool resume = false;
   bool json = false;
   bool quiet = false;
+  double timeout_seconds = 300;  // multi-process: the longest wait for a rank (distributed_options)
 };
 
 // The run's memory is estimated from the config and the model files' headers and compared with what this process
@@ -47,7 +59,7 @@ void write_leaf_grid(const std::filesystem::path& path, training_run& run, int i
   const torch::Tensor& images = run.last_images();
   const std::vector<std::int64_t>& prompts = run.last_prompts();
   if (!images.defined() || images.size(0) == 0) return;
-  const std::int64_t trees = run.config().data.prompts_per_iteration;
+  const std::int64_t trees = run.last_tree_count();  // this rank's trees (all of them on one process)
   const std::int64_t per_tree = images.size(0) / trees;
   image_grid grid{.title = "ITERATION " + std::to_string(iteration) + ": LEAVES",
                   .columns = static_cast<int>(per_tree),
@@ -96,30 +108,99 @@ void keep_config(const std::filesystem::path& out, const std::string& config_fil
   write_file(out / "config.toml", text.str());
 }
 
-void run_train(const train_options& options) {
-  const run_config config = load_run_config(options.config);
-  const std::filesystem::path out = make_directory(config.run.output_dir);
-  const std::filesystem::path checkpoints = out / "checkpoints";
-  if (!options.resume) {
-    for (const std::string& line : recover_checkpoints(checkpoints)) std::cerr << "checkpoints: " << line << '\n';
-    const std::vector<checkpoint_entry> existing = list_checkpoints(checkpoints);
-    require(existing.empty(), config.run.output_dir, " already holds checkpoint ",
-            existing.empty() ? std::string() : existing.front().dir.filename().string(),
-            ": pass --resume to continue it, or set another run.output_dir");
+// Runs `body` on every rank; when it fails on any, every rank stops: a failing rank with its own error, the others
+// with one line naming the failing ranks. One collective, so no rank waits for a peer that gave up. One process:
+// body's error as it is.
+template <Communicator Comm, class Body>
+void on_every_rank(Comm& communicator, Body&& body) {
+  if (communicator.size() == 1) {
+    body();
+    return;
   }
+  std::exception_ptr error;
+  try {
+    body();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const double mine = error ? 1.0 : 0.0;
+  const std::vector<double> failed = all_gather_values(communicator, std::span<const double>(&mine, 1));
+  if (error) std::rethrow_exception(error);
+  std::vector<int> ranks;
+  for (std::size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] != 0) ranks.push_back(static_cast<int>(r));
+  if (!ranks.empty())
+    fail(ranks_text(ranks), ranks.size() == 1 ? " failed" : " failed", " (see ", ranks.size() == 1 ? "its" : "their",
+         " message): this rank stops too");
+}
 
-  auto run = make_run(config);
-  if (options.resume) {
-    if (const auto from = run->resume())
-      std::cerr << "resuming from " << from->string() << " (iteration " << run->iteration() << ")\n";
-    else
-      std::cerr << "no checkpoint in " << checkpoints.string() << ": starting from iteration 0\n";
+// The largest of the ranks' values (a signal number, 0 for none): every rank stops after the same iteration.
+template <Communicator Comm>
+int largest_on_any_rank(Comm& communicator, int value) {
+  if (communicator.size() == 1) return value;
+  const double mine = value;
+  const std::vector<double> all = all_gather_values(communicator, std::span<const double>(&mine, 1));
+  return static_cast<int>(*std::max_element(all.begin(), all.end()));
+}
+
+// `branchgrpo train` as one rank of `communicator` (single_process: the whole run). Every rank rolls out its share
+// of each iteration's trees (training/trainer.hpp); rank 0 alone writes checkpoints, metrics, grids and configs and
+// prints. `device` replaces a plain "cuda" (each rank's GPU from LOCAL_RANK).
+template <Communicator Comm>
+void train_on(const train_options& options, run_config config, Comm& communicator, const std::string& device) {
+  const bool lead = communicator.rank() == 0;
+  if (communicator.size() > 1) {
+    // Every rank runs the same experiment: the canonical config, input files' checksums included.
+    check_same_everywhere(communicator, xxh64_digest(config_text(config)), "configs");
+    if (config.model.device == "cuda" && !device.empty()) config.model.device = device;
   }
-  keep_config(out, options.config, *run);
-  metrics_files metrics(out, run->iteration());
-  const std::filesystem::path grids = make_directory(out / "grids");
-  run_progress bar(!options.quiet, config.run.iterations);
-  if (!options.json) print_header(std::cout);
+  const std::filesystem::path out = config.run.output_dir;
+  const std::filesystem::path checkpoints = out / "checkpoints";
+  on_every_rank(communicator, [&] {
+    if (!lead) return;
+    (void)make_directory(out);
+    if (!options.resume) {
+      for (const std::string& line : recover_checkpoints(checkpoints)) std::cerr << "checkpoints: " << line << '\n';
+      const std::vector<checkpoint_entry> existing = list_checkpoints(checkpoints);
+      require(existing.empty(), config.run.output_dir, " already holds checkpoint ",
+              existing.empty() ? std::string() : existing.front().dir.filename().string(),
+              ": pass --resume to continue it, or set another run.output_dir");
+    }
+  });
+
+  std::unique_ptr<training_run> run;
+  on_every_rank(communicator, [&] { run = make_run(config); });
+  if (options.resume) {
+    // Rank 0 cleans up what a crash left, then every rank reads the same newest valid checkpoint.
+    std::optional<std::filesystem::path> from;
+    on_every_rank(communicator, [&] {
+      if (lead) from = run->resume(std::cerr, /*recover=*/true);
+    });
+    on_every_rank(communicator, [&] {
+      std::ostringstream quiet;  // the other ranks' warnings repeat rank 0's
+      if (!lead) from = run->resume(quiet, /*recover=*/false);
+    });
+    if (lead && from) {
+      std::cerr << "resuming from " << from->string() << " (iteration " << run->iteration() << ")\n";
+      if (run->ranks() != communicator.size())
+        std::cerr << "note: the checkpoint was written by " << run->ranks()
+                  << (run->ranks() == 1 ? " process" : " processes") << ", this run has " << communicator.size()
+                  << ": the same experiment (the trees are keyed by their index in the iteration), but not bit for bit "
+                     "(the gradients are summed in another order)\n";
+    } else if (lead) {
+      std::cerr << "no checkpoint in " << checkpoints.string() << ": starting from iteration 0\n";
+    }
+  }
+  std::optional<metrics_files> metrics;
+  std::filesystem::path grids;
+  on_every_rank(communicator, [&] {
+    if (!lead) return;
+    keep_config(out, options.config, *run);
+    metrics.emplace(out, run->iteration());
+    grids = make_directory(out / "grids");
+  });
+  run_progress bar(lead && !options.quiet, config.run.iterations);
+  if (lead && !options.json) print_header(std::cout);
   double seconds = 0;
   int timed = 0;
   const stop_signals stop;
@@ -127,31 +208,43 @@ void run_train(const train_options& options) {
     const int i = run->iteration();
     const bool last = i + 1 == config.run.iterations;
     const bool grid = config.run.grid_every > 0 && ((i + 1) % config.run.grid_every == 0 || last);
-    const iteration_stats stats = run->step(grid);
+    const iteration_stats stats = run->step(communicator, grid && lead);
     seconds += stats.seconds;
     ++timed;
-    metrics.append(iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm));
-    bar.clear();
-    if (stats.trees_dropped > 0)
-      std::cerr << "warning: iteration " << i << ": dropped " << stats.trees_dropped
-                << (stats.trees_dropped == 1 ? " tree" : " trees") << " with a non-finite reward\n";
-    if (options.json)
-      std::cout << iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm).dump()
-                << '\n';
-    else
-      print_row(std::cout, stats);
-    check_standard_output();
-    if (grid) write_leaf_grid(checkpoint_path(grids, i + 1).replace_extension(".png"), *run, i + 1);
+    on_every_rank(communicator, [&] {
+      if (!lead) return;
+      const nlohmann::json row =
+          iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm);
+      metrics->append(row);
+      bar.clear();
+      if (stats.trees_dropped > 0)
+        std::cerr << "warning: iteration " << i << ": dropped " << stats.trees_dropped
+                  << (stats.trees_dropped == 1 ? " tree" : " trees") << " with a non-finite reward\n";
+      if (options.json)
+        std::cout << row.dump() << '\n';
+      else
+        print_row(std::cout, stats);
+      check_standard_output();
+      if (grid) write_leaf_grid(checkpoint_path(grids, i + 1).replace_extension(".png"), *run, i + 1);
+    });
+    const int signal = largest_on_any_rank(communicator, stop.received());
     const bool checkpoint = (config.run.checkpoint_every > 0 && (i + 1) % config.run.checkpoint_every == 0) || last;
-    if (checkpoint || stop.received() != 0) {
-      const std::filesystem::path dir = run->save_checkpoint();
-      if (const int signal = stop.received(); signal != 0) {
+    if (checkpoint || signal != 0) {
+      // Debug check that the replicas did not drift (cheap: the trainable tensors), then rank 0 writes.
+      if (communicator.size() > 1) check_same_parameters(communicator, std::span(run->policy().parameters()));
+      std::filesystem::path dir;
+      on_every_rank(communicator, [&] {
+        if (lead) dir = run->save_checkpoint();
+      });
+      if (signal != 0) {
         // The iteration that was running when the signal came is finished and saved: say so, exit 128 + signal.
-        bar.clear();
-        std::cerr << "train: stopped by " << signal_name(signal) << " after " << i + 1
-                  << (i == 0 ? " iteration" : " iterations") << "; checkpoint " << dir.string()
-                  << " is valid; continue with --resume\n";
-        check_standard_output();
+        if (lead) {
+          bar.clear();
+          std::cerr << "train: stopped by " << signal_name(signal) << " after " << i + 1
+                    << (i == 0 ? " iteration" : " iterations") << "; checkpoint " << dir.string()
+                    << " is valid; continue with --resume\n";
+          check_standard_output();
+        }
         std::cerr.flush();
         std::exit(128 + signal);
       }
@@ -160,9 +253,36 @@ void run_train(const train_options& options) {
                seconds / timed);
   }
   bar.clear();
-  if (!options.json)
+  if (lead && !options.json)
     std::cout << "wrote " << (out / "metrics.jsonl").string() << ", " << (out / "metrics.csv").string() << ", "
               << grids.string() << "/, " << checkpoints.string() << "/\n";
+}
+
+// One process, or one rank of the group torchrun's variables describe (docs/distributed.md). A rank's error is
+// prefixed with its rank, since several ranks write to one terminal.
+void run_train(const train_options& options) {
+  require(options.timeout_seconds >= 1 && options.timeout_seconds <= 86400, "--timeout = ", options.timeout_seconds,
+          ": must be in [1, 86400] seconds");
+  const run_config config = load_run_config(options.config);
+#if defined(USE_C10D_GLOO)
+  std::optional<c10d_communicator> group =
+      communicator_from_environment({.timeout_seconds = options.timeout_seconds, .gloo_interface = {}, .nccl = true});
+  if (group) {
+    const std::string device = "cuda:" + std::to_string(group->local_rank());
+    try {
+      train_on(options, config, *group, device);
+    } catch (const invalid_input& error) {
+      fail("rank ", group->rank(), ": ", error.what());
+    }
+    return;
+  }
+#else
+  require(std::getenv("WORLD_SIZE") == nullptr,
+          "WORLD_SIZE is set, but this build has no multi-process training (LibTorch's c10d with Gloo's headers: "
+          "install libgloo-dev and rebuild)");
+#endif
+  single_process one;
+  train_on(options, config, one, "");
 }
 
 /// The most samples per prompt `sample` draws (a grid of 4096 columns is already far wider than any screen).
@@ -233,6 +353,10 @@ void add_train_command(CLI::App& app) {
   train->add_flag("--resume", options->resume, "Continue from the latest checkpoint in run.output_dir");
   train->add_flag("--json", options->json, "One JSON object per iteration on stdout");
   train->add_flag("--quiet", options->quiet, "No progress bar");
+  add_number(train, "--timeout", options->timeout_seconds,
+             "Multi-process runs: seconds (1 to 86400) before a rank that died or hangs ends the others "
+             "(docs/distributed.md)")
+      ->capture_default_str();
   train->callback([options] { run_train(*options); });
 }
 

@@ -13,6 +13,7 @@
 //   format branchgrpo-checkpoint-2
 //   iteration 10
 //   seed 5
+//   ranks 2                                  (only for a multi-process run: the processes that wrote it)
 //   file weights.safetensors 73824 9c1d5e0a77f3b2e1
 //   file state.safetensors 221904 03f7aa91c2d45e68
 //   file config.toml 1893 5be0c6d7e8f90a1b
@@ -66,6 +67,7 @@ struct checkpoint_contents {
   std::map<std::string, torch::Tensor> weights;  ///< trainable tensors by name
   std::map<std::string, torch::Tensor> state;    ///< optimizer, EMA and normalizer tensors by name
   std::string config_text = {};                  ///< the run's canonical config (config/config_text.hpp); may be ""
+  int ranks = 1;  ///< processes of the run that wrote it (data parallel: same experiment, rounding may differ)
 };
 
 inline constexpr std::string_view checkpoint_format = "branchgrpo-checkpoint-2";
@@ -132,6 +134,7 @@ struct manifest {
   std::string format;
   int iteration = 0;
   std::uint64_t seed = 0;
+  int ranks = 1;
   struct file {
     std::string name;
     std::uint64_t size = 0;
@@ -144,6 +147,7 @@ struct manifest {
 inline std::string manifest_text(const manifest& m) {
   std::string text =
       "format " + m.format + "\niteration " + std::to_string(m.iteration) + "\nseed " + std::to_string(m.seed) + "\n";
+  if (m.ranks != 1) text += "ranks " + std::to_string(m.ranks) + "\n";  // absent: one process
   for (const auto& f : m.files) text += "file " + f.name + " " + std::to_string(f.size) + " " + f.xxh64 + "\n";
   return text + "manifest " + hex_digest(xxh64_digest(text)) + "\n";
 }
@@ -197,6 +201,8 @@ inline manifest read_manifest(const std::filesystem::path& dir) {
     } else if (key == "seed") {
       m.seed = parse_integer<std::uint64_t>(rest(), path.string() + ": seed");
       has_seed = true;
+    } else if (key == "ranks") {
+      m.ranks = parse_integer<int>(rest(), path.string() + ": ranks", 1);
     } else if (key == "file") {
       manifest::file f;
       std::string size;
@@ -269,8 +275,11 @@ inline std::filesystem::path stage_checkpoint(const std::filesystem::path& dir, 
   save_safetensors(staging / "weights.safetensors", contents.weights, metadata);
   save_safetensors(staging / "state.safetensors", contents.state, metadata);
   detail::write_checked(staging / "config.toml", contents.config_text);
-  detail::manifest m{
-      .format = std::string(checkpoint_format), .iteration = contents.iteration, .seed = contents.seed, .files = {}};
+  detail::manifest m{.format = std::string(checkpoint_format),
+                     .iteration = contents.iteration,
+                     .seed = contents.seed,
+                     .ranks = contents.ranks,
+                     .files = {}};
   for (const char* name : {"weights.safetensors", "state.safetensors", "config.toml"}) {
     const file_digest_result digest = file_digest(staging / name);
     m.files.push_back({.name = name, .size = digest.size, .xxh64 = hex_digest(digest.xxh64)});
@@ -309,6 +318,7 @@ inline checkpoint_contents read_checkpoint(const std::filesystem::path& dir) {
   checkpoint_contents out;
   out.iteration = m.iteration;
   out.seed = m.seed;
+  out.ranks = m.ranks;
   out.state = load_safetensors(dir / "state.safetensors");
   out.weights = load_safetensors(dir / "weights.safetensors");
   if (std::any_of(m.files.begin(), m.files.end(), [](const auto& f) { return f.name == "config.toml"; })) {

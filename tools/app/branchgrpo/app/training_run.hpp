@@ -330,19 +330,46 @@ class training_run {
 
   /// Runs the next iteration. With `keep_images`, last_images() holds its leaves' images afterwards.
   iteration_stats step(bool keep_images = false) {
+    single_process one;
+    return step(one, keep_images);
+  }
+
+  /// Runs the next iteration as one rank of `communicator` (every rank calls it; each rolls out its tree_share of
+  /// the iteration's prompts, training/trainer.hpp). The statistics and last_components() are the whole
+  /// iteration's, equal on every rank; last_images() holds this rank's trees' leaves.
+  template <Communicator Comm>
+  iteration_stats step(Comm& communicator, bool keep_images = false) {
     require(!done(), "the run has done its ", config_.run.iterations, " iterations");
     keep_images_ = keep_images;
     last_images_ = torch::Tensor();
+    last_leaf_count_ = 0;
     const std::vector<std::int64_t> prompts = prompts_of(iteration_);
     scorer score{this};
     const iteration_stats stats = train_iteration(backend_, *policy_, score, recipe_, schedule_, model_.shape, prompts,
-                                                  iteration_, config_.training());
+                                                  iteration_, config_.training(), communicator);
+    last_components_ = reward_.last_components();
+    if (communicator.size() > 1) {  // each reward's mean over every rank's leaves
+      std::vector<double> sums;
+      for (const auto& [name, mean] : last_components_) sums.push_back(mean * static_cast<double>(last_leaf_count_));
+      sums.push_back(static_cast<double>(last_leaf_count_));
+      communicator.all_reduce_sum(sums);
+      std::size_t i = 0;
+      for (auto& [name, mean] : last_components_) mean = sums[i++] / sums.back();
+    }
+    ranks_ = communicator.size();
+    last_tree_count_ =
+        tree_share::of(static_cast<std::int64_t>(prompts.size()), communicator.rank(), communicator.size()).count();
     ++iteration_;
     return stats;
   }
 
-  /// The mean unweighted score of each reward over the last iteration's leaves (weighted_sum::last_components).
-  [[nodiscard]] const std::map<std::string, double>& last_components() const { return reward_.last_components(); }
+  /// The mean unweighted score of each reward over the last iteration's leaves (weighted_sum::last_components; with
+  /// several ranks over all of them).
+  [[nodiscard]] const std::map<std::string, double>& last_components() const { return last_components_; }
+  /// Processes of the last step, or of the checkpoint the run resumed from (before its first step).
+  [[nodiscard]] int ranks() const { return ranks_; }
+  /// The trees whose leaves last_images() holds (this rank's share of the last iteration).
+  [[nodiscard]] std::int64_t last_tree_count() const { return last_tree_count_; }
   /// The last iteration's leaf images [leaves, 3, H, W] in [-1, 1] (CPU) and prompts, when step kept them.
   [[nodiscard]] const torch::Tensor& last_images() const { return last_images_; }
   [[nodiscard]] const std::vector<std::int64_t>& last_prompts() const { return last_prompts_; }
@@ -376,6 +403,7 @@ class training_run {
   /// The checkpoint of the current state (see checkpoint.hpp).
   [[nodiscard]] checkpoint_contents checkpoint() {
     checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
+    out.ranks = ranks_;
     const auto named = named_trainable(*model_.transformer);
     for (const auto& [name, tensor] : named) out.weights[name] = tensor.detach().clone();
     out.state = adamw_state_tensors(policy_->optimizer(), named);
@@ -468,8 +496,10 @@ class training_run {
   /// ("<root>: no valid checkpoint among 2 (newest: ...)"), and when the checkpoint's config differs from this
   /// run's in a key that changes the experiment ("<dir>: cannot resume: the config changes optimizer.lr (0.001 ->
   /// 0.002) ..."); keys that may change are listed on `log`.
-  std::optional<std::filesystem::path> resume(std::ostream& log = std::cerr) {
-    for (const std::string& line : recover_checkpoints(checkpoint_root())) log << "checkpoints: " << line << '\n';
+  /// With several processes only one may `recover` (the others pass false, after it did): the rest only read.
+  std::optional<std::filesystem::path> resume(std::ostream& log = std::cerr, bool recover = true) {
+    if (recover)
+      for (const std::string& line : recover_checkpoints(checkpoint_root())) log << "checkpoints: " << line << '\n';
     const std::vector<checkpoint_entry> entries = list_checkpoints(checkpoint_root());
     if (entries.empty()) return std::nullopt;
     std::string newest_problem;
@@ -484,6 +514,7 @@ class training_run {
       }
       check_resumable(entry.dir, contents.config_text, log);
       restore(contents);
+      ranks_ = contents.ranks;
       return entry.dir;
     }
     fail(checkpoint_root().string(), ": no valid checkpoint among ", entries.size(), " (newest: ", newest_problem,
@@ -539,6 +570,7 @@ class training_run {
     training_run* run;
     std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
       const torch::Tensor images = run->decode(leaves);
+      run->last_leaf_count_ = images.size(0);
       if (run->keep_images_) {
         run->last_images_ = images;
         run->last_prompts_.assign(prompts.begin(), prompts.end());
@@ -556,6 +588,9 @@ class training_run {
   std::unique_ptr<flux_denoiser> denoiser_;
   std::unique_ptr<autograd_policy<flux_denoiser>> policy_;
   int iteration_ = 0;
+  std::map<std::string, double> last_components_;
+  std::int64_t last_leaf_count_ = 0, last_tree_count_ = 0;
+  int ranks_ = 1;  // processes of the last step (recorded in checkpoints)
   bool keep_images_ = false;
   torch::Tensor last_images_;
   std::vector<std::int64_t> last_prompts_;

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# `branchgrpo train` on several processes of this host (ctest -L distributed; docs/distributed.md):
+#   train_ranks.sh MODE TOOL TEST_PROGRAM MODEL_DIR WORK_DIR
+# MODE:
+#   same        3 iterations of the shipped model on 1 process and on 2 ranks (Gloo, loopback): the final
+#               trainable weights agree within 1e-6 (||a - b|| / ||a||; measured 4e-9 at the default lr 1e-5: the
+#               ranks' gradient sum rounds differently, and Adam's normalized step turns that into moves of elements
+#               whose gradient is at the rounding level: 1.3e-6 at lr 1e-3), iteration 0's rewards are equal to the
+#               last bit, later ones within 1e-5, the counts equal.
+#               rollout.max_batch = 1, because LibTorch's float32 matrix products round differently for another
+#               number of rows, and a rank batches only its own trees (with 64: 1e-6, docs/distributed.md)
+#   killed      rank 1 is killed (SIGKILL) in the middle of a long run: rank 0 exits non-zero within its --timeout
+#               (5 s) with one line naming rank 1
+#   resume      a checkpoint written by 2 ranks is resumed by one process, with a note that the world size changed
+#   mismatch    the ranks are given different configs (another lr): both exit with the mismatch line
+# Each rank runs the tool with torchrun's variables set by hand (run_ranks.sh); nothing is left running.
+set -u
+mode=$1 tool=$2 program=$3 model=$4 work=$5
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+rm -rf "$work" && mkdir -p "$work" || exit 1
+fail() { echo "FAIL ($mode): $*" >&2; exit 1; }
+
+# config NAME ITERATIONS [LR] -> $work/NAME.toml, output in $work/NAME
+config() {
+  cat > "$work/$1.toml" <<TOML
+[model]
+dir = "$model"
+[data]
+prompts_per_iteration = 4
+[topology]
+split_steps = [0, 2]
+branching = [2]
+[rollout]
+steps = 4
+max_batch = 1
+[optimizer]
+lr = ${3:-1e-5}
+[lora]
+rank = 2
+alpha = 2.0
+[run]
+iterations = $2
+checkpoint_every = 0
+grid_every = 2
+output_dir = "$work/$1"
+TOML
+}
+
+case $mode in
+same)
+  config one 3 && config two 3
+  "$tool" train --config "$work/one.toml" --quiet --json > "$work/one.jsonl" 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --json --timeout 20 ||
+    fail "two ranks"
+  "$program" compare "$work/one/checkpoints/iter-000003/weights.safetensors" \
+    "$work/two/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
+  python3 - "$work/one/metrics.jsonl" "$work/two/metrics.jsonl" <<'PY' || fail "metrics differ"
+import json, sys
+one, two = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
+assert len(one) == len(two) == 3, (len(one), len(two))
+for a, b in zip(one, two):
+    for key in ("iteration", "evaluations", "update_evaluations", "edges", "edges_trained", "trees_dropped"):
+        assert a[key] == b[key], (key, a[key], b[key])
+    if a["iteration"] == 0:  # the same rollout, bit for bit
+        for key in ("reward_mean", "reward_std", "reward_min", "reward_max", "reward/alignment"):
+            assert a[key] == b[key], (key, a[key], b[key])
+    for key in ("reward_mean", "reward_std", "reward_min", "reward_max", "reward/alignment"):
+        assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), 1e-3), (key, a[key], b[key])
+print("metrics: counts equal, iteration 0's rewards equal, later ones within 1e-5")
+PY
+  ;;
+killed)
+  config long 100000
+  # Rank 1 is killed after 3 s, in the middle of some iteration; rank 0 must name it within its 5 s timeout.
+  bash "$here/run_ranks.sh" -n 2 -t 40 -e "0:error:rank 1 (did not reach|did not join)" -e 1:any -- \
+    bash -c 'if [ "$RANK" = 1 ]; then exec timeout -s KILL 3 "$@"; else exec "$@"; fi' rank \
+    "$tool" train --config "$work/long.toml" --quiet --timeout 5 || fail "rank 0 did not name rank 1 in time"
+  ;;
+resume)
+  # 2 ranks write the checkpoint of iteration 2; one process resumes it to 3 and says the world size changed.
+  config two 2 && config more 3 && sed -i "s|$work/more\"|$work/two\"|" "$work/more.toml"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --timeout 20 || fail "two ranks"
+  grep -q "^ranks 2$" "$work/two/checkpoints/iter-000002/manifest.txt" || fail "the manifest does not record 2 ranks"
+  "$tool" train --config "$work/more.toml" --resume --quiet > /dev/null 2> "$work/resume.err" ||
+    fail "resume: $(cat "$work/resume.err")"
+  grep -q "^note: the checkpoint was written by 2 processes, this run has 1: the same experiment" "$work/resume.err" ||
+    fail "no note on the world size: $(cat "$work/resume.err")"
+  ;;
+mismatch)
+  config rank0 2 1e-5 && config rank1 2 2e-5
+  sed -i "s|$work/rank1\"|$work/rank0\"|" "$work/rank1.toml"  # the same output directory, another lr
+  line="the ranks run different configs: rank 0 xxh64 [0-9a-f]{16}, rank 1 xxh64 [0-9a-f]{16}$"
+  bash "$here/run_ranks.sh" -n 2 -t 40 -e "0:error:^branchgrpo: rank 0: $line" -e "1:error:^branchgrpo: rank 1: $line" -- \
+    bash -c 'exec "$1" train --config "$2/rank$RANK.toml" --quiet --timeout 10' rank "$tool" "$work" ||
+    fail "the ranks did not both refuse"
+  ;;
+*) fail "unknown mode" ;;
+esac
+echo "ok ($mode)"
