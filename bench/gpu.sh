@@ -7,7 +7,8 @@
 #
 # and writes into $OUT (else ./out/gpu): bench_flux_dev.txt (the table), bench_flux_dev.json (one object keyed by
 # variant: seconds_per_iter, time_ratio_vs_dance, overhead_fraction, batching_speedup, peak_memory_bytes,
-# bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log.
+# bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log; on a machine with two GPUs or more
+# also distributed.txt (the NCCL variant: data-parallel training on every GPU against one, via torchrun).
 #
 # Usage, on the GPU machine from the repository root:
 #   bench/gpu.sh                     # the default size (below), ~10 minutes including the build
@@ -102,3 +103,51 @@ echo "running: branchgrpo ${args[*]} ${extra[*]}"
 set -o pipefail
 "$build/bin/branchgrpo" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/bench_flux_dev.txt"
 echo "wrote $out/bench_flux_dev.txt and $out/bench_flux_dev.json"
+
+# The NCCL variant (docs/distributed.md), on a machine with two GPUs or more: the shipped shapes model trained on
+# one GPU, then on every GPU (torchrun, one rank per GPU: NCCL for the gradients when LibTorch has it, else Gloo
+# through host copies, as the build log's "c10d" line says); both runs train 8 trees per GPU per iteration. Writes
+# distributed.txt: seconds per iteration (iterations after the first) and the scaling efficiency.
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if ((gpus < 2)); then
+  echo "one GPU: the NCCL variant needs two or more (skipped)" | tee "$out/distributed.txt"
+  exit 0
+fi
+grep -E "c10d" "$out/build.log" | head -3 | tee "$out/distributed.txt" || true
+dist=$out/distributed
+rm -rf "$dist" && mkdir -p "$dist"
+# config NAME TREES -> $dist/NAME.toml
+config() {
+  cat > "$dist/$1.toml" <<TOML
+[model]
+dir = "$repo/models/shapes-tiny"
+device = "cuda"
+[data]
+prompts_per_iteration = $2
+[lora]
+rank = 8
+[run]
+iterations = 6
+checkpoint_every = 0
+grid_every = 0
+output_dir = "$dist/$1"
+TOML
+}
+seconds() {  # mean seconds per iteration after the first, from a run's metrics.jsonl
+  python3 -c 'import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])][1:]
+print(sum(r["seconds"] for r in rows) / len(rows))' "$1"
+}
+trees=$((8 * gpus))
+config one_gpu "$trees" && config all_gpus "$trees"
+"$build/bin/branchgrpo" train --config "$dist/one_gpu.toml" --quiet > "$dist/one_gpu.log" 2>&1
+python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" --no_python \
+  "$build/bin/branchgrpo" train --config "$dist/all_gpus.toml" --quiet --timeout 120 > "$dist/all_gpus.log" 2>&1
+one=$(seconds "$dist/one_gpu/metrics.jsonl")
+all=$(seconds "$dist/all_gpus/metrics.jsonl")
+{
+  echo "shapes-tiny, LoRA rank 8, $trees trees per iteration (dense tree, 20 steps), 6 iterations"
+  echo "1 GPU: $one s / iteration"
+  echo "$gpus GPUs: $all s / iteration"
+  python3 -c "import sys; one, n, all = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]); print(f'speedup {one / all:.2f} of {n} (efficiency {one / all / n:.0%})')" "$one" "$gpus" "$all"
+} | tee -a "$out/distributed.txt"
