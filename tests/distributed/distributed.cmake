@@ -80,3 +80,14 @@ if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
     set_tests_properties(distributed_train_${mode} PROPERTIES LABELS "distributed;torch;cli" TIMEOUT 90)
   endforeach()
 endif()
+
+# The same launched by torchrun (python3-torch, scripts/setup.sh), the launcher docs/distributed.md shows first.
+find_program(torchrun_program torchrun)
+if(TARGET branchgrpo_cli AND TARGET branchgrpo::app AND torchrun_program)
+  add_test(NAME distributed_train_torchrun
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_ranks.sh torchrun $<TARGET_FILE:branchgrpo_cli> ${program}
+                   ${PROJECT_SOURCE_DIR}/models/shapes-tiny ${CMAKE_CURRENT_BINARY_DIR}/distributed_train_torchrun)
+  set_tests_properties(distributed_train_torchrun PROPERTIES LABELS "distributed;torch;cli" TIMEOUT 90)
+elseif(NOT torchrun_program)
+  message(STATUS "branchgrpo: no torchrun (python3-torch): distributed_train_torchrun is not run")
+endif()

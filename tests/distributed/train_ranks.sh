@@ -9,6 +9,8 @@
 #               last bit, later ones within 1e-5, the counts equal.
 #               rollout.max_batch = 1, because LibTorch's float32 matrix products round differently for another
 #               number of rows, and a rank batches only its own trees (with 64: 1e-6, docs/distributed.md)
+#   torchrun    the same 2-rank run launched by torchrun (Debian's python3-torch) instead of by hand: the weights
+#               agree with one process's within 1e-6
 #   killed      rank 1 is killed (SIGKILL) in the middle of a long run: rank 0 exits non-zero within its --timeout
 #               (5 s) with one line naming rank 1
 #   resume      a checkpoint written by 2 ranks is resumed by one process, with a note that the world size changed
@@ -68,6 +70,17 @@ for a, b in zip(one, two):
         assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), 1e-3), (key, a[key], b[key])
 print("metrics: counts equal, iteration 0's rewards equal, later ones within 1e-5")
 PY
+  ;;
+torchrun)
+  config one 3 && config two 3
+  "$tool" train --config "$work/one.toml" --quiet > /dev/null 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  # Debian's torchrun 1.13 under Python 3.11 cannot parse its default --redirects / --tee of 0 (Std.NONE is no
+  # longer iterated): give both as 1 (stdout to a log file and to the console).
+  timeout 60 torchrun --standalone --nproc_per_node 2 --redirects 1 --tee 1 --log_dir "$work/logs" --no_python \
+    "$tool" train --config "$work/two.toml" --quiet --timeout 20 > "$work/torchrun.out" 2> "$work/torchrun.err" ||
+    fail "torchrun: $(tail -n 20 "$work/torchrun.err")"
+  "$program" compare "$work/one/checkpoints/iter-000003/weights.safetensors" \
+    "$work/two/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
   ;;
 killed)
   config long 100000
