@@ -7,12 +7,14 @@
 #
 # and writes into $OUT (else ./out/gpu): bench_flux_dev.txt (the table), bench_flux_dev.json (one object keyed by
 # variant: seconds_per_iter, time_ratio_vs_dance, overhead_fraction, batching_speedup, peak_memory_bytes,
-# bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log; on a machine with two GPUs or more
-# also distributed.txt (the NCCL variant: data-parallel training on every GPU against one, via torchrun).
+# bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log; then the same harness on a
+# Wan2.1-T2V-1.3B-size video transformer (random weights, bf16; bench_wan.txt, bench_wan.json); on a machine with two
+# GPUs or more also distributed.txt (the NCCL variant: data-parallel training on every GPU against one, via torchrun).
 #
 # Usage, on the GPU machine from the repository root:
 #   bench/gpu.sh                     # the default size (below), ~10 minutes including the build
-#   BENCH_ARGS="--height 512 --width 512" bench/gpu.sh     # extra / overriding harness options
+#   BENCH_ARGS="--height 512 --width 512" bench/gpu.sh     # extra / overriding harness options (FLUX run)
+#   WAN_BENCH_ARGS="--iters 2" bench/gpu.sh                # the same for the Wan run
 # The machine may lack the tool's C++ dependencies (CLI11, nlohmann-json, toml++, TurboJPEG, Random123). Stage them
 # first on a Debian machine that has them (scripts/setup.sh) and take the folder along:
 #   bench/gpu.sh --stage-deps build-gpu-deps      # here: copies headers, libraries and CMake files
@@ -103,6 +105,21 @@ echo "running: branchgrpo ${args[*]} ${extra[*]}"
 set -o pipefail
 "$build/bin/branchgrpo" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/bench_flux_dev.txt"
 echo "wrote $out/bench_flux_dev.txt and $out/bench_flux_dev.json"
+
+# Wan2.1-T2V-1.3B size (random weights, bf16, LoRA rank 8), latent 16 x 5 x 30 x 52 (17 frames at 240 x 416: 1950
+# video tokens + 512 text tokens), one prompt, 20 steps, 1 warm-up + 1 measured iteration per variant. Estimate
+# (tools/cli/bench_wan.hpp, wan_forward_flops): 5.92 TFLOP per forward row; one round of the five variants is
+# ~2850 forward-equivalents (dance 305 + 2 x 320, branch 203 + 2 x 218, widpru 203 + 2 x 130, deppru 203 + 2 x 154,
+# mix ~203 + 2 x 42) = 16.9 PFLOP, two rounds 34 PFLOP, the batching rollouts (1117 rows each way) 13 PFLOP: ~47
+# PFLOP, ~2 minutes at 400 TFLOP/s (3 at 250) after the FLUX run. --max-batch 4: an update row keeps roughly 14 GB
+# of activations (30 blocks x ~0.5 GB at 1950 tokens, float32 norms and residual), so 4 rows ~56 GB of the 141.
+wan_args=(bench iteration --model wan --dtype bfloat16 --device cuda --latent 16,5,30,52 --prompts 1 --steps 20
+          --iters 1 --warmup 1 --batching-repeats 1 --max-batch 4 --peak-tflops "${PEAK_TFLOPS:-989}"
+          --json-file "$out/bench_wan.json")
+read -r -a wan_extra <<< "${WAN_BENCH_ARGS:-}"
+echo "running: branchgrpo ${wan_args[*]} ${wan_extra[*]}"
+"$build/bin/branchgrpo" "${wan_args[@]}" "${wan_extra[@]}" 2>&1 | tee "$out/bench_wan.txt"
+echo "wrote $out/bench_wan.txt and $out/bench_wan.json"
 
 # The NCCL variant (docs/distributed.md), on a machine with two GPUs or more: the shipped shapes model trained on
 # one GPU, then on every GPU (torchrun, one rank per GPU: NCCL for the gradients when LibTorch has it, else Gloo

@@ -405,6 +405,12 @@ if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
            COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli> -DOUT=${CMAKE_CURRENT_BINARY_DIR}/pretrain_quick
                    -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_pretrain.cmake)
   set_tests_properties(cli_pretrain_quick PROPERTIES LABELS "cli;torch" TIMEOUT 300)
+  add_test(NAME cli_pretrain_video_quick
+           COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli> -DVIDEO=ON
+                   -DOUT=${CMAKE_CURRENT_BINARY_DIR}/pretrain_video_quick -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_pretrain.cmake)
+  set_tests_properties(cli_pretrain_video_quick PROPERTIES LABELS "cli;torch" TIMEOUT 300)
+  branchgrpo_cli_error_test(pretrain_video_unknown_key "unknown or fixed key 'in_dim' for --video" pretrain --video
+                            --out ${CMAKE_CURRENT_BINARY_DIR}/pretrain_error --config-json [=[{"in_dim":16}]=])
   branchgrpo_cli_error_test(pretrain_steps_zero "--steps = 0: must be an integer in \\[1, " pretrain --out
                             ${CMAKE_CURRENT_BINARY_DIR}/pretrain_error --steps 0)
   branchgrpo_cli_error_test(pretrain_unknown_config_key "unknown or fixed key 'in_channels'" pretrain --out
@@ -468,6 +474,35 @@ if(TARGET branchgrpo_cli)
       set_tests_properties(cli_error_sample_unknown_prompt PROPERTIES FIXTURES_REQUIRED train_run)
     else()
       message(STATUS "branchgrpo: models/shapes-tiny is missing: skipping the train / sample / demo CLI tests")
+    endif()
+    # The shipped video model (models/moving-shapes-tiny): demo --video --quick writes its report with the
+    # animation; train on it with a 4-step tree writes a frame-strip grid and a checkpoint.
+    set(video_model ${PROJECT_SOURCE_DIR}/models/moving-shapes-tiny)
+    if(EXISTS ${video_model}/model.safetensors)
+      set(video_out ${CMAKE_CURRENT_BINARY_DIR}/demo_cli/video_quick)
+      set(video_files report.md|reward_vs_time.png|before_after.png|demo.csv)
+      if(TARGET GIF::GIF)
+        string(APPEND video_files "|before_after.gif")
+      endif()
+      add_test(NAME demo_video_quick
+               COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli>
+                       "-DARGS=demo|--video|--quick|--quiet|--model|${video_model}|--out|${video_out}" -DOUT=${video_out}
+                       "-DFILES=${video_files}"
+                       "-DSTDOUT=base model: held-out reward .*\ndance .*\nbranch .*\nbranch-widpru .*\nbranch-deppru .*\nbranch-mix .*held-out reward"
+                       -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
+      set_tests_properties(demo_video_quick PROPERTIES LABELS "cli;torch" TIMEOUT 1200)
+      set(video_train ${CMAKE_CURRENT_BINARY_DIR}/train_video_cli)
+      file(CONFIGURE OUTPUT ${video_train}/run.toml CONTENT
+           "[model]\ndir = \"${video_model}\"\n[topology]\nsplit_steps = [0, 2]\n[rollout]\nsteps = 4\nshift = 5.0\n[lora]\nrank = 4\nalpha = 4.0\n[[rewards]]\nname = \"alignment\"\n[[rewards]]\nname = \"smoothness\"\nweight = 0.25\n[run]\niterations = 1\ncheckpoint_every = 1\ngrid_every = 1\noutput_dir = \"${video_train}/out\"\n")
+      add_test(NAME cli_train_video
+               COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:branchgrpo_cli>
+                       "-DARGS=train|--config|${video_train}/run.toml|--json|--quiet" -DOUT=${video_train}/out -DLINES=1
+                       "-DKEYS=iteration|reward_mean|reward/alignment|reward/smoothness|edges_trained"
+                       "-DFILES=metrics.jsonl|grids/iter-000001.png|checkpoints/iter-000001/weights.safetensors"
+                       -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
+      set_tests_properties(cli_train_video PROPERTIES LABELS "cli;torch" TIMEOUT 600)
+    else()
+      message(STATUS "branchgrpo: models/moving-shapes-tiny is missing: skipping the video demo and train CLI tests")
     endif()
     file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_steps.toml CONTENT "[rollout]\nsteps = 0\n")
     file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_key.toml CONTENT "[rollout]\nstepz = 3\n")

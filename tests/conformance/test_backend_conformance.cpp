@@ -27,6 +27,8 @@
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/topology/flow_grpo_fast.hpp"
 #include "branchgrpo/topology/split_schedule.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/trainer.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 #include "gaussian_denoiser.hpp"
 
@@ -156,7 +158,12 @@ void check_rejects(F&& call) {
   }
 }
 
-const std::vector<latent_shape> shapes{latent_shape{{2}}, latent_shape{{3, 4}}, latent_shape{{2, 3, 5}}};
+// Rows of 1 to 4 dims: a vector, a matrix, an image latent {C, H, W} and a video latent {C, F, H, W}.
+const std::vector<latent_shape> shapes{latent_shape{{2}}, latent_shape{{3, 4}}, latent_shape{{2, 3, 5}},
+                                       latent_shape{{2, 3, 2, 2}}};
+
+/// A video latent [C, F, H, W] = {4, 3, 4, 4} per row (Wan's layout, small): 192 elements.
+const latent_shape video_shape{{4, 3, 4, 4}};
 
 }  // namespace
 
@@ -254,8 +261,8 @@ TEMPLATE_LIST_TEST_CASE("backend: every operation gives host_backend's numbers",
   }
 }
 
-TEMPLATE_LIST_TEST_CASE("backend: rejects what host_backend rejects, with a one-line invalid_input",
-                        "[conformance]", conformance_backends) {
+TEMPLATE_LIST_TEST_CASE("backend: rejects what host_backend rejects, with a one-line invalid_input", "[conformance]",
+                        conformance_backends) {
   TestType backend;
   const std::vector<double> six{1, 2, 3, 4, 5, 6}, four{1, 2, 3, 4};
   const auto x = backend.from_host(six, 3, latent_shape{{2}});
@@ -263,42 +270,42 @@ TEMPLATE_LIST_TEST_CASE("backend: rejects what host_backend rejects, with a one-
   const auto z = backend.from_host(six, 2, latent_shape{{3}});
   const std::vector<std::int64_t> past{0, 3}, negative{-1};
 
-  check_rejects([&] { (void)backend.from_host(six, 2, latent_shape{{2}}); });      // 6 values for 2 x 2
-  check_rejects([&] { (void)backend.from_host(six, -3, latent_shape{{2}}); });     // negative rows
-  check_rejects([&] { (void)backend.from_host(six, 3, latent_shape{{}}); });       // no dimension
-  check_rejects([&] { (void)backend.from_host(six, 3, latent_shape{{2, 0}}); });   // empty dimension
-  check_rejects([&] { (void)backend.gather_rows(x, past); });                      // index 3 of 3 rows
+  check_rejects([&] { (void)backend.from_host(six, 2, latent_shape{{2}}); });     // 6 values for 2 x 2
+  check_rejects([&] { (void)backend.from_host(six, -3, latent_shape{{2}}); });    // negative rows
+  check_rejects([&] { (void)backend.from_host(six, 3, latent_shape{{}}); });      // no dimension
+  check_rejects([&] { (void)backend.from_host(six, 3, latent_shape{{2, 0}}); });  // empty dimension
+  check_rejects([&] { (void)backend.gather_rows(x, past); });                     // index 3 of 3 rows
   check_rejects([&] { (void)backend.gather_rows(x, negative); });
-  check_rejects([&] { (void)backend.slice_rows(x, 2, 1); });                       // reversed
-  check_rejects([&] { (void)backend.slice_rows(x, 1, 4); });                       // past the end
+  check_rejects([&] { (void)backend.slice_rows(x, 2, 1); });  // reversed
+  check_rejects([&] { (void)backend.slice_rows(x, 1, 4); });  // past the end
   check_rejects([&] { (void)backend.slice_rows(x, -1, 1); });
   check_rejects([&] { (void)backend.concat_rows(std::span<const typename TestType::tensor>()); });
   const std::vector mixed{x, z};
-  check_rejects([&] { (void)backend.concat_rows(std::span(mixed)); });              // shapes {2} and {3}
-  check_rejects([&] { (void)backend.affine(1.0, x, 1.0, y); });                     // 3 rows vs 2
-  check_rejects([&] { (void)backend.affine(1.0, y, 1.0, z); });                     // shape {2} vs {3}
-  const std::vector<double> two_stds{1.0, 1.0}, zero_std{1.0, 0.0, 1.0}, nan_std{1.0, 1.0,
-                                                                                  std::numeric_limits<double>::quiet_NaN()};
-  check_rejects([&] { (void)backend.row_log_prob(x, x, two_stds); });               // 2 stds for 3 rows
+  check_rejects([&] { (void)backend.concat_rows(std::span(mixed)); });  // shapes {2} and {3}
+  check_rejects([&] { (void)backend.affine(1.0, x, 1.0, y); });         // 3 rows vs 2
+  check_rejects([&] { (void)backend.affine(1.0, y, 1.0, z); });         // shape {2} vs {3}
+  const std::vector<double> two_stds{1.0, 1.0}, zero_std{1.0, 0.0, 1.0},
+      nan_std{1.0, 1.0, std::numeric_limits<double>::quiet_NaN()};
+  check_rejects([&] { (void)backend.row_log_prob(x, x, two_stds); });  // 2 stds for 3 rows
   check_rejects([&] { (void)backend.row_log_prob(x, x, zero_std); });
   check_rejects([&] { (void)backend.row_log_prob(x, x, nan_std); });
-  check_rejects([&] { (void)backend.row_log_prob(x, y, four); });                   // 3 rows vs 2
+  check_rejects([&] { (void)backend.row_log_prob(x, y, four); });  // 3 rows vs 2
 }
 
 namespace {
 
 /// One rollout on backend B and the same on host_backend agree in every latent, log-prob and edge std.
 template <class B, class Correlator>
-void check_rollout_matches_host(const tree_plan& plan, const Correlator& correlator, std::int64_t max_batch) {
-  const sigma_schedule schedule = shifted_linear_schedule(plan.steps);
-  const latent_shape shape{{2, 3}};
+void check_rollout_matches_host(const tree_plan& plan, const Correlator& correlator, std::int64_t max_batch,
+                                const latent_shape& shape = latent_shape{{2, 3}}, double shift = 3.0) {
+  const sigma_schedule schedule = shifted_linear_schedule(plan.steps, shift);
   const std::vector<tree_info> trees{{.key = 0, .prompt = 1}, {.key = 7, .prompt = -2}};
   const rollout_options options{.max_batch = max_batch, .seed = 42, .iteration = 3};
 
   host_backend host;
   analytic_denoiser<host_backend> host_denoiser{.backend = &host, .shape = shape, .data_std = 0.5};
-  const auto expected = rollout(host, host_denoiser, dance_sde{}, correlator, schedule, rollout_tree(plan, trees),
-                                shape, options);
+  const auto expected =
+      rollout(host, host_denoiser, dance_sde{}, correlator, schedule, rollout_tree(plan, trees), shape, options);
   B backend;
   analytic_denoiser<B> denoiser{.backend = &backend, .shape = shape, .data_std = 0.5};
   const auto actual =
@@ -354,6 +361,96 @@ TEMPLATE_LIST_TEST_CASE("backend: a full rollout reproduces host_backend's laten
     const tree_plan fast = flow_grpo_fast{.group_size = 4, .split_step = 2, .sde_steps = 2}(6);
     check_rollout_matches_host<TestType>(fast, correlated{4.0}, 3);
   }
+  SECTION("video latents [C, F, H, W] = {4, 3, 4, 4} with Wan's time shift 5: no special case") {
+    check_rollout_matches_host<TestType>(dense, correlated{4.0}, 7, video_shape, 5.0);
+  }
+}
+
+namespace {
+
+/// A policy every backend can run: v(x) = theta x, in double on the host. accumulate takes the rows' log-probs
+/// from the backend's row_log_prob and the gradient in closed form: with mean = a x + c theta x,
+///   d log-prob_r / d theta = mean_i (next_i - mean_i) c x_i / std_r^2.
+template <Backend B>
+struct linear_policy {
+  B* backend = nullptr;
+  latent_shape shape;
+  double theta = -0.5;
+  double lr = 0.05;
+  double gradient = 0;
+
+  typename B::tensor operator()(const typename B::tensor& x, const denoise_batch&) {
+    std::vector<double> values = backend->to_host(x);
+    for (double& value : values) value *= theta;
+    return backend->from_host(values, backend->rows(x), shape);
+  }
+  std::vector<double> accumulate(const edge_batch<typename B::tensor>& edges, const loss_gradient_fn& grad_fn) {
+    const auto mean = backend->affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff * theta, edges.x);
+    std::vector<double> log_probs = backend->row_log_prob(edges.next, mean, edges.std);
+    const std::vector<double> weights = grad_fn(log_probs);
+    const std::vector<double> xs = backend->to_host(edges.x), nexts = backend->to_host(edges.next),
+                              means = backend->to_host(mean);
+    const auto n = static_cast<std::size_t>(shape.elements());
+    for (std::size_t r = 0; r < weights.size(); ++r) {
+      double sum = 0;
+      for (std::size_t i = r * n; i < (r + 1) * n; ++i)
+        sum += (nexts[i] - means[i]) * edges.coeffs.velocity_coeff * xs[i];
+      gradient += weights[r] * sum / (static_cast<double>(n) * edges.std[r] * edges.std[r]);
+    }
+    return log_probs;
+  }
+  void apply_update() {
+    theta -= lr * gradient;
+    gradient = 0;
+  }
+};
+
+/// Per row: -(mean of the latent - 0.1 prompt)^2, from the host values.
+template <Backend B>
+struct mean_reward {
+  B* backend = nullptr;
+  std::vector<double> operator()(const typename B::tensor& leaves, std::span<const std::int64_t> prompts) {
+    const std::vector<double> values = backend->to_host(leaves);
+    const std::size_t n = prompts.empty() ? 0 : values.size() / prompts.size();
+    std::vector<double> out(prompts.size());
+    for (std::size_t r = 0; r < out.size(); ++r) {
+      double sum = 0;
+      for (std::size_t i = r * n; i < (r + 1) * n; ++i) sum += values[i];
+      const double gap = sum / static_cast<double>(n) - 0.1 * static_cast<double>(prompts[r]);
+      out[r] = -gap * gap;
+    }
+    return out;
+  }
+};
+
+static_assert(Policy<linear_policy<host_backend>, host_backend>);
+static_assert(Reward<mean_reward<host_backend>, host_backend>);
+
+/// One BranchGRPO iteration (dense tree over 20 steps, 2 prompts, 2 updates) on `shape` with backend B.
+template <class B>
+std::pair<double, iteration_stats> train_once(const latent_shape& shape) {
+  B backend;
+  linear_policy<B> policy{.backend = &backend, .shape = shape};
+  mean_reward<B> reward{.backend = &backend};
+  auto recipe = branch_method();
+  const std::vector<std::int64_t> prompts{1, 3};
+  const iteration_stats stats =
+      train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20, 5.0), shape, prompts, 0,
+                      training_options{.max_batch = 16, .seed = 9, .updates_per_iteration = 2});
+  return {policy.theta, stats};
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("backend: a training iteration on video latents gives host_backend's update",
+                        "[conformance][train]", conformance_backends) {
+  const auto [theta, stats] = train_once<TestType>(video_shape);
+  const auto [host_theta, host_stats] = train_once<host_backend>(video_shape);
+  CHECK(stats.rollout_evaluations == host_stats.rollout_evaluations);
+  CHECK(stats.edges_trained == host_stats.edges_trained);
+  CHECK(stats.edges_trained > 0);
+  check_close<TestType>({stats.reward_mean, stats.loss, theta}, {host_stats.reward_mean, host_stats.loss, host_theta});
+  CHECK(host_theta != -0.5);  // the update moved the parameter
 }
 
 // ---- Adapter-specific: a hand-assembled tensor that disagrees with its shape throws, never reads past. -------
@@ -377,7 +474,7 @@ TEST_CASE("xtensor_backend keeps the latent's shape and rejects a tensor without
   CHECK(x.values.dimension() == 4);
   CHECK(x.shape() == latent_shape{{2, 3, 5}});
   CHECK(x.values(1, 0, 2, 4) == values[30 + 2 * 5 + 4]);  // row 1, element (0, 2, 4) of a {2, 3, 5} latent
-  const xtensor_tensor scalar{};  // a 0-d array: no batch axis
+  const xtensor_tensor scalar{};                          // a 0-d array: no batch axis
   check_rejects([&] { (void)backend.to_host(scalar); });
   const xtensor_tensor no_latent{.values = xtensor_tensor::array::from_shape(std::vector<std::size_t>{3})};
   check_rejects([&] { (void)backend.rows(backend.slice_rows(no_latent, 0, 1)); });
@@ -386,9 +483,9 @@ TEST_CASE("xtensor_backend keeps the latent's shape and rejects a tensor without
 #if defined(BRANCHGRPO_CONFORMANCE_TORCH)
 TEST_CASE("torch_backend rejects tensors without a batch axis or of another kind", "[conformance][torch]") {
   torch_backend backend;
-  check_rejects([&] { (void)backend.rows(torch::zeros({3})); });                      // no latent axis
-  check_rejects([&] { (void)backend.to_host(torch::Tensor()); });                     // undefined
-  check_rejects([&] { (void)backend.to_host(torch::zeros({2, 3}, torch::kInt64)); }); // not floating point
+  check_rejects([&] { (void)backend.rows(torch::zeros({3})); });                       // no latent axis
+  check_rejects([&] { (void)backend.to_host(torch::Tensor()); });                      // undefined
+  check_rejects([&] { (void)backend.to_host(torch::zeros({2, 3}, torch::kInt64)); });  // not floating point
   const std::vector<double> stds{1.0, 1.0};
   check_rejects([&] { (void)backend.row_log_prob(torch::zeros({2, 3}), torch::zeros({2, 4}), stds); });
   // A [rows, dims...] tensor made by LibTorch itself is a valid operand.
@@ -418,8 +515,8 @@ TEST_CASE("torch_backend in bfloat16: round trip and log-probs within bfloat16 r
   // |x - v| * |dx| per element, at most ~4 * 2^-8 here).
   const std::vector<double> stds{0.3, 1.0, 1.0, 2.0};
   const std::vector<double> log_prob = backend.row_log_prob(x, v, stds);
-  const std::vector<double> rounded =
-      host.row_log_prob(host.from_host(backend.to_host(x), 4, shape), host.from_host(backend.to_host(v), 4, shape), stds);
+  const std::vector<double> rounded = host.row_log_prob(host.from_host(backend.to_host(x), 4, shape),
+                                                        host.from_host(backend.to_host(v), 4, shape), stds);
   const std::vector<double> exact = host.row_log_prob(hx, hv, stds);
   for (std::size_t r = 0; r < stds.size(); ++r) {
     CHECK(log_prob[r] == Approx(rounded[r]).margin(1e-12));

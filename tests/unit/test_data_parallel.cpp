@@ -82,7 +82,8 @@ void check_ranks_match_one_process(const Recipe& recipe, const std::vector<std::
       CHECK(part.stats[i].edges == alone.stats[i].edges);
       CHECK(part.stats[i].edges_trained == alone.stats[i].edges_trained);
       CHECK(part.stats[i].update_evaluations == alone.stats[i].update_evaluations);
-      CHECK(part.stats[i].loss == Approx(alone.stats[i].loss).epsilon(1e-9));
+      // The PPO loss of the first update is a mean of advantages that cancel to ~1e-16: relative to what it cancels.
+      CHECK(part.stats[i].loss == Approx(alone.stats[i].loss).epsilon(1e-9).margin(1e-12));
     }
   }
 }

@@ -349,8 +349,8 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
         "run.toml: lora.targets = [ 'qkv' ]: unknown target \"qkv\" (attention, mlp, modulation or embedding)");
   CHECK(error_of("[lora]\nenabled = 1\n") == "run.toml: lora.enabled = 1: must be true or false");
   CHECK(error_of("[[rewards]]\nname = \"hps\"\n") ==
-        "run.toml: rewards[0].name = 'hps': must be alignment, jpeg_compressibility, jpeg_incompressibility or "
-        "torchscript");
+        "run.toml: rewards[0].name = 'hps': must be alignment, jpeg_compressibility, jpeg_incompressibility, "
+        "smoothness or torchscript");
   CHECK(error_of("[[rewards]]\nweight = 1\n").rfind("run.toml: rewards[0]: needs a name (alignment, ", 0) == 0);
   CHECK(error_of("rewards = []\n") == "run.toml: rewards = []: needs at least one [[rewards]] entry");
   CHECK(error_of("[run]\niterations = 0\n") == "run.toml: run.iterations = 0: must be at least 1");
@@ -370,6 +370,11 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
         "\"\" to use it");
   CHECK(error_of("[model]\ndir = \"\"\nconfig = \"dev\"\n") ==
         "run.toml: model.weights = \"\": model.config = \"dev\" needs its checkpoint");
+  CHECK(error_of("[model]\ndir = \"\"\nconfig = \"wan-tiny\"\nlatent_height = 8\nlatent_width = 8\n") ==
+        "run.toml: model.latent_frames = 0: model.config = \"wan-tiny\" is a video model and needs it");
+  CHECK(error_of("[model]\ndir = \"\"\nconfig = \"tiny\"\nlatent_height = 8\nlatent_width = 8\nlatent_frames = 4\n") ==
+        "run.toml: model.latent_frames = 4: is for video models; model.config = \"tiny\" makes images");
+  CHECK(error_of("[model]\nlatent_frames = 5000\n") == "run.toml: model.latent_frames = 5000: must be in [0, 1024]");
   CHECK(error_of("[data]\nprompts_per_iteration = 0\n") ==
         "run.toml: data.prompts_per_iteration = 0: must be at least 1");
   // Syntax errors name the line and column.
@@ -429,6 +434,14 @@ TEST_CASE("the example configs parse") {
   CHECK(dev.model.config == "dev");
   CHECK(dev.input_path(dev.model.decoder) == dir / "weights/ae.safetensors");
   CHECK(dev.rewards.front().name == "torchscript");
+  const bg::run_config wan = bg::load_run_config(dir / "wan_t2v_1_3b_lora.toml");
+  CHECK(wan.model.config == "wan-t2v-1.3b");
+  CHECK(wan.model.latent_frames == 5);
+  CHECK(wan.rollout.shift == 5.0);
+  const bg::run_config video = bg::load_run_config(dir / "moving_shapes_branch.toml");
+  CHECK(video.input_path(video.model.dir) == dir / "../models/moving-shapes-tiny");
+  CHECK(video.rewards.size() == 2);
+  CHECK(video.rewards.back().name == "smoothness");
 }
 #endif
 

@@ -16,6 +16,7 @@
 #include "cli/number_options.hpp"
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
 #include "cli/bench_flux.hpp"
+#include "cli/bench_wan.hpp"
 #endif
 
 namespace branchgrpo::cli {
@@ -26,16 +27,22 @@ static_assert(Reward<timed_reward<host_backend, mode_reward<>>, host_backend>);
 
 void run_iteration_bench(const bench_options& options) {
   // Models: the toy on the host backend here; flux-tiny (the shipped shapes model) and flux (a random FLUX
-  // transformer of a config's size) on LibTorch in bench_flux.cpp.
-  if (options.model == "flux-tiny" || options.model == "flux") {
+  // transformer of a config's size) on LibTorch in bench_flux.cpp; wan-tiny and wan (random Wan transformers) in
+  // bench_wan.cpp.
+  const bool flux = options.model == "flux-tiny" || options.model == "flux";
+  if (flux || options.model == "wan-tiny" || options.model == "wan") {
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX
-    run_flux_iteration_bench(options);
+    if (flux)
+      run_flux_iteration_bench(options);
+    else
+      run_wan_iteration_bench(options);
     return;
 #else
     fail("model ", options.model, " needs the LibTorch adapter (not built)");
 #endif
   }
-  require(options.model == "toy", "unknown model '", options.model, "' (expected toy, flux-tiny or flux)");
+  require(options.model == "toy", "unknown model '", options.model,
+          "' (expected toy, flux-tiny, flux, wan-tiny or wan)");
   validate_bench_options(options, toy_bytes_per_node);
   const fourier_policy<host_backend> base = make_toy_policy(options.seed);
   // Each variant trains its own copy of the toy; prompts cycle through its 8 modes, as `branchgrpo toy` does.
@@ -54,8 +61,8 @@ void add_bench_command(CLI::App& app) {
       "iteration", "Seconds per iteration of dance and the BranchGRPO variants, run alternately on one model");
   iteration
       ->add_option("--model", options->model,
-                   "toy; flux-tiny (the shipped shapes model) or flux (random weights of --flux-config) need "
-                   "the LibTorch adapter")
+                   "toy; flux-tiny (the shipped shapes model), flux (random weights of --flux-config), wan-tiny and "
+                   "wan (random Wan2.1 transformers, tiny and 1.3B) need the LibTorch adapter")
       ->type_name("NAME")
       ->capture_default_str();
   // Hard limits: iteration counts stay below the noise key's iteration field (with --warmup: validate_bench_options),
@@ -97,15 +104,17 @@ void add_bench_command(CLI::App& app) {
   iteration->add_option("--flux-config", options->flux_config, "flux: dev, schnell or tiny (random weights)")
       ->type_name("NAME")
       ->capture_default_str();
-  iteration->add_option("--device", options->device, "flux models: cpu, cuda, cuda:N")
+  iteration->add_option("--device", options->device, "flux and wan models: cpu, cuda, cuda:N")
       ->type_name("DEV")
       ->capture_default_str();
-  iteration->add_option("--dtype", options->dtype, "flux models: weights in float32 or bfloat16")
+  iteration->add_option("--dtype", options->dtype, "flux and wan models: weights in float32 or bfloat16")
       ->type_name("T")
       ->capture_default_str();
-  add_integer_list(iteration, "--latent", options->latent, "flux: latent C,H,W (default: C of the config, pixels / 8)",
+  add_integer_list(iteration, "--latent", options->latent,
+                   "flux: latent C,H,W (default: C of the config, pixels / 8); wan models: C,F,H,W (default wan-tiny "
+                   "16,4,8,8, wan 16,5,30,52)",
                    std::int64_t{1}, std::int64_t{4096})
-      ->type_name("C,H,W");
+      ->type_name("C,[F,]H,W");
   add_integer(iteration, "--height", options->height, "flux: image height in pixels (latent H = height / 8)",
               std::int64_t{8}, std::int64_t{32768})
       ->type_name("PX")
@@ -118,14 +127,14 @@ void add_bench_command(CLI::App& app) {
               std::int64_t{1}, std::int64_t{65536})
       ->type_name("L")
       ->capture_default_str();
-  add_integer(iteration, "--rank", options->lora_rank, "flux models: LoRA rank (attention and MLP layers)",
+  add_integer(iteration, "--rank", options->lora_rank, "flux and wan models: LoRA rank (attention and MLP layers)",
               std::int64_t{1}, std::int64_t{4096})
       ->type_name("R")
       ->capture_default_str();
   iteration->add_flag("--gradient-checkpointing", options->gradient_checkpointing,
-                      "flux models: recompute each block in the backward (less memory)");
+                      "flux and wan models: recompute each block in the backward (less memory)");
   add_number(iteration, "--peak-tflops", options->peak_tflops,
-             "flux models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
+             "flux and wan models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
       ->type_name("TF")
       ->capture_default_str();
   iteration->callback([options] { run_iteration_bench(*options); });

@@ -53,7 +53,8 @@ inline double seconds_since(bench_clock::time_point start) {
   return std::chrono::duration<double>(bench_clock::now() - start).count();
 }
 
-/// Every option of `bench iteration`; the flux_* ones only matter for --model flux / flux-tiny.
+/// Every option of `bench iteration`; the ones below "FLUX models" only matter for the LibTorch models (flux-tiny,
+/// flux, wan-tiny, wan), as each comment says.
 struct bench_options {
   std::string model = "toy";
   int iters = 5;
@@ -71,7 +72,7 @@ struct bench_options {
   std::string flux_config = "dev";  ///< flux: dev, schnell or tiny (random weights)
   std::string device = "cpu";
   std::string dtype = "float32";           ///< the transformer's weights: float32 or bfloat16
-  std::vector<std::int64_t> latent;        ///< flux: C,H,W (default from --height / --width)
+  std::vector<std::int64_t> latent;        ///< flux: C,H,W (default from --height / --width); wan: C,F,H,W
   std::int64_t height = 256, width = 256;  ///< flux: pixels; latent H, W = pixels / 8
   std::int64_t text_tokens = 256;          ///< flux: T5 tokens per prompt (random embeddings)
   std::int64_t lora_rank = 8;

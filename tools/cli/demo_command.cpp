@@ -8,6 +8,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,8 +19,12 @@
 #include "branchgrpo/core/limits.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "cli/commands.hpp"
+#if defined(BRANCHGRPO_CLI_GIF)
+#include "cli/gif.hpp"
+#endif
 #include "cli/image_grid.hpp"
 #include "cli/memory_budget.hpp"
+#include "cli/method_runs.hpp"
 #include "cli/number_options.hpp"
 #include "cli/output_file.hpp"
 #include "cli/plot.hpp"
@@ -30,106 +35,20 @@
 namespace branchgrpo::cli {
 namespace {
 
-struct demo_options {
-  std::string out = "out/demo";
-  std::string model = "";  // "" = models/shapes-tiny, here or in the source tree
-  bool quick = false;
-  int iters = 0;  // 0 = 16, or 2 with --quick
-  int prompts = 2;
-  int steps = 20;
-  int eval_samples = 8;
-  int eval_every = 0;  // 0 = a quarter of the run
-  double lr = 2e-3;
-  double eta = 0.3;  // dance_sde's noise scale, the methods' (every method uses dance_sde)
-  int updates = 4;   // optimizer steps per iteration (the kept edges split into this many groups)
-  std::int64_t rank = 8;
-  std::uint64_t seed = 0;
-  // The prompts trained and evaluated: "all", or rows of the model's prompt table. The default: one prompt
-  // per colour, the shapes mixed, so 16 iterations x 2 prompts see each prompt 8 times.
-  std::string prompt_rows = "1,5,6,11";
-  std::vector<std::string> methods;  // empty = every method, dance first
-  bool quiet = false;
-};
+#if defined(BRANCHGRPO_CLI_GIF)
+constexpr bool gif_enabled = true;
+#else
+constexpr bool gif_enabled = false;  // a tool built without giflib writes frame strips only
+#endif
 
-std::filesystem::path model_dir(const demo_options& options) { return shipped_model_dir(options.model); }
-
-// Every method runs this configuration with its method's components.
-run_config demo_config(const demo_options& options, int iterations, std::string_view method) {
-  run_config config;
-  config.source = "demo";
-  config.model.dir = std::filesystem::absolute(model_dir(options)).string();
-  config.data.prompts_per_iteration = options.prompts;
-  config.rollout.steps = options.steps;
-  config.recipe = method_recipe(method);
-  config.recipe.stepper.policy = dance_sde{.eta = options.eta};
-  config.optimizer.lr = options.lr;
-  config.optimizer.weight_decay = 0;
-  config.run.updates_per_iteration = options.updates;
-  config.lora.rank = options.rank;
-  config.lora.alpha = static_cast<double>(options.rank);
-  config.rewards = {{.name = "alignment", .weight = 1.0, .params = {}},
-                    {.name = "jpeg_compressibility", .weight = 0.1, .params = {}}};
-  config.run.iterations = iterations;
-  config.run.seed = options.seed;
-  config.run.output_dir = (std::filesystem::path(options.out) / std::string(method)).string();
-  return config;
-}
-
-// "all" -> {} (every row); "1,5" -> {1, 5}. Anything else is one line naming the bad entry.
-std::vector<std::int64_t> parse_prompt_rows(const std::string& text) {
-  if (text == "all") return {};
-  std::vector<std::int64_t> rows;
-  std::istringstream in(text);
-  for (std::string entry; std::getline(in, entry, ',');)
-    rows.push_back(parse_integer<std::int64_t>(entry, "--prompt-rows", 0, std::numeric_limits<std::int64_t>::max()));
-  require(!rows.empty(), "--prompt-rows is empty (expected all or rows like 1,5,6,11)");
-  return rows;
-}
-
-// Keeps the prompt table's `rows` (in that order), so prompt index i of the run is rows[i] of the table;
-// no rows: the whole table.
-void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& rows) {
-  if (rows.empty()) return;
-  const auto table = static_cast<std::int64_t>(model.prompts.size());
-  std::vector<std::string> prompts;
-  for (const std::int64_t row : rows) {
-    require(row >= 0 && row < table, "--prompt-rows: row ", row, " is not in the model's ", table, " prompts");
-    prompts.push_back(model.prompts[static_cast<std::size_t>(row)]);
-  }
-  const torch::Tensor index = torch::tensor(rows, torch::kLong);
-  model.embeddings = {.context = model.embeddings.context.index_select(0, index),
-                      .pooled = model.embeddings.pooled.index_select(0, index)};
-  model.prompts = std::move(prompts);
-}
-
-std::unique_ptr<training_run> make_run(const run_config& config, const demo_options& options) {
-  check_run_memory(config, available_memory());  // the whole run's estimate (app/run_memory.hpp), before loading
-  run_model model = load_run_model(config);
-  keep_prompt_rows(model, parse_prompt_rows(options.prompt_rows));
-  weighted_sum reward = make_run_reward(config, model);
-  return std::make_unique<training_run>(config, std::move(model), std::move(reward));
-}
-
-// The held-out set: every prompt of the table, eval_samples keyed ODE samples each (never a training draw).
-struct evaluation {
-  double reward = 0;
-  std::map<std::string, double> components;
-  torch::Tensor images;  // [prompts * samples, 3, H, W], prompt-major
-};
-
-evaluation evaluate(training_run& run, const demo_options& options) {
-  std::vector<std::int64_t> prompts;
-  for (std::size_t p = 0; p < run.model().prompts.size(); ++p)
-    for (int k = 0; k < options.eval_samples; ++k) prompts.push_back(static_cast<std::int64_t>(p));
-  evaluation out;
-  out.images = run.sample(prompts, options.seed);
-  const std::vector<double> scores = run.score_images(out.images, prompts);
-  double sum = 0;
-  for (const double s : scores) sum += s;
-  out.reward = sum / static_cast<double>(scores.size());
-  out.components = run.last_components();
-  return out;
-}
+// The run configuration, the run and the held-out evaluation: cli/method_runs.hpp, shared with `compare`.
+using demo_runs::demo_config;
+using demo_runs::demo_options;
+using demo_runs::evaluate;
+using demo_runs::evaluation;
+using demo_runs::make_run;
+using demo_runs::parse_prompt_rows;
+using demo_runs::prompt_rows;
 
 struct method_result {
   std::string name;
@@ -154,12 +73,20 @@ void write_report(const std::filesystem::path& path, const demo_options& options
   for (const method_result& r : results)
     if (r.name == "dance") dance = r.seconds_per_iter;
   std::ostringstream out;
-  out << "# branchgrpo demo: aligning the shipped shapes model\n\n"
-      << "Model: the tiny FLUX-architecture transformer of `models/shapes-tiny` (3 x 16 x 16 pixels, "
-      << "pretrained by `branchgrpo pretrain`), LoRA rank " << options.rank << ", AdamW lr " << options.lr << ".\n"
-      << "Reward: prompt alignment (colour and shape of the image against \"a <colour> <shape>\", in [0, 1]) + 0.1 x "
-      << "JPEG compressibility (-kB at quality 95).\n"
-      << "Each method: " << iterations << " iterations x " << options.prompts << " prompts, " << options.steps
+  if (options.video)
+    out << "# branchgrpo demo: aligning the shipped video model\n\n"
+        << "Model: the tiny Wan2.1-architecture text-to-video transformer of `models/moving-shapes-tiny` (8 frames "
+        << "of 3 x 16 x 16 pixels, pretrained by `branchgrpo pretrain --video`), Wan's flow shift 5, LoRA rank "
+        << options.rank << ", AdamW lr " << options.lr << ".\n"
+        << "Reward: prompt alignment (colour, shape and direction of motion of the clip against \"a <colour> <shape> "
+        << "moving <direction>\", in [0, 1]) + 0.25 x temporal smoothness (no frame-to-frame flicker, in [0, 1]).\n";
+  else
+    out << "# branchgrpo demo: aligning the shipped shapes model\n\n"
+        << "Model: the tiny FLUX-architecture transformer of `models/shapes-tiny` (3 x 16 x 16 pixels, "
+        << "pretrained by `branchgrpo pretrain`), LoRA rank " << options.rank << ", AdamW lr " << options.lr << ".\n"
+        << "Reward: prompt alignment (colour and shape of the image against \"a <colour> <shape>\", in [0, 1]) + 0.1 "
+        << "x JPEG compressibility (-kB at quality 95).\n";
+  out << "Each method: " << iterations << " iterations x " << options.prompts << " prompts, " << options.steps
       << " denoising steps, seed " << options.seed << ", from the same base model, " << options.updates
       << " optimizer steps per iteration.\n"
       << "Prompts (trained and held out): ";
@@ -186,6 +113,7 @@ void write_report(const std::filesystem::path& path, const demo_options& options
       << "wall time on this machine (total for the demo: " << fixed(total_seconds, 1) << " s).\n\n"
       << "![held-out reward against training time](reward_vs_time.png)\n\n"
       << "![held-out samples before and after](before_after.png)\n\n"
+      << (options.video && gif_enabled ? "Animated: ![held-out clips before and after](before_after.gif)\n\n" : "")
       << "Every iteration of every method: `demo.csv`.\n";
   write_file(path, out.str());
 }
@@ -206,8 +134,9 @@ void write_csv(const std::filesystem::path& path, const std::vector<method_resul
   write_file(path, out.str());
 }
 
-void write_plot(const std::filesystem::path& path, const std::vector<method_result>& results) {
-  line_chart chart{.title = "SHAPES DEMO: HELD-OUT REWARD VS TRAINING TIME",
+void write_plot(const std::filesystem::path& path, const std::vector<method_result>& results, bool video) {
+  line_chart chart{.title = video ? "MOVING SHAPES DEMO: HELD-OUT REWARD VS TRAINING TIME"
+                                  : "SHAPES DEMO: HELD-OUT REWARD VS TRAINING TIME",
                    .x_label = "CUMULATIVE TRAINING TIME (S)",
                    .y_label = "HELD-OUT MEAN REWARD",
                    .width = 900,
@@ -224,8 +153,11 @@ void write_plot(const std::filesystem::path& path, const std::vector<method_resu
   write_png(path.string(), render(chart));
 }
 
-void write_grid(const std::filesystem::path& path, const std::vector<std::string>& prompts, const demo_options& options,
-                const evaluation& before, const std::vector<method_result>& results) {
+// The held-out grid: one row for the base model and one per method, one column per prompt (its first sample).
+// Images are cells as they are; a clip is its frame strip, or with `frame` its frame `frame` alone (an animation's
+// frame).
+image_grid held_out_grid(const std::vector<std::string>& prompts, const demo_options& options, const evaluation& before,
+                         const std::vector<method_result>& results, std::optional<std::int64_t> frame = {}) {
   image_grid grid{.title = "HELD-OUT SAMPLES: BASE MODEL, THEN EACH METHOD",
                   .columns = static_cast<int>(prompts.size()),
                   .scale = 4,
@@ -234,15 +166,31 @@ void write_grid(const std::filesystem::path& path, const std::vector<std::string
                   .cells = {}};
   for (const std::string& p : prompts) grid.column_labels.push_back(prompt_label(p));
   const auto add_row = [&](const torch::Tensor& images) {
-    for (std::size_t p = 0; p < prompts.size(); ++p)
-      grid.cells.push_back(to_rgb(images[static_cast<std::int64_t>(p) * options.eval_samples]));
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      const torch::Tensor sample = images[static_cast<std::int64_t>(p) * options.eval_samples];
+      grid.cells.push_back(frame ? to_rgb(sample[*frame]) : to_cells(sample.unsqueeze(0)).front());
+    }
   };
   add_row(before.images);
   for (const method_result& r : results) {
     grid.row_labels.push_back(r.name + " " + fixed(r.after.reward, 3));
     add_row(r.after.images);
   }
-  write_png(path.string(), render(grid));
+  return grid;
+}
+
+// before_after.png (clips as frame strips) and, for clips when the tool has giflib, before_after.gif: the grid
+// animated over the frames, 4 frames per second.
+void write_grid(const std::filesystem::path& dir, const std::vector<std::string>& prompts, const demo_options& options,
+                const evaluation& before, const std::vector<method_result>& results) {
+  write_png((dir / "before_after.png").string(), render(held_out_grid(prompts, options, before, results)));
+  if (before.images.dim() != 5 || !gif_enabled) return;
+#if defined(BRANCHGRPO_CLI_GIF)
+  std::vector<rgb_image> frames;
+  for (std::int64_t f = 0; f < before.images.size(1); ++f)
+    frames.push_back(render(held_out_grid(prompts, options, before, results, f)));
+  write_gif((dir / "before_after.gif").string(), frames, 25);
+#endif
 }
 
 // Host bytes per image of the shipped model's latent (3 x 16 x 16 float32) that the sizes multiply: a rollout
@@ -250,20 +198,21 @@ void write_grid(const std::filesystem::path& path, const std::vector<std::string
 // image, ODE state and the transformer's activations for it (x 16: 72 tokens x 64-wide layers, no gradient).
 // A lower-bound-ish estimate (the model's activations in the update are chunked): a refusal never hits a run
 // that would fit, and the sizes that cannot fit are refused before anything is loaded.
+// The video model's clips are 8 such frames (128 tokens per clip, so the same x 16 per latent byte holds).
 constexpr double demo_latent_bytes = 3.0 * 16 * 16 * 4;
 
 void check_memory(const demo_options& options, std::int64_t nodes) {
-  require_fits(static_cast<double>(options.prompts) * static_cast<double>(nodes) * 4 * demo_latent_bytes,
+  const double latent = demo_latent_bytes * (options.video ? 8 : 1);
+  require_fits(static_cast<double>(options.prompts) * static_cast<double>(nodes) * 4 * latent,
                setting_text("--prompts", options.prompts), "the rollout of " + std::to_string(nodes) + "-node trees");
-  const double rows = 12.0 * options.eval_samples;  // the shipped model's 12 prompts at most
-  require_fits(rows * 16 * demo_latent_bytes, setting_text("--eval-samples", options.eval_samples),
-               "the held-out evaluation");
+  const double rows = (options.video ? 48.0 : 12.0) * options.eval_samples;  // the shipped model's prompts at most
+  require_fits(rows * 16 * latent, setting_text("--eval-samples", options.eval_samples), "the held-out evaluation");
 }
 
 void run_demo(demo_options options) {
   // The counts' ranges are checked as the flags are parsed (add_demo_command).
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
-  (void)parse_prompt_rows(options.prompt_rows);  // a bad list fails here, before any work
+  (void)parse_prompt_rows(prompt_rows(options));  // a bad list fails here, before any work
   require(options.lr > 0, "--lr must be positive, got ", options.lr);
   require(options.eta > 0, "--eta must be positive, got ", options.eta);
   if (options.quick) options.eval_samples = 1;
@@ -328,10 +277,12 @@ void run_demo(demo_options options) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   write_report(out / "report.md", options, iterations, prompts, before, results, total);
   write_csv(out / "demo.csv", results);
-  write_plot(out / "reward_vs_time.png", results);
-  write_grid(out / "before_after.png", prompts, options, before, results);
+  write_plot(out / "reward_vs_time.png", results, options.video);
+  write_grid(out, prompts, options, before, results);
   std::cout << "wrote " << (out / "report.md").string() << ", " << (out / "reward_vs_time.png").string() << ", "
-            << (out / "before_after.png").string() << ", " << (out / "demo.csv").string() << '\n';
+            << (out / "before_after.png").string()
+            << (options.video && gif_enabled ? ", " + (out / "before_after.gif").string() : std::string()) << ", "
+            << (out / "demo.csv").string() << '\n';
 }
 
 }  // namespace
@@ -339,20 +290,27 @@ void run_demo(demo_options options) {
 void add_demo_command(CLI::App& app) {
   auto options = std::make_shared<demo_options>();
   CLI::App* demo = app.add_subcommand(
-      "demo", "Align the shipped shapes model with dance and every BranchGRPO variant; write a report");
+      "demo",
+      "Align the shipped shapes model (or with --video the shipped video model) with dance and every "
+      "BranchGRPO variant; write a report");
   demo->add_option("--out", options->out, "Directory for report.md and its PNG files (created)")
       ->type_name("DIR")
       ->capture_default_str();
   demo->add_flag("--quick", options->quick, "2 iterations per method and 1 held-out sample per prompt (CI)");
+  demo->add_flag("--video", options->video,
+                 "The video model models/moving-shapes-tiny (Wan2.1 architecture, 8 frames of 16 x 16) with the video "
+                 "rewards; writes before_after.gif too");
   // Hard limits: --iters and --updates far beyond a demo's minutes, --steps the core's max_steps, --rank that of
   // `bench iteration`; --prompts and --eval-samples are checked against the memory they imply (check_memory).
   add_integer(demo, "--iters", options->iters, "Iterations per method (default 16; 2 with --quick)", 1, 100'000)
       ->type_name("N");
-  demo->add_option("--model", options->model, "Model directory (default models/shapes-tiny)")->type_name("DIR");
+  demo->add_option("--model", options->model,
+                   "Model directory (default models/shapes-tiny, with --video models/moving-shapes-tiny)")
+      ->type_name("DIR");
   demo->add_option("--prompt-rows", options->prompt_rows,
-                   "Rows of the model's prompt table to train and evaluate on, or all")
-      ->type_name("ROW,...|all")
-      ->capture_default_str();
+                   "Rows of the model's prompt table to train and evaluate on, or all (default 1,5,6,11; with --video "
+                   "5,14,32,43)")
+      ->type_name("ROW,...|all");
   add_integer(demo, "--prompts", options->prompts, "Prompts (trees) per iteration", 1, std::numeric_limits<int>::max())
       ->type_name("P")
       ->capture_default_str();

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);  // "none" is reported below; an unknown word is an ExtrasError naming it
   branchgrpo::cli::add_tree_command(app);
   branchgrpo::cli::add_toy_command(app);
+  branchgrpo::cli::add_compare_command(app);  // the toy always; --model shapes with LibTorch
   branchgrpo::cli::add_bench_command(app);
   branchgrpo::cli::add_weights_command(app);
   branchgrpo::cli::add_policies_command(app);

@@ -17,8 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "branchgrpo/app/moving_shapes.hpp"
 #include "branchgrpo/app/rewards.hpp"
 #include "branchgrpo/app/shapes.hpp"
+#include "branchgrpo/app/video_rewards.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
@@ -50,6 +52,7 @@ struct pretrain_options {
   int log_every = 100;
   int threads = 0;
   bool quiet = false;
+  bool video = false;  ///< the moving-shapes clips and a Wan2.1-architecture transformer
 };
 
 // The shapes config with the JSON object's fields replacing its own. The data fix in_channels (3 x 2 x 2) and
@@ -160,15 +163,28 @@ double learning_rate(const pretrain_options& o, int step) {
   return o.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * progress)));
 }
 
-// Keyed draws of one training step: eps [batch, 3, 16, 16] (stream edge, tree = row) and one normal n per row
+double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (const double v : values) sum += v;
+  return values.empty() ? 0.0 : sum / static_cast<double>(values.size());
+}
+
+std::string fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+// Keyed draws of one training step: eps [batch, sample...] (stream edge, tree = row) and one normal n per row
 // (stream auxiliary); t = sigmoid(n) (logit-normal) or Phi(n) (uniform).
 struct step_noise {
   torch::Tensor eps;
   torch::Tensor t;
 };
 
-step_noise draw_noise(const pretrain_options& o, int step) {
-  const std::int64_t per_row = 3 * shapes_image_size * shapes_image_size;
+step_noise draw_noise(const pretrain_options& o, int step, const std::vector<std::int64_t>& sample_shape) {
+  std::int64_t per_row = 1;
+  for (const std::int64_t size : sample_shape) per_row *= size;
   std::vector<double> eps(static_cast<std::size_t>(o.batch * per_row));
   std::vector<double> t(static_cast<std::size_t>(o.batch));
   for (std::int64_t r = 0; r < o.batch; ++r) {
@@ -186,9 +202,62 @@ step_noise draw_noise(const pretrain_options& o, int step) {
     t[static_cast<std::size_t>(r)] =
         o.t_sampling == "uniform" ? 0.5 * std::erfc(-n / std::numbers::sqrt2) : 1.0 / (1.0 + std::exp(-n));
   }
+  std::vector<std::int64_t> shape{o.batch};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-  return {torch::from_blob(eps.data(), {o.batch, 3, shapes_image_size, shapes_image_size}, f64).to(torch::kFloat32),
+  return {torch::from_blob(eps.data(), shape, f64).to(torch::kFloat32),
           torch::from_blob(t.data(), {o.batch}, f64).to(torch::kFloat32)};
+}
+
+// A data batch: clean samples x0 [batch, sample...] and their prompt rows.
+struct data_batch {
+  torch::Tensor x0;
+  std::vector<std::int64_t> prompts;
+};
+
+// Rectified-flow training of `parameters` (x_t = (1 - t) x0 + t eps, target eps - x0, MSE), AdamW with warmup and
+// cosine decay, gradient clipping at 1 and EMA: one loop for the image and the video model. `batch_of(step)` gives
+// the data, `velocity(x_t, prompt rows, t)` the model's prediction. Returns the last logging window's mean loss.
+template <class BatchOf, class Velocity>
+double train_flow_matching(const pretrain_options& o, std::vector<torch::Tensor>& parameters, ema_weights& ema,
+                           const std::vector<std::int64_t>& sample_shape, BatchOf&& batch_of, Velocity&& velocity,
+                           clock_type::time_point start) {
+  auto optimizer = make_adamw(parameters, {.lr = o.lr, .weight_decay = 1e-4});
+  std::vector<std::int64_t> per_row(sample_shape.size() + 1, 1);  // t broadcast over each sample
+  per_row[0] = o.batch;
+  double window_loss = 0, last_loss = 0;
+  int window = 0;
+  for (int step = 0; step < o.steps; ++step) {
+    const data_batch batch = batch_of(step);
+    const step_noise noise = draw_noise(o, step, sample_shape);
+    const torch::Tensor t = noise.t.view(per_row);
+    const torch::Tensor x_t = (1 - t) * batch.x0 + t * noise.eps;
+    const torch::Tensor target = noise.eps - batch.x0;
+    const torch::Tensor v = velocity(x_t, torch::tensor(batch.prompts, torch::kInt64), noise.t);
+    const torch::Tensor loss = (v - target).square().mean();
+    for (auto& group : optimizer->param_groups())
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(learning_rate(o, step));
+    optimizer->zero_grad();
+    loss.backward();
+    clip_gradient_norm(parameters, 1.0);
+    optimizer->step();
+    ema.update(parameters);
+    const double value = loss.item<double>();
+    require(std::isfinite(value), "pretraining diverged at step ", step, ": loss ", value);
+    window_loss += value;
+    ++window;
+    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
+      last_loss = window_loss / window;
+      if (!o.quiet) {
+        const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+        std::cerr << "pretrain step " << step + 1 << "/" << o.steps << "  loss " << fixed(last_loss, 4) << "  lr "
+                  << learning_rate(o, step) << "  " << fixed(seconds / (step + 1), 3) << " s/step\n";
+      }
+      window_loss = 0;
+      window = 0;
+    }
+  }
+  return last_loss;
 }
 
 // Images [rows, 3, H, W] as a grid of `columns` tiles per row, each pixel a scale x scale block, 2-pixel gaps.
@@ -219,28 +288,201 @@ rgb_image image_grid(const torch::Tensor& images, int columns, int scale = 4) {
   return grid;
 }
 
-double mean(const std::vector<double>& values) {
-  double sum = 0;
-  for (const double v : values) sum += v;
-  return values.empty() ? 0.0 : sum / static_cast<double>(values.size());
+// ---- The video model (--video) -----------------------------------------------------------------------------------
+
+// The moving-shapes Wan config with the JSON object's fields replacing its own. The data fix in_dim and out_dim
+// (3 pixel channels); text_len follows the prompts.
+wan_config wan_config_from_json(const std::string& text) {
+  wan_config config = moving_shapes_wan_config();
+  if (text.empty()) return config;
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail("--config-json is not valid JSON: ", error.what());
+  }
+  require(json.is_object(), "--config-json must be a JSON object, got ", echo_text(json.dump()));
+  const auto integer = [](const nlohmann::json& value, const std::string& key) {
+    require(value.is_number_integer(), "--config-json '", key, "' must be an integer, got ", echo_text(value.dump()));
+    return parse_integer<std::int64_t>(value.dump(), "--config-json '" + key + "'");
+  };
+  for (const auto& [key, value] : json.items()) {
+    if (key == "dim")
+      config.dim = integer(value, key);
+    else if (key == "ffn_dim")
+      config.ffn_dim = integer(value, key);
+    else if (key == "heads")
+      config.heads = integer(value, key);
+    else if (key == "layers")
+      config.layers = integer(value, key);
+    else if (key == "freq_dim")
+      config.freq_dim = integer(value, key);
+    else if (key == "text_dim")
+      config.text_dim = integer(value, key);
+    else if (key == "rope_theta") {
+      require(value.is_number(), "--config-json 'rope_theta' must be a number, got ", echo_text(value.dump()));
+      config.rope_theta = value.get<double>();
+    } else if (key == "patch") {
+      require(value.is_array() && value.size() == 3, "--config-json 'patch' must be 3 integers, got ",
+              echo_text(value.dump()));
+      for (std::size_t a = 0; a < 3; ++a) config.patch[a] = integer(value[a], key);
+    } else {
+      fail("--config-json: unknown or fixed key '", key,
+           "' for --video (dim, ffn_dim, heads, layers, freq_dim, text_dim, patch, rope_theta)");
+    }
+  }
+  validate(config);
+  return config;
 }
 
-std::string fixed(double value, int digits) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(digits) << value;
-  return out.str();
+// Parameters of a Wan transformer from its config: per block self- and cross-attention (4 dim^2 each, plus
+// biases), the FFN, the q/k norms and the 6-way modulation; the embeddings and the head.
+double wan_parameter_estimate(const wan_config& c) {
+  const auto d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
+  const double block = 8 * d * d + 2 * d * f + 16 * d;
+  const double patch = static_cast<double>(c.patch_volume());
+  const double rest = d * (static_cast<double>(c.in_dim) * patch + static_cast<double>(c.text_dim) +
+                           static_cast<double>(c.freq_dim) + 9 * d) +
+                      d * static_cast<double>(c.out_dim) * patch;
+  return static_cast<double>(c.layers) * block + rest;
+}
+
+// Bytes one clip costs a training step (as bytes_per_image): per block about 14 dim-wide and 2 FFN-wide values
+// per video token plus the self- and cross-attention scores and probabilities, and the clip's keyed noise.
+double bytes_per_clip(const wan_config& c) {
+  const double tokens = static_cast<double>(moving_shapes_frames / c.patch[0] * (shapes_image_size / c.patch[1]) *
+                                            (shapes_image_size / c.patch[2]));
+  const double text = static_cast<double>(c.text_len);
+  const double per_block = tokens * static_cast<double>(14 * c.dim + 2 * c.ffn_dim) +
+                           2 * static_cast<double>(c.heads) * tokens * (tokens + text);
+  const double noise = 3.0 * moving_shapes_frames * shapes_image_size * shapes_image_size * (8 + 4 + 4);
+  return 4 * per_block * static_cast<double>(c.layers) + noise;
+}
+
+void check_video_memory(const pretrain_options& o, const wan_config& config) {
+  const double model = 5 * 4 * wan_parameter_estimate(config);
+  require_fits(model, "--config-json = " + echo_text(o.config_json.empty() ? "{}" : o.config_json),
+               "the model and its optimizer state");
+  const double clip = bytes_per_clip(config);
+  require_fits(model + static_cast<double>(o.batch) * clip, setting_text("--batch", o.batch), "a training step");
+  require_fits(model + static_cast<double>(moving_shapes_prompt_count) * o.grid_samples * clip,
+               setting_text("--grid-samples", o.grid_samples), "the sample grids");
+}
+
+// Clips [n, F, 3, H, W] as a grid with one clip per row, its frames left to right.
+rgb_image clip_grid(const torch::Tensor& frames, int scale) {
+  return image_grid(frames.reshape({-1, 3, frames.size(3), frames.size(4)}), static_cast<int>(frames.size(1)), scale);
+}
+
+void run_pretrain_video(const pretrain_options& o, const std::filesystem::path& dir) {
+  const wan_config config = wan_config_from_json(o.config_json);
+  check_video_memory(o, config);
+  const std::vector<std::string> prompts = moving_shapes_prompts();
+  // The word vectors of each prompt are the text the transformer attends to (pooled: unused by Wan).
+  const prompt_embeddings embeddings = shapes_word_embeddings(prompts, config.text_dim, config.text_dim);
+  require(embeddings.context.size(1) <= config.text_len, "the prompts have ", embeddings.context.size(1),
+          " words, the config's text_len is ", config.text_len);
+
+  torch::manual_seed(o.seed);  // the initial weights
+  auto model = std::make_shared<wan_transformer>(config);
+  {
+    // The head's output starts at zero, as the image model's final layer: the first velocity is 0.
+    torch::NoGradGuard no_grad;
+    model->head->head->weight.zero_();
+    model->head->head->bias.zero_();
+  }
+  std::vector<torch::Tensor> parameters = model->parameters();
+  std::int64_t parameter_count = 0;
+  for (const torch::Tensor& p : parameters) parameter_count += p.numel();
+  ema_weights ema;
+  ema.decay = o.ema;
+  ema.reset(parameters);
+
+  const auto start = clock_type::now();
+  const double last_loss = train_flow_matching(
+      o, parameters, ema, {3, moving_shapes_frames, shapes_image_size, shapes_image_size},
+      [&](int step) {
+        moving_shapes_batch batch =
+            make_moving_shapes_batch(o.seed, static_cast<std::uint64_t>(step) * o.batch, o.batch);
+        return data_batch{.x0 = std::move(batch.clips), .prompts = std::move(batch.prompts)};
+      },
+      [&](const torch::Tensor& x_t, const torch::Tensor& rows, const torch::Tensor& t) {
+        return model->forward(x_t, 1000.0 * t, embeddings.context.index_select(0, rows));
+      },
+      start);
+  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  if (o.ema > 0) ema.swap(parameters);
+  model->eval();
+
+  std::ostringstream training;
+  training << "data=moving shapes 3x8x16x16 (moving_shapes.hpp);steps=" << o.steps << ";batch=" << o.batch
+           << ";lr=" << o.lr << ";warmup=" << o.warmup << ";schedule=cosine to 0.1;ema=" << o.ema
+           << ";t_sampling=" << o.t_sampling << ";seed=" << o.seed
+           << ";weight_decay=0.0001;clip=1;final_loss=" << last_loss << ";seconds=" << fixed(seconds, 1);
+  save_safetensors(dir / "model.safetensors", wan_state(*model),
+                   {{"format", "pt"},
+                    {std::string(wan_config_metadata_key), format_wan_config(config)},
+                    {"branchgrpo.latent", "pixels: RGB in [-1, 1], 3 x 8 x 16 x 16 [C, F, H, W]; decode (x + 1) / 2"},
+                    {"branchgrpo.pretrain", training.str()}});
+  save_prompt_file(dir / "prompts.safetensors", embeddings, prompts);
+
+  // Samples (ODE, 20 steps, Wan's shift 5) and data clips, --grid-samples per prompt, scored with the rewards.
+  std::vector<std::int64_t> grid_prompts;
+  for (std::int64_t p = 0; p < moving_shapes_prompt_count; ++p)
+    for (int s = 0; s < o.grid_samples; ++s) grid_prompts.push_back(p);
+  const torch::Tensor samples = clip_frames(video_sample_ode(model, embeddings.context, grid_prompts, o.seed));
+  std::vector<torch::Tensor> data_clips;
+  for (std::size_t i = 0; i < grid_prompts.size(); ++i)
+    data_clips.push_back(moving_shapes_render(moving_shapes_draw(o.seed ^ 0xDA7Aull, i, grid_prompts[i])));
+  const torch::Tensor data = clip_frames(torch::stack(data_clips));
+  // One clip per prompt in the PNG strips (48 rows of 8 frames).
+  const torch::Tensor first = torch::arange(0, static_cast<std::int64_t>(grid_prompts.size()), o.grid_samples);
+  write_png((dir / "samples.png").string(), clip_grid(samples.index_select(0, first), o.grid_scale));
+  write_png((dir / "data.png").string(), clip_grid(data.index_select(0, first), o.grid_scale));
+
+  const moving_shape_alignment alignment;
+  const temporal_smoothness smoothness;
+  const std::vector<double> sample_alignment = alignment(samples, grid_prompts);
+  std::vector<double> per_prompt(static_cast<std::size_t>(moving_shapes_prompt_count), 0.0);
+  for (std::size_t i = 0; i < grid_prompts.size(); ++i)
+    per_prompt[static_cast<std::size_t>(grid_prompts[i])] += sample_alignment[i] / o.grid_samples;
+  nlohmann::json summary = {
+      {"out", dir.string()},
+      {"video", true},
+      {"steps", o.steps},
+      {"batch", o.batch},
+      {"seed", o.seed},
+      {"parameters", parameter_count},
+      {"model_bytes", std::filesystem::file_size(dir / "model.safetensors")},
+      {"wan_config", format_wan_config(config)},
+      {"final_loss", last_loss},
+      {"seconds", seconds},
+      {"alignment", mean(sample_alignment)},
+      {"alignment_per_prompt", per_prompt},
+      {"data_alignment", mean(alignment(data, grid_prompts))},
+      {"smoothness", mean(smoothness(samples, grid_prompts))},
+      {"data_smoothness", mean(smoothness(data, grid_prompts))},
+  };
+  write_file(dir / "pretrain.json", summary.dump(2) + '\n');
+  std::cout << summary.dump() << '\n';
 }
 
 void run_pretrain(const pretrain_options& o) {
   validate(o);
-  const flux_config config = config_from_json(o.config_json);
-  check_memory(o, config);
+  // Everything is checked before the output directory is made.
+  const flux_config config = o.video ? shapes_flux_config() : config_from_json(o.config_json);
+  if (!o.video) check_memory(o, config);
+  if (o.video) (void)wan_config_from_json(o.config_json);
   if (o.threads > 0) torch::set_num_threads(o.threads);
   const std::filesystem::path dir(o.out);
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error || !std::filesystem::is_directory(dir))
     throw write_error(dir, "cannot create the output directory", error ? error.value() : ENOTDIR);
+  if (o.video) {
+    run_pretrain_video(o, dir);
+    return;
+  }
 
   const std::vector<std::string> prompts = shapes_prompts();
   const prompt_embeddings embeddings = shapes_word_embeddings(prompts, config.context_in, config.vec_in);
@@ -256,46 +498,22 @@ void run_pretrain(const pretrain_options& o) {
   std::vector<torch::Tensor> parameters = model->parameters();
   std::int64_t parameter_count = 0;
   for (const torch::Tensor& p : parameters) parameter_count += p.numel();
-  auto optimizer = make_adamw(parameters, {.lr = o.lr, .weight_decay = 1e-4});
   ema_weights ema;
   ema.decay = o.ema;
   ema.reset(parameters);
 
   const auto start = clock_type::now();
-  double window_loss = 0, last_loss = 0;
-  int window = 0;
-  for (int step = 0; step < o.steps; ++step) {
-    const shapes_batch batch = make_shapes_batch(o.seed, static_cast<std::uint64_t>(step) * o.batch, o.batch);
-    const step_noise noise = draw_noise(o, step);
-    const torch::Tensor t = noise.t.view({o.batch, 1, 1, 1});
-    const torch::Tensor x_t = (1 - t) * batch.images + t * noise.eps;
-    const torch::Tensor target = noise.eps - batch.images;
-    const torch::Tensor rows = torch::tensor(batch.prompts, torch::kInt64);
-    const torch::Tensor v = model->forward_latents(x_t, embeddings.context.index_select(0, rows),
-                                                   embeddings.pooled.index_select(0, rows), noise.t);
-    const torch::Tensor loss = (v - target).square().mean();
-    for (auto& group : optimizer->param_groups())
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(learning_rate(o, step));
-    optimizer->zero_grad();
-    loss.backward();
-    clip_gradient_norm(parameters, 1.0);
-    optimizer->step();
-    ema.update(parameters);
-    const double value = loss.item<double>();
-    require(std::isfinite(value), "pretraining diverged at step ", step, ": loss ", value);
-    window_loss += value;
-    ++window;
-    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
-      last_loss = window_loss / window;
-      if (!o.quiet) {
-        const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-        std::cerr << "pretrain step " << step + 1 << "/" << o.steps << "  loss " << fixed(last_loss, 4) << "  lr "
-                  << learning_rate(o, step) << "  " << fixed(seconds / (step + 1), 3) << " s/step\n";
-      }
-      window_loss = 0;
-      window = 0;
-    }
-  }
+  const double last_loss = train_flow_matching(
+      o, parameters, ema, {3, shapes_image_size, shapes_image_size},
+      [&](int step) {
+        shapes_batch batch = make_shapes_batch(o.seed, static_cast<std::uint64_t>(step) * o.batch, o.batch);
+        return data_batch{.x0 = std::move(batch.images), .prompts = std::move(batch.prompts)};
+      },
+      [&](const torch::Tensor& x_t, const torch::Tensor& rows, const torch::Tensor& t) {
+        return model->forward_latents(x_t, embeddings.context.index_select(0, rows),
+                                      embeddings.pooled.index_select(0, rows), t);
+      },
+      start);
   const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
   if (o.ema > 0) ema.swap(parameters);  // save and sample the averaged weights
   model->eval();
@@ -404,6 +622,8 @@ void add_pretrain_command(CLI::App& app) {
       ->type_name("N")
       ->capture_default_str();
   pretrain->add_flag("--quiet", options->quiet, "No progress lines");
+  pretrain->add_flag("--video", options->video,
+                     "Train a tiny Wan2.1-architecture transformer on the moving-shapes clips (8 x 16 x 16) instead");
   pretrain->callback([options] { run_pretrain(*options); });
 }
 

@@ -22,6 +22,7 @@
 #include <system_error>
 #include <vector>
 
+#include "branchgrpo/core/error.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/image_grid.hpp"
@@ -47,10 +48,28 @@ inline rgb_image to_rgb(const torch::Tensor& image) {
   return out;
 }
 
-/// Images [n, 3, H, W] in [-1, 1] as grid cells.
+/// A clip [F, 3, H, W] in [-1, 1] as one image: its frames left to right (to_rgb each), 1-pixel white gaps.
+/// Example: 8 frames of 16 x 16 -> an image of 8 * 16 + 7 = 135 x 16.
+inline rgb_image frame_strip(const torch::Tensor& clip) {
+  const auto frames = static_cast<int>(clip.size(0)), h = static_cast<int>(clip.size(2)),
+             w = static_cast<int>(clip.size(3));
+  rgb_image out{.width = frames * (w + 1) - 1,
+                .height = h,
+                .pixels = std::vector<std::uint8_t>(static_cast<std::size_t>((frames * (w + 1) - 1) * h * 3), 255)};
+  for (int f = 0; f < frames; ++f) {
+    const rgb_image frame = to_rgb(clip[f]);
+    for (int y = 0; y < h; ++y)
+      std::copy_n(frame.pixels.begin() + static_cast<std::ptrdiff_t>(y * w * 3), w * 3,
+                  out.pixels.begin() + static_cast<std::ptrdiff_t>((y * out.width + f * (w + 1)) * 3));
+  }
+  return out;
+}
+
+/// Images [n, 3, H, W] or clips [n, F, 3, H, W] in [-1, 1] as grid cells (a clip: its frame_strip).
 inline std::vector<rgb_image> to_cells(const torch::Tensor& images) {
   std::vector<rgb_image> cells;
-  for (std::int64_t i = 0; i < images.size(0); ++i) cells.push_back(to_rgb(images[i]));
+  for (std::int64_t i = 0; i < images.size(0); ++i)
+    cells.push_back(images.dim() == 5 ? frame_strip(images[i]) : to_rgb(images[i]));
   return cells;
 }
 
@@ -71,6 +90,21 @@ inline std::string number_text(double value, int precision = 9) {
   std::ostringstream out;
   out << std::setprecision(precision) << value;
   return out.str();
+}
+
+/// Runs `body`; a LibTorch error (c10::Error, whose message carries a backtrace) becomes one invalid_input line
+/// naming `context`, the config keys involved, and the error's first line. Example:
+///   with_torch_context("run.toml: loading the model (model.dtype = \"float16\")", ...) on a kernel error ->
+///   "run.toml: loading the model (model.dtype = \"float16\"): \"addmm_impl_cpu_\" not implemented for 'Half'".
+template <class Body>
+decltype(auto) with_torch_context(const std::string& context, Body&& body) {
+  try {
+    return body();
+  } catch (const c10::Error& error) {
+    std::string first = error.what_without_backtrace();
+    if (const auto end = first.find('\n'); end != std::string::npos) first.resize(end);
+    fail(context, ": ", first);
+  }
 }
 
 /// Creates `dir` (and parents); throws std::runtime_error naming it when it cannot.

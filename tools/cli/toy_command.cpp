@@ -30,6 +30,7 @@
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/commands.hpp"
 #include "cli/memory_budget.hpp"
+#include "cli/method_runs.hpp"
 #include "cli/number_options.hpp"
 #include "cli/output_file.hpp"
 #include "cli/plot.hpp"
@@ -53,59 +54,13 @@ struct toy_options {
   int nan_leaf_every = 0;
 };
 
-// --- The held-out evaluation ----------------------------------------------------------------------------------
+// --- The held-out evaluation (cli/method_runs.hpp, shared with `compare`) -------------------------------------
 
-constexpr int eval_modes = 8;              // prompts 0..7, one per ring mode
-constexpr int eval_samples_per_mode = 64;  // E: held-out samples per prompt
-// The `tree` field of the evaluation roots' noise keys: far from the rollout's tree keys (0, 1, ...) and from
-// the toy's own draws (0xFFFF00xx), so evaluation never reuses a training draw.
-constexpr std::uint32_t eval_tree_key = 0xFFFE0000u;
-
-struct sample {
-  double x = 0, y = 0;
-  std::int64_t prompt = 0;
-};
-
-struct evaluation {
-  double reward = 0;    // mean mode_reward over every sample
-  double hit_rate = 0;  // fraction within mode_reward's width (0.5) of the prompted mode
-  std::vector<sample> samples;
-};
-
-// The core's keyed Euler ODE sampler (sample_ode) from sigma 1 to 0 over the training schedule, for
-// eval_modes x eval_samples_per_mode keyed N(0, I) roots; sample i has prompt i mod eval_modes.
-evaluation evaluate(fourier_policy<host_backend>& policy, const sigma_schedule& schedule, std::uint64_t seed) {
-  const mode_reward<> reward;
-  evaluation out;
-  double sum = 0;
-  int hits = 0;
-  const int count = eval_modes * eval_samples_per_mode;
-  std::vector<std::int64_t> prompts(static_cast<std::size_t>(count));
-  for (int i = 0; i < count; ++i) prompts[static_cast<std::size_t>(i)] = i % eval_modes;
-  host_backend backend;
-  const auto root_key = [seed](std::int64_t i) {
-    return noise_key{.seed = seed,
-                     .iteration = 0,
-                     .tree = eval_tree_key,
-                     .node = static_cast<std::uint32_t>(i),
-                     .step = 0,
-                     .stream = noise_stream::auxiliary};
-  };
-  const std::vector<double> samples =
-      backend.to_host(sample_ode(backend, policy, schedule, toy_latent_shape(), prompts, root_key, count).front());
-  for (int i = 0; i < count; ++i) {
-    const double x = samples[2 * static_cast<std::size_t>(i)], y = samples[2 * static_cast<std::size_t>(i) + 1];
-    const std::int64_t prompt = prompts[static_cast<std::size_t>(i)];
-    const double r = reward.score(x, y, prompt);
-    sum += r;
-    const auto m = reward.ring.mode(prompt);
-    if (std::hypot(x - m[0], y - m[1]) <= reward.width) ++hits;
-    out.samples.push_back({x, y, prompt});
-  }
-  out.reward = sum / count;
-  out.hit_rate = static_cast<double>(hits) / count;
-  return out;
-}
+using toy_runs::eval_modes;
+using toy_runs::eval_samples_per_mode;
+using toy_runs::evaluate;
+using toy_runs::evaluation;
+using toy_runs::sample;
 
 // --- The training reward, with the NaN testing aid ------------------------------------------------------------
 

@@ -63,7 +63,7 @@ void write_leaf_grid(const std::filesystem::path& path, training_run& run, int i
   const std::int64_t per_tree = images.size(0) / trees;
   image_grid grid{.title = "ITERATION " + std::to_string(iteration) + ": LEAVES",
                   .columns = static_cast<int>(per_tree),
-                  .scale = images.size(2) <= 32 ? 4 : 1,
+                  .scale = images.size(-2) <= 32 ? 4 : 1,
                   .row_labels = {},
                   .column_labels = {},
                   .cells = to_cells(images)};
@@ -169,7 +169,13 @@ void train_on(const train_options& options, run_config config, Comm& communicato
   });
 
   std::unique_ptr<training_run> run;
-  on_every_rank(communicator, [&] { run = make_run(config); });
+  // A LibTorch error names the keys that chose what it was doing (the tool prints one line, not a backtrace).
+  const std::string model_keys = "model.dir = \"" + config.model.dir + "\", model.dtype = \"" + config.model.dtype +
+                                 "\", model.device = \"" + config.model.device + "\"";
+  on_every_rank(communicator, [&] {
+    run = with_torch_context(config.source + ": loading the model (" + model_keys + ")",
+                             [&] { return make_run(config); });
+  });
   if (options.resume) {
     // Rank 0 cleans up what a crash left, then every rank reads the same newest valid checkpoint.
     std::optional<std::filesystem::path> from;
@@ -208,7 +214,10 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     const int i = run->iteration();
     const bool last = i + 1 == config.run.iterations;
     const bool grid = config.run.grid_every > 0 && ((i + 1) % config.run.grid_every == 0 || last);
-    const iteration_stats stats = run->step(communicator, grid && lead);
+    const iteration_stats stats =
+        with_torch_context(config.source + ": iteration " + std::to_string(i) + " (" + model_keys +
+                               ", rollout.max_batch = " + std::to_string(config.rollout.max_batch) + ")",
+                           [&] { return run->step(communicator, grid && lead); });
     seconds += stats.seconds;
     ++timed;
     on_every_rank(communicator, [&] {
@@ -329,7 +338,7 @@ void run_sample(const sample_options& options) {
   const std::vector<double> scores = run->score_images(images, prompts);
   image_grid grid{.title = "SAMPLES OF " + std::filesystem::path(options.checkpoint).filename().string(),
                   .columns = options.samples,
-                  .scale = images.size(2) <= 32 ? 4 : 1,
+                  .scale = images.size(-2) <= 32 ? 4 : 1,
                   .row_labels = {},
                   .column_labels = {},
                   .cells = to_cells(images)};

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -19,6 +20,8 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/model_specs/flux/layout.hpp"
+#include "branchgrpo/model_specs/wan/config.hpp"
+#include "branchgrpo/model_specs/wan/layout.hpp"
 #include "branchgrpo/safetensors.hpp"
 #include "cli/commands.hpp"
 #include "cli/output_file.hpp"
@@ -26,8 +29,18 @@
 namespace branchgrpo::cli {
 namespace {
 
+// The transformer families the command knows; their layouts and configs are named by text in the report.
+enum class model_family { flux, wan };
+
+std::string_view family_name(model_family family) { return family == model_family::flux ? "flux" : "wan"; }
+
+std::string_view family_title(model_family family) {
+  return family == model_family::flux ? "FLUX.1 transformer" : "Wan2.1 text-to-video transformer";
+}
+
 struct weights_options {
   std::string file;
+  std::string family;  // empty: from --layout / --config, else detected from the names
   std::string layout;  // empty: detected from the names
   std::string config;  // empty: the config with the fewest problems
   bool json = false;
@@ -36,6 +49,12 @@ struct weights_options {
 const std::vector<std::pair<std::string, flux_config>>& known_configs() {
   static const std::vector<std::pair<std::string, flux_config>> configs = {
       {"dev", flux_config::dev()}, {"schnell", flux_config::schnell()}, {"tiny", flux_config::tiny()}};
+  return configs;
+}
+
+const std::vector<std::pair<std::string, wan_config>>& known_wan_configs() {
+  static const std::vector<std::pair<std::string, wan_config>> configs = {
+      {"t2v-1.3b", wan_config::t2v_1_3b()}, {"t2v-14b", wan_config::t2v_14b()}, {"tiny", wan_config::tiny()}};
   return configs;
 }
 
@@ -53,17 +72,133 @@ std::string plural(std::size_t count, const std::string& word) {
   return std::to_string(count) + " " + word + (count == 1 ? "" : "s");
 }
 
+// --- Which family: the names each family's layouts account for ------------------------------------------------
+
+/// A tensor name with every all-digit component replaced by '#', so one block's names stand for every block's.
+/// Example: "blocks.12.ffn.0.weight" -> "blocks.#.ffn.#.weight"; "img_in.weight" -> "img_in.weight".
+std::string name_pattern(std::string_view name) {
+  std::string out;
+  std::size_t start = 0;
+  while (start <= name.size()) {
+    const std::size_t end = std::min(name.find('.', start), name.size());
+    const std::string_view part = name.substr(start, end - start);
+    const bool digits = !part.empty() && std::ranges::all_of(part, [](char c) { return c >= '0' && c <= '9'; });
+    out += digits ? std::string_view("#") : part;
+    if (end == name.size()) break;
+    out += '.';
+    start = end + 1;
+  }
+  return out;
+}
+
+/// The patterns of every name a family's configs have, in either layout (the configs differ in sizes and optional
+/// tensors, e.g. FLUX dev's guidance_in, not in how a block's tensors are named).
+const std::set<std::string>& family_patterns(model_family family) {
+  static const std::set<std::string> flux = [] {
+    std::set<std::string> out;
+    for (const auto& [name, config] : known_configs())
+      for (const flux_layout layout : {flux_layout::bfl, flux_layout::diffusers})
+        for (const flux_tensor_spec& spec : flux_expected_tensors(config, layout)) out.insert(name_pattern(spec.name));
+    return out;
+  }();
+  static const std::set<std::string> wan = [] {
+    std::set<std::string> out;
+    for (const wan_layout layout : {wan_layout::official, wan_layout::diffusers})
+      for (const wan_tensor_spec& spec : wan_expected_tensors(wan_config::tiny(), layout))
+        out.insert(name_pattern(spec.name));
+    return out;
+  }();
+  return family == model_family::flux ? flux : wan;
+}
+
+/// How many of `names` are names of `family` (in either layout, any block count).
+std::size_t family_score(const std::vector<std::string_view>& names, model_family family) {
+  const std::set<std::string>& patterns = family_patterns(family);
+  return static_cast<std::size_t>(
+      std::ranges::count_if(names, [&](std::string_view name) { return patterns.contains(name_pattern(name)); }));
+}
+
+/// The family a --layout or --config value belongs to; nullopt for the shared "diffusers" and "tiny" (and "").
+std::optional<model_family> family_of_layout(std::string_view layout) {
+  if (layout == "bfl") return model_family::flux;
+  if (layout == "official") return model_family::wan;
+  return std::nullopt;
+}
+std::optional<model_family> family_of_config(std::string_view config) {
+  if (config == "dev" || config == "schnell") return model_family::flux;
+  if (config.starts_with("t2v-")) return model_family::wan;
+  return std::nullopt;
+}
+
+/// The family to check: --family, else the one --layout or --config names, else the names' (Wan when more of
+/// them are Wan names than FLUX names and they have a Wan layout; else FLUX, whose detection may find none).
+/// Example: --layout official --config dev -> invalid_input "--layout official is a Wan layout but --config dev
+///   is a FLUX config"; no options and the names of wan_config::tiny() -> wan.
+model_family choose_family(const weights_options& options, const std::vector<std::string_view>& names) {
+  const std::optional<model_family> given = options.family.empty()    ? std::nullopt
+                                            : options.family == "wan" ? std::optional(model_family::wan)
+                                                                      : std::optional(model_family::flux);
+  const std::optional<model_family> by_layout = family_of_layout(options.layout);
+  const std::optional<model_family> by_config = family_of_config(options.config);
+  if (given) {
+    require(!by_layout || by_layout == given, "--layout ", options.layout, " is not a layout of --family ",
+            options.family, " (", *given == model_family::flux ? "bfl or diffusers" : "official or diffusers", ")");
+    require(!by_config || by_config == given, "--config ", options.config, " is not a config of --family ",
+            options.family, " (", *given == model_family::flux ? "dev, schnell or tiny" : "t2v-1.3b, t2v-14b or tiny",
+            ")");
+    return *given;
+  }
+  require(!by_layout || !by_config || by_layout == by_config, "--layout ", options.layout, " is a ",
+          by_layout == model_family::wan ? "Wan" : "FLUX", " layout but --config ", options.config, " is a ",
+          by_config == model_family::wan ? "Wan" : "FLUX", " config");
+  if (by_layout) return *by_layout;
+  if (by_config) return *by_config;
+  if (family_score(names, model_family::wan) > family_score(names, model_family::flux) &&
+      detect_wan_layout(names).has_value())
+    return model_family::wan;
+  return model_family::flux;
+}
+
+// --- The report -----------------------------------------------------------------------------------------------
+
 // What the command found, printed as a table or as JSON.
 struct weights_report {
   const safetensors_checkpoint* checkpoint = nullptr;
-  std::optional<flux_layout> detected;
-  std::optional<flux_layout> layout;
+  model_family family = model_family::flux;
+  bool family_named = false;            // by --family, --layout or --config, not detected
+  std::optional<std::string> detected;  // the layout the names look like, within the family
+  std::optional<std::string> layout;    // the layout checked; none: nothing checked
   bool layout_given = false;
-  std::string config;  // empty when no layout
+  std::string config;  // empty when no layout; "inferred" for Wan sizes read from the shapes
   bool config_given = false;
+  std::string candidates;         // "dev, schnell, tiny": the configs a best match was chosen from
+  std::optional<wan_config> wan;  // the Wan config checked (its sizes are printed)
   flux_key_report keys;
   std::size_t expected_count = 0;
 };
+
+// Checks against every candidate config (or the one given) and keeps the one with the fewest problems in the
+// report; ties keep the earlier. check(config) compares the checkpoint with the config's tensors, expected(config)
+// lists them. Returns the config kept.
+template <class Config, class Check, class Expected>
+Config best_config(weights_report& report, const std::vector<std::pair<std::string, Config>>& configs,
+                   const std::string& given, Check check, Expected expected) {
+  std::size_t best = static_cast<std::size_t>(-1);
+  Config chosen = configs.front().second;
+  for (const auto& [name, config] : configs) {
+    if (!given.empty() && name != given) continue;
+    report.candidates += (report.candidates.empty() ? "" : ", ") + name;
+    flux_key_report keys = check(config);
+    if (problem_count(keys) < best) {
+      best = problem_count(keys);
+      report.config = name;
+      report.keys = std::move(keys);
+      report.expected_count = expected(config).size();
+      chosen = config;
+    }
+  }
+  return chosen;
+}
 
 weights_report analyse(const safetensors_checkpoint& checkpoint, const weights_options& options) {
   weights_report report;
@@ -74,24 +209,62 @@ weights_report analyse(const safetensors_checkpoint& checkpoint, const weights_o
     names.push_back(tensor.name);
     shapes.emplace(tensor.name, tensor.shape);
   }
-  report.detected = detect_flux_layout(names);
+  report.family = choose_family(options, names);
+  report.family_named = !options.family.empty() || family_of_layout(options.layout) || family_of_config(options.config);
   report.layout_given = !options.layout.empty();
-  report.layout = report.layout_given ? std::optional(parse_flux_layout(options.layout)) : report.detected;
-  if (!report.layout) return report;
-
   report.config_given = !options.config.empty();
-  std::size_t best = static_cast<std::size_t>(-1);
-  for (const auto& [name, config] : known_configs()) {
-    if (report.config_given && name != options.config) continue;
-    flux_key_report keys = check_flux_tensors(config, *report.layout, shapes);
-    if (problem_count(keys) < best) {  // ties keep the earlier config: dev before schnell before tiny
-      best = problem_count(keys);
-      report.config = name;
-      report.keys = std::move(keys);
-      report.expected_count = flux_expected_tensors(config, *report.layout).size();
-    }
+
+  if (report.family == model_family::flux) {
+    const std::optional<flux_layout> detected = detect_flux_layout(names);
+    if (detected) report.detected = std::string(layout_name(*detected));
+    const std::optional<flux_layout> layout =
+        report.layout_given ? std::optional(parse_flux_layout(options.layout)) : detected;
+    if (!layout) return report;
+    report.layout = std::string(layout_name(*layout));
+    best_config(
+        report, known_configs(), options.config,
+        [&](const flux_config& config) { return check_flux_tensors(config, *layout, shapes); },
+        [&](const flux_config& config) { return flux_expected_tensors(config, *layout); });
+    return report;
   }
+
+  // detect_wan_layout alone would call FLUX bfl names official (single_blocks.N.modulation.lin): some names must be
+  // Wan's own.
+  const std::optional<wan_layout> detected =
+      family_score(names, model_family::wan) > 0 ? detect_wan_layout(names) : std::nullopt;
+  if (detected) report.detected = std::string(layout_name(*detected));
+  const std::optional<wan_layout> layout =
+      report.layout_given ? std::optional(parse_wan_layout(options.layout)) : detected;
+  if (!layout) return report;
+  report.layout = std::string(layout_name(*layout));
+  const auto check = [&](const wan_config& config) { return check_wan_tensors(config, *layout, shapes); };
+  const auto expected = [&](const wan_config& config) { return wan_expected_tensors(config, *layout); };
+  report.wan = best_config(report, known_wan_configs(), options.config, check, expected);
+  // No released size matches: the sizes the shapes imply, when they are complete enough and check better.
+  if (!report.config_given && !report.keys.ok())
+    if (const std::optional<wan_config> inferred = infer_wan_config(shapes, *layout)) {
+      flux_key_report keys = check(*inferred);
+      if (problem_count(keys) < problem_count(report.keys)) {
+        report.config = "inferred";
+        report.keys = std::move(keys);
+        report.expected_count = expected(*inferred).size();
+        report.wan = inferred;
+      }
+    }
   return report;
+}
+
+/// The sizes of a Wan config that its tensors' shapes show (heads and text_len do not).
+nlohmann::json wan_sizes_json(const wan_config& c) {
+  return {{"in_dim", c.in_dim}, {"out_dim", c.out_dim},   {"dim", c.dim},           {"ffn_dim", c.ffn_dim},
+          {"layers", c.layers}, {"freq_dim", c.freq_dim}, {"text_dim", c.text_dim}, {"patch", c.patch}};
+}
+
+std::string wan_sizes_text(const wan_config& c) {
+  return "dim " + std::to_string(c.dim) + ", ffn " + std::to_string(c.ffn_dim) + ", " + plural(c.layers, "block") +
+         ", latent channels " + std::to_string(c.in_dim) + " in / " + std::to_string(c.out_dim) + " out, text " +
+         std::to_string(c.text_dim) + ", time " + std::to_string(c.freq_dim) + ", patch " + std::to_string(c.patch[0]) +
+         " x " + std::to_string(c.patch[1]) + " x " + std::to_string(c.patch[2]);
 }
 
 std::map<std::string, std::size_t> dtype_counts(const safetensors_checkpoint& checkpoint) {
@@ -129,13 +302,16 @@ void print_json(const weights_report& report) {
   for (const safetensors_tensor& tensor : checkpoint.tensors())
     out["tensors"].push_back(
         {{"name", tensor.name}, {"dtype", std::string(safetensors_dtype_name(tensor.dtype))}, {"shape", tensor.shape}});
-  out["detected_layout"] = report.detected ? nlohmann::json(std::string(layout_name(*report.detected))) : nullptr;
-  out["layout"] = report.layout ? nlohmann::json(std::string(layout_name(*report.layout))) : nullptr;
-  out["config"] = report.layout ? nlohmann::json(report.config) : nullptr;
+  const bool checked = report.layout.has_value();
+  out["family"] = checked ? nlohmann::json(std::string(family_name(report.family))) : nullptr;
+  out["detected_layout"] = report.detected ? nlohmann::json(*report.detected) : nullptr;
+  out["layout"] = checked ? nlohmann::json(*report.layout) : nullptr;
+  out["config"] = checked ? nlohmann::json(report.config) : nullptr;
+  out["sizes"] = checked && report.wan ? wan_sizes_json(*report.wan) : nullptr;
   out["missing"] = report.keys.missing;
   out["unexpected"] = report.keys.unexpected;
   out["mismatched"] = report.keys.mismatched;
-  out["ok"] = report.layout ? nlohmann::json(report.keys.ok()) : nullptr;
+  out["ok"] = checked ? nlohmann::json(report.keys.ok()) : nullptr;
   print_checked(out.dump() + '\n');
 }
 
@@ -155,25 +331,39 @@ void print_table(const weights_report& report) {
   for (const auto& [key, value] : checkpoint.metadata())
     row("metadata", key + " = " + safetensors_detail::printable(value));
 
+  const bool flux = report.family == model_family::flux;
   if (!report.layout) {
-    row("layout", "none: not a FLUX transformer checkpoint (no bfl or diffusers key names)");
+    if (report.family_named)
+      row("layout", flux ? "none: not a FLUX transformer checkpoint (no bfl or diffusers key names)"
+                         : "none: not a Wan transformer checkpoint (no official or diffusers key names)");
+    else
+      row("layout",
+          "none: not a FLUX transformer checkpoint (no bfl or diffusers key names), nor a Wan one (no official or "
+          "diffusers key names)");
   } else {
-    const std::string name(layout_name(*report.layout));
+    const std::string& name = *report.layout;
+    row("family", std::string(family_name(report.family)) + " (" + std::string(family_title(report.family)) + ")");
     if (!report.layout_given)
       row("layout", name + " (detected)");
-    else if (report.detected && *report.detected != *report.layout)
-      row("layout", name + " (as given; the names look like " + std::string(layout_name(*report.detected)) + ")");
+    else if (report.detected && *report.detected != name)
+      row("layout", name + " (as given; the names look like " + *report.detected + ")");
     else
       row("layout", name + " (as given)");
-    row("config", report.config + (report.config_given ? "" : " (best match of dev, schnell, tiny)"));
+    const std::string config = report.config == "inferred" ? "the inferred sizes" : report.config;
+    if (report.config == "inferred")
+      row("config", "inferred from the shapes (none of " + report.candidates + " matches better)");
+    else
+      row("config", report.config + (report.config_given ? "" : " (best match of " + report.candidates + ")"));
+    if (report.wan) row("sizes", wan_sizes_text(*report.wan));
     const flux_key_report& keys = report.keys;
     if (keys.ok()) {
-      row("check", "ok: all " + std::to_string(report.expected_count) + " tensors of " + report.config + " in " + name +
+      row("check", "ok: all " + std::to_string(report.expected_count) + " tensors of " + config + " in " + name +
                        ", every shape matching");
     } else {
       row("check", plural(problem_count(keys), "problem") + ": " + std::to_string(keys.missing.size()) + " missing, " +
                        std::to_string(keys.unexpected.size()) + " unexpected, " +
-                       plural(keys.mismatched.size(), "shape mismatch") + (keys.mismatched.size() == 1 ? "" : "es"));
+                       std::to_string(keys.mismatched.size()) + " shape mismatch" +
+                       (keys.mismatched.size() == 1 ? "" : "es"));
       for (const std::string& key : keys.missing) out << "  missing     " << key << '\n';
       for (const std::string& key : keys.unexpected)
         out << "  unexpected  " << safetensors_detail::printable(key) << '\n';
@@ -206,19 +396,29 @@ void run_weights(const weights_options& options) {
 
 void add_weights_command(CLI::App& app) {
   auto options = std::make_shared<weights_options>();
-  CLI::App* weights = app.add_subcommand(
-      "weights", "List the tensors of a safetensors checkpoint and check them against a FLUX layout and config");
+  CLI::App* weights = app.add_subcommand("weights",
+                                         "List the tensors of a safetensors checkpoint and check them against a FLUX "
+                                         "or Wan transformer layout and config");
   weights->add_option("file", options->file, "A .safetensors file or a sharded checkpoint's *.safetensors.index.json")
       ->required()
       ->type_name("FILE");
-  weights->add_option("--layout", options->layout, "FLUX weight layout to check against (default: detected)")
-      ->check(CLI::IsMember({"bfl", "diffusers"}))
-      ->type_name("bfl|diffusers");
+  weights
+      ->add_option("--family", options->family,
+                   "Transformer family to check against (default: named by --layout / --config, else detected)")
+      ->check(CLI::IsMember({"flux", "wan"}))
+      ->type_name("flux|wan");
+  weights
+      ->add_option("--layout", options->layout,
+                   "Weight layout to check against: FLUX bfl or diffusers, Wan official or diffusers "
+                   "(default: detected)")
+      ->check(CLI::IsMember({"bfl", "official", "diffusers"}))
+      ->type_name("bfl|official|diffusers");
   weights
       ->add_option("--config", options->config,
-                   "FLUX config to check against (default: whichever of dev, schnell, tiny matches best)")
-      ->check(CLI::IsMember({"dev", "schnell", "tiny"}))
-      ->type_name("dev|schnell|tiny");
+                   "Config to check against: FLUX dev, schnell, tiny; Wan t2v-1.3b, t2v-14b, tiny (default: whichever "
+                   "of the family's matches best; for Wan else the sizes the shapes imply)")
+      ->check(CLI::IsMember({"dev", "schnell", "t2v-1.3b", "t2v-14b", "tiny"}))
+      ->type_name("NAME");
   weights->add_flag("--json", options->json, "Print one JSON object instead of a table");
   weights->callback([options] { run_weights(*options); });
 }

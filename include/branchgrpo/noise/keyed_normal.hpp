@@ -8,16 +8,17 @@
 // The four 32-bit outputs become four uniforms u = (r + 0.5) / 2^32 in (0, 1), and Box-Muller in double
 // turns (u0, u1) into elements 4b, 4b+1 and (u2, u3) into 4b+2, 4b+3:
 //   z_even = sqrt(-2 ln u_a) cos(2 pi u_b),  z_odd = sqrt(-2 ln u_a) sin(2 pi u_b).
-// Any other backend (a CUDA kernel, say) reproduces the same numbers from this description.
+// ln, cos and sin are noise/box_muller.hpp's (IEEE operations only, within 0.52 ulp), not libm's, whose last bits
+// differ between C libraries and CUDA: the same key gives the same bits on every machine and on a GPU
+// (adapters/cuda draws them on the device with the same functions).
 #include <Random123/philox.h>
 
 #include <array>
-#include <cmath>
 #include <cstdint>
-#include <numbers>
 #include <span>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/noise/box_muller.hpp"
 
 namespace branchgrpo {
 
@@ -47,35 +48,30 @@ struct noise_key {
 
 namespace detail {
 
-inline r123::Philox4x32::ctr_type philox_counter(const noise_key& key, std::uint32_t block) {
-  return {{block, key.node, key.tree,
-           key.iteration | (key.step << 20) | (static_cast<std::uint32_t>(key.stream) << 28)}};
+// constexpr, so that adapters/cuda calls the same layout on the device.
+constexpr r123::Philox4x32::ctr_type philox_counter(const noise_key& key, std::uint32_t block) {
+  return {
+      {block, key.node, key.tree, key.iteration | (key.step << 20) | (static_cast<std::uint32_t>(key.stream) << 28)}};
+}
+
+constexpr r123::Philox4x32::key_type philox_key(const noise_key& key) {
+  return {{static_cast<std::uint32_t>(key.seed), static_cast<std::uint32_t>(key.seed >> 32)}};
 }
 
 inline void check_noise_key(const noise_key& key) {
   require(key.iteration <= max_noise_iteration, "noise key iteration ", key.iteration, " exceeds ",
           max_noise_iteration);
   require(key.step <= max_noise_step, "noise key step ", key.step, " exceeds ", max_noise_step);
-  require(static_cast<std::uint32_t>(key.stream) < 16u, "noise key stream ",
-          static_cast<std::uint32_t>(key.stream), " exceeds 15");
+  require(static_cast<std::uint32_t>(key.stream) < 16u, "noise key stream ", static_cast<std::uint32_t>(key.stream),
+          " exceeds 15");
 }
-
-inline double to_open_unit(std::uint32_t bits) { return (static_cast<double>(bits) + 0.5) * 0x1p-32; }
 
 /// Four standard normals of one Philox block.
 inline std::array<double, 4> normal_block(const noise_key& key, std::uint32_t block) {
   const r123::Philox4x32 philox;
-  const r123::Philox4x32::key_type philox_key = {
-      {static_cast<std::uint32_t>(key.seed), static_cast<std::uint32_t>(key.seed >> 32)}};
-  const auto bits = philox(philox_counter(key, block), philox_key);
-  std::array<double, 4> out{};
-  for (int pair = 0; pair < 2; ++pair) {
-    const double radius = std::sqrt(-2.0 * std::log(to_open_unit(bits[2 * pair])));
-    const double angle = 2.0 * std::numbers::pi * to_open_unit(bits[2 * pair + 1]);
-    out[2 * pair] = radius * std::cos(angle);
-    out[2 * pair + 1] = radius * std::sin(angle);
-  }
-  return out;
+  const auto bits = philox(philox_counter(key, block), philox_key(key));
+  const normal_pair low = box_muller(bits[0], bits[1]), high = box_muller(bits[2], bits[3]);
+  return {low.first, low.second, high.first, high.second};
 }
 
 }  // namespace detail
@@ -96,8 +92,8 @@ inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c
 /// @post every element is a function of (key, element index) only.
 inline void fill_keyed_normal(const noise_key& key, std::span<double> out, std::uint64_t first = 0) {
   detail::check_noise_key(key);
-  require(first + out.size() <= (std::uint64_t{1} << 34), "noise request of ", out.size(),
-          " elements from element ", first, " exceeds 2^34 elements");
+  require(first + out.size() <= (std::uint64_t{1} << 34), "noise request of ", out.size(), " elements from element ",
+          first, " exceeds 2^34 elements");
   std::size_t written = 0;
   while (written < out.size()) {
     const std::uint64_t element = first + written;

@@ -39,7 +39,9 @@ class sigma_schedule {
 };
 
 /// Linear 1 -> 0 over `steps` steps, then the SD3 time shift s * sig / (1 + (s - 1) * sig).
-/// Example: shifted_linear_schedule(2, 3.0) -> {1.0, 0.75, 0.0}  (0.5 shifted: 1.5 / 2).
+/// Example: shifted_linear_schedule(2, 3.0) -> {1.0, 0.75, 0.0}  (0.5 shifted: 1.5 / 2); Wan 2.1 text-to-video's
+///   shift 5: shifted_linear_schedule(2, 5.0) -> {1.0, 0.8333, 0.0}  (2.5 / 3). Larger shifts keep more of the
+///   steps at high noise, which video and high-resolution latents (more tokens) need.
 /// @pre 1 <= steps <= max_steps (checked before anything is allocated), shift > 0 and finite.
 /// @post strictly decreasing from 1 to 0 with steps + 1 values.
 inline sigma_schedule shifted_linear_schedule(int steps, double shift = 3.0) {

@@ -198,6 +198,7 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("model.guidance", toml_value(m.guidance));
   line("model.latent_height", toml_value(m.latent_height));
   line("model.latent_width", toml_value(m.latent_width));
+  line("model.latent_frames", toml_value(m.latent_frames));
   line("model.gradient_checkpointing", toml_value(m.gradient_checkpointing));
   line("data.embeddings", toml_string(config.data.embeddings));
   line("data.prompts_per_iteration", toml_value(config.data.prompts_per_iteration));

@@ -85,17 +85,21 @@ inline run_recipe method_recipe(std::string_view name) {
 // ---- The schema ---------------------------------------------------------------------------------------------
 
 /// [model]: which transformer, from where, on what. Either `dir` (a model directory: model.safetensors with its
-/// FLUX config in the metadata, prompts.safetensors) or `config` (dev, schnell, tiny) with `weights`.
+/// FLUX or Wan config in the metadata, prompts.safetensors) or `config` with `weights`: the FLUX shapes dev,
+/// schnell, tiny or the Wan2.1 text-to-video shapes wan-t2v-1.3b, wan-t2v-14b, wan-tiny (video latents
+/// [C, latent_frames, latent_height, latent_width]).
 struct model_section {
   std::string dir = "models/shapes-tiny";
-  std::string config = "";         ///< dev, schnell or tiny; used when dir is ""
-  std::string weights = "";        ///< FLUX transformer checkpoint for `config` (bfl or diffusers); "" = random (tiny)
+  std::string config = "";   ///< dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b or wan-tiny; used when dir is ""
+  std::string weights = "";  ///< checkpoint for `config` (FLUX: bfl or diffusers, Wan: official or diffusers names);
+                             ///< "" = random (tiny, wan-tiny)
   std::string decoder = "pixels";  ///< "pixels" (latents are RGB in [-1, 1]) or a decoder file
   std::string dtype = "float32";   ///< float32, bfloat16, float16
   std::string device = "cpu";      ///< cpu, cuda, cuda:N
   double guidance = 3.5;
   std::int64_t latent_height = 0;  ///< 0: the model directory's (16 for shapes-tiny)
   std::int64_t latent_width = 0;
+  std::int64_t latent_frames = 0;  ///< video models: 0 = the model directory's (8 for moving-shapes-tiny)
   bool gradient_checkpointing = false;
   friend bool operator==(const model_section&, const model_section&) = default;
 };
@@ -145,9 +149,10 @@ struct run_section {
   friend bool operator==(const run_section&, const run_section&) = default;
 };
 
-/// Reward names a config may use (adapters/torch rewards; see docs/config.md).
-inline constexpr std::array<std::string_view, 4> reward_names = {"alignment", "jpeg_compressibility",
-                                                                 "jpeg_incompressibility", "torchscript"};
+/// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment" and "torchscript" score
+/// images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
+inline constexpr std::array<std::string_view, 5> reward_names = {"alignment", "jpeg_compressibility",
+                                                                 "jpeg_incompressibility", "smoothness", "torchscript"};
 
 /// A whole run. Defaults: the shipped shapes model, BranchGRPO's dense tree (the branch method), LoRA rank 16.
 struct run_config {
@@ -203,7 +208,7 @@ inline auto non_negative() {
 
 inline void read_model(table_reader r, model_section& m) {
   r.read("dir", m.dir);
-  r.read("config", m.config, one_of({"", "dev", "schnell", "tiny"}));
+  r.read("config", m.config, one_of({"", "dev", "schnell", "tiny", "wan-t2v-1.3b", "wan-t2v-14b", "wan-tiny"}));
   r.read("weights", m.weights);
   r.read("decoder", m.decoder, [](const std::string& v) { return v.empty() ? "must not be empty" : ""; });
   r.read("dtype", m.dtype, one_of({"float32", "bfloat16", "float16"}));
@@ -219,21 +224,31 @@ inline void read_model(table_reader r, model_section& m) {
   const auto latent_size = [](std::int64_t v) { return v < 0 || v > 4096 ? "must be in [0, 4096]" : ""; };
   r.read("latent_height", m.latent_height, latent_size);
   r.read("latent_width", m.latent_width, latent_size);
+  // Wan's VAE makes 4 + 1 latent frames of a 17-frame clip, 21 of 81: 1024 is far beyond any released length.
+  r.read("latent_frames", m.latent_frames,
+         [](std::int64_t v) { return v < 0 || v > 1024 ? "must be in [0, 1024]" : ""; });
   r.read("gradient_checkpointing", m.gradient_checkpointing);
   if (m.dtype == "float16" && m.device == "cpu")  // checked here, not as a kernel error in the first iteration
     fail(r.file(),
          ": model.dtype = \"float16\", model.device = \"cpu\": float16 needs a CUDA device (LibTorch's CPU "
          "kernels lack float16 matrix products); use bfloat16 or float32 on the CPU");
   if (m.dir.empty() && m.config.empty())
-    fail(r.file(), ": model.dir = \"\": give a model directory or model.config (dev, schnell or tiny)");
+    fail(r.file(),
+         ": model.dir = \"\": give a model directory or model.config (dev, schnell, tiny, wan-t2v-1.3b, "
+         "wan-t2v-14b or wan-tiny)");
   if (!m.dir.empty() && r.has("config") && !m.config.empty())
     r.bad("config", "model.config is for weights without a model directory: set model.dir = \"\" to use it");
   if (!m.dir.empty() && r.has("weights")) r.bad("weights", "is used with model.config; model.dir has its own weights");
-  if (!m.config.empty() && m.config != "tiny" && m.weights.empty())
+  if (!m.config.empty() && m.config != "tiny" && m.config != "wan-tiny" && m.weights.empty())
     fail(r.file(), ": model.weights = \"\": model.config = \"", m.config, "\" needs its checkpoint");
   if (m.dir.empty() && (m.latent_height == 0 || m.latent_width == 0))
     fail(r.file(), ": model.latent_height = ", m.latent_height, ", model.latent_width = ", m.latent_width,
          ": both must be set with model.config");
+  const bool video_config = m.config.starts_with("wan-");
+  if (m.dir.empty() && video_config && m.latent_frames == 0)
+    fail(r.file(), ": model.latent_frames = 0: model.config = \"", m.config, "\" is a video model and needs it");
+  if (m.dir.empty() && !video_config && m.latent_frames != 0)
+    r.bad("latent_frames", "is for video models; model.config = \"" + m.config + "\" makes images");
   r.finish();
 }
 

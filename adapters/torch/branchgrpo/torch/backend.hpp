@@ -11,6 +11,10 @@
 // Keyed noise: the rollout engine draws noise on the host (Philox, noise/keyed_normal.hpp) and hands it over
 // with from_host, so the noise is the core's by construction on every device. Generating it on the device
 // (to save the host->device copy on CUDA) is the CUDA adapter's job (adapters/cuda).
+//
+// CUDA kernels: built against a CUDA LibTorch with nvcc (BRANCHGRPO_TORCH_CUDA_KERNELS), row_log_prob_tensor (and
+// so row_log_prob) of CUDA float32 / float64 rows runs on the CUDA adapter's kernels (torch/cuda_kernels.hpp: the
+// same per-row float64 sums in a fixed order, differentiable); everything else stays LibTorch.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +26,9 @@
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
+#if defined(BRANCHGRPO_TORCH_CUDA_KERNELS)
+#include "branchgrpo/torch/cuda_kernels.hpp"
+#endif
 
 namespace branchgrpo {
 
@@ -150,6 +157,9 @@ struct torch_backend {
               " must be positive and finite");
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(next.device());
     if (rows == 0) return torch::empty({0}, f64);
+#if defined(BRANCHGRPO_TORCH_CUDA_KERNELS)
+    if (detail::cuda_kernels_apply(next, mean)) return detail::cuda_row_log_prob(next, mean, std);
+#endif
     const auto n = static_cast<double>(next[0].numel());
     const double half_log_two_pi = 0.5 * std::log(2.0 * std::numbers::pi);
     std::vector<torch::Tensor> out;

@@ -3,8 +3,9 @@
 // anything is loaded or built, so that `branchgrpo train` with topology.branching = [4096] on two split steps
 // (2^24 leaves per tree) says "needs about 1.96 TB" in one line instead of growing until the kernel kills it.
 //
-//   run_flux_config(config)                 the transformer's shape: model.config, or model.dir's metadata
-//   estimate_run_memory(config, flux, L)    bytes per part: weights, training state, rollout latents, activations
+//   run_transformer_config(config)          the transformer's shape (FLUX or Wan): model.config, or model.dir's
+//                                           metadata; run_flux_config for image-only callers
+//   estimate_run_memory(config, model, L)   bytes per part: weights, training state, rollout latents, activations
 //   check_run_memory(config, budget)        throws invalid_input naming the keys of the largest part
 //
 // The estimate covers what grows with the config's sizes; it is an upper bound for the rollout and training
@@ -14,39 +15,78 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "branchgrpo/app/moving_shapes.hpp"
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/model_specs/flux/layout.hpp"
+#include "branchgrpo/model_specs/wan/config.hpp"
+#include "branchgrpo/model_specs/wan/layout.hpp"
 #include "branchgrpo/safetensors.hpp"
 
 namespace branchgrpo {
 
-/// The transformer shape of a run: model.config's named shape, or the "branchgrpo.flux_config" metadata of
-/// model.dir's model.safetensors (only its header is read; the file is mapped, not loaded).
-inline flux_config run_flux_config(const run_config& config) {
+/// The transformer of a run: a FLUX (image) or Wan2.1 (video) shape.
+using run_transformer = std::variant<flux_config, wan_config>;
+
+/// The Wan shape a model.config names: wan-t2v-1.3b, wan-t2v-14b, or wan-tiny = wan_config::tiny() with out_dim =
+/// in_dim = 4 (tiny() itself predicts 3 channels from 4 for the reference check; sampling needs them equal).
+inline wan_config named_wan_config(const std::string& name) {
+  if (name == "wan-t2v-14b") return wan_config::t2v_14b();
+  if (name == "wan-t2v-1.3b") return wan_config::t2v_1_3b();
+  wan_config tiny = wan_config::tiny();
+  tiny.out_dim = tiny.in_dim;
+  return tiny;
+}
+
+/// The transformer shape of a run: model.config's named shape, or the "branchgrpo.flux_config" /
+/// "branchgrpo.wan_config" metadata of model.dir's model.safetensors (only its header is read; the file is
+/// mapped, not loaded).
+inline run_transformer run_transformer_config(const run_config& config) {
   const model_section& m = config.model;
-  if (m.dir.empty())
+  if (m.dir.empty()) {
+    if (m.config.starts_with("wan-")) return named_wan_config(m.config);
     return m.config == "dev"       ? flux_config::dev()
            : m.config == "schnell" ? flux_config::schnell()
                                    : flux_config::tiny();
+  }
   const std::filesystem::path path = config.input_path(m.dir) / "model.safetensors";
   const safetensors_file file(path);
+  if (const auto wan = file.metadata().find(std::string(wan_config_metadata_key)); wan != file.metadata().end())
+    return parse_wan_config(wan->second, path.string());
   const auto it = file.metadata().find(std::string(flux_config_metadata_key));
-  require(it != file.metadata().end(), path.string(), ": no __metadata__ key '", flux_config_metadata_key, "'");
+  require(it != file.metadata().end(), path.string(), ": no __metadata__ key '", flux_config_metadata_key, "' or '",
+          wan_config_metadata_key, "'");
   return parse_flux_config(it->second, path.string());
 }
 
-/// The run's latent shape [C, h, w]: the model's latent channels and model.latent_height / latent_width (0: the
-/// shapes model's 16).
-inline latent_shape run_latent_shape(const run_config& config, const flux_config& flux) {
+/// The FLUX shape of an image run (run_transformer_config without video models).
+inline flux_config run_flux_config(const run_config& config) {
+  const run_transformer model = run_transformer_config(config);
+  require(std::holds_alternative<flux_config>(model), config.source, ": model.",
+          config.model.dir.empty() ? "config" : "dir",
+          " is a Wan (video) model where a FLUX (image) model is expected");
+  return std::get<flux_config>(model);
+}
+
+/// The run's latent shape: [C, h, w] for FLUX (the model's latent channels and model.latent_height /
+/// latent_width, 0: the shapes model's 16), [C, F, h, w] for Wan (in_dim and model.latent_frames, 0: 8).
+inline latent_shape run_latent_shape(const run_config& config, const run_transformer& model) {
   const std::int64_t h = config.model.latent_height > 0 ? config.model.latent_height : shapes_image_size;
   const std::int64_t w = config.model.latent_width > 0 ? config.model.latent_width : shapes_image_size;
-  return latent_shape{{flux.latent_channels(), h, w}};
+  if (const auto* wan = std::get_if<wan_config>(&model)) {
+    const std::int64_t f = config.model.latent_frames > 0 ? config.model.latent_frames : 8;
+    return latent_shape{{wan->in_dim, f, h, w}};
+  }
+  return latent_shape{{std::get<flux_config>(model).latent_channels(), h, w}};
+}
+inline latent_shape run_latent_shape(const run_config& config, const flux_config& flux) {
+  return run_latent_shape(config, run_transformer(flux));
 }
 
 /// The text length of the run's prompt embeddings (the context tensor's second dimension, from the header of
@@ -70,14 +110,52 @@ struct run_memory_estimate {
   [[nodiscard]] double total() const { return weights + training + rollout + activations; }
 };
 
+namespace detail {
+
+// What the activation estimate needs of a transformer: the tensors (for the parameter and LoRA counts), blocks,
+// width, MLP width, heads, tokens per row and attention keys per token.
+struct transformer_size {
+  std::vector<flux_tensor_spec> tensors;
+  double layers = 0, hidden = 0, mlp = 0, heads = 0, tokens = 0, keys = 0;
+};
+
+inline transformer_size size_of(const run_transformer& model, const latent_shape& shape, std::int64_t text_tokens) {
+  if (const auto* wan = std::get_if<wan_config>(&model)) {
+    const auto cells = [&](std::size_t a) {
+      return static_cast<double>((shape.dims[a + 1] + wan->patch[a] - 1) / wan->patch[a]);
+    };
+    const double tokens = cells(0) * cells(1) * cells(2);
+    return {.tensors = wan_expected_tensors(*wan, wan_layout::official),
+            .layers = static_cast<double>(wan->layers),
+            .hidden = static_cast<double>(wan->dim),
+            .mlp = static_cast<double>(wan->ffn_dim),
+            .heads = static_cast<double>(wan->heads),
+            .tokens = tokens,
+            .keys = tokens + static_cast<double>(wan->text_len)};  // self- and cross-attention
+  }
+  const flux_config& flux = std::get<flux_config>(model);
+  const double tokens = static_cast<double>(shape.dims[1] / 2 * (shape.dims[2] / 2) + text_tokens);
+  return {.tensors = flux_expected_tensors(flux, flux_layout::bfl),
+          .layers = static_cast<double>(flux.depth_double + flux.depth_single),
+          .hidden = static_cast<double>(flux.hidden),
+          .mlp = static_cast<double>(flux.mlp_hidden()),
+          .heads = static_cast<double>(flux.heads),
+          .tokens = tokens,
+          .keys = tokens};
+}
+
+}  // namespace detail
+
 /// Example: the shipped shapes model with the default run (dense tree of 20 steps: 219 nodes, 2 trees of
-///   [3, 16, 16] latents in float32) -> rollout = 2 * 219 * 768 * 4 bytes = 1.35 MB.
-inline run_memory_estimate estimate_run_memory(const run_config& config, const flux_config& flux,
+///   [3, 16, 16] latents in float32) -> rollout = 2 * 219 * 768 * 4 bytes = 1.35 MB; the video model's
+///   [3, 8, 16, 16] latents -> 2 * 219 * 6144 * 4 bytes = 10.8 MB.
+inline run_memory_estimate estimate_run_memory(const run_config& config, const run_transformer& model,
                                                std::int64_t text_tokens) {
   const double bytes = config.model.dtype == "float32" ? 4 : 2;
-  const std::vector<flux_tensor_spec> tensors = flux_expected_tensors(flux, flux_layout::bfl);
+  const latent_shape shape = run_latent_shape(config, model);
+  const detail::transformer_size size = detail::size_of(model, shape, text_tokens);
   double parameters = 0, lora = 0;
-  for (const flux_tensor_spec& t : tensors) {
+  for (const flux_tensor_spec& t : size.tensors) {
     double n = 1;
     for (const std::int64_t d : t.shape) n *= static_cast<double>(d);
     parameters += n;
@@ -90,25 +168,23 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const f
   out.training = trainable * bytes * (3 + (config.optimizer.ema_decay > 0 ? 1 : 0));
   const tree_plan plan = config.recipe.topology(config.rollout.steps);
   out.nodes_per_tree = plan.node_count();
-  const latent_shape shape = run_latent_shape(config, flux);
   out.rollout = static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.node_count()) *
                 static_cast<double>(shape.elements()) * bytes;
   // Per row and layer: the saved activations of a block (about 12 hidden-wide and 2 MLP-wide vectors per token)
-  // and the attention scores (heads x tokens per token).
-  const double tokens = static_cast<double>(shape.dims[1] / 2 * (shape.dims[2] / 2) + text_tokens);
-  const double layers = static_cast<double>(flux.depth_double + flux.depth_single);
-  const double per_layer = tokens *
-                           (12 * static_cast<double>(flux.hidden) + 2 * static_cast<double>(flux.mlp_hidden()) +
-                            2 * static_cast<double>(flux.heads) * tokens) *
-                           bytes;
+  // and the attention scores (heads x keys per token).
+  const double per_layer = size.tokens * (12 * size.hidden + 2 * size.mlp + 2 * size.heads * size.keys) * bytes;
   const double per_row = config.model.gradient_checkpointing
-                             ? per_layer + layers * tokens * static_cast<double>(flux.hidden) * bytes
-                             : layers * per_layer;
+                             ? per_layer + size.layers * size.tokens * size.hidden * bytes
+                             : size.layers * per_layer;
   const double rows =
       std::min(static_cast<double>(config.rollout.max_batch),
                static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.leaf_count()));
   out.activations = rows * per_row;
   return out;
+}
+inline run_memory_estimate estimate_run_memory(const run_config& config, const flux_config& flux,
+                                               std::int64_t text_tokens) {
+  return estimate_run_memory(config, run_transformer(flux), text_tokens);
 }
 
 /// Throws invalid_input when the estimate exceeds the budget, naming the config keys of the largest part.
@@ -116,17 +192,18 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const f
 ///   "run.toml: the run needs about 1.96 TB, over the memory budget of 23.4 GB (physical memory): rollout latents
 ///   1.96 TB (data.prompts_per_iteration = 2 trees of 318771201 nodes, set by [topology] and rollout.steps = 20, each
 ///   [3, 16, 16] in model.dtype = float32), activations 2.11 GB (...), ...".
-inline void check_run_memory(const run_config& config, const flux_config& flux, std::int64_t text_tokens,
+inline void check_run_memory(const run_config& config, const run_transformer& model, std::int64_t text_tokens,
                              const memory_budget& budget) {
-  const run_memory_estimate e = estimate_run_memory(config, flux, text_tokens);
+  const run_memory_estimate e = estimate_run_memory(config, model, text_tokens);
   if (e.total() <= budget.bytes) return;
-  const latent_shape shape = run_latent_shape(config, flux);
+  const latent_shape shape = run_latent_shape(config, model);
+  std::string dims;
+  for (const std::int64_t d : shape.dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
   const std::string rollout = "rollout latents " + byte_text(e.rollout) +
                               " (data.prompts_per_iteration = " + std::to_string(config.data.prompts_per_iteration) +
                               " trees of " + std::to_string(e.nodes_per_tree) +
                               " nodes, set by [topology] and rollout.steps = " + std::to_string(config.rollout.steps) +
-                              ", each [" + std::to_string(shape.dims[0]) + ", " + std::to_string(shape.dims[1]) + ", " +
-                              std::to_string(shape.dims[2]) + "] in model.dtype = " + config.model.dtype + ")";
+                              ", each [" + dims + "] in model.dtype = " + config.model.dtype + ")";
   const std::string activations =
       "activations " + byte_text(e.activations) + " (rollout.max_batch = " + std::to_string(config.rollout.max_batch) +
       " rows, model.gradient_checkpointing = " + (config.model.gradient_checkpointing ? "true" : "false") + ")";
@@ -146,9 +223,9 @@ inline void check_run_memory(const run_config& config, const flux_config& flux, 
        byte_text(budget.bytes), " (", budget.source, "): ", line);
 }
 
-/// check_run_memory with the run's flux config and text length, read from the model's headers.
+/// check_run_memory with the run's transformer and text length, read from the model's headers.
 inline void check_run_memory(const run_config& config, const memory_budget& budget) {
-  check_run_memory(config, run_flux_config(config), run_text_tokens(config), budget);
+  check_run_memory(config, run_transformer_config(config), run_text_tokens(config), budget);
 }
 
 }  // namespace branchgrpo

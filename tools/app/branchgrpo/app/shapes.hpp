@@ -132,12 +132,14 @@ namespace detail {
 
 inline constexpr std::uint32_t shapes_philox_tag = 0x53485031u;  // "SHP1"
 
-inline std::array<double, 8> shapes_uniforms(std::uint64_t seed, std::uint64_t index) {
+// `tag` separates data sets drawn from the same seed (the moving-shapes clips use their own).
+inline std::array<double, 8> shapes_uniforms(std::uint64_t seed, std::uint64_t index,
+                                             std::uint32_t tag = shapes_philox_tag) {
   std::array<double, 8> u{};
   for (std::uint32_t block = 0; block < 2; ++block) {
-    const auto bits = philox4x32_10(
-        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), block, shapes_philox_tag},
-        {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+    const auto bits =
+        philox4x32_10({static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), block, tag},
+                      {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
     for (std::size_t k = 0; k < 4; ++k) u[4 * block + k] = (static_cast<double>(bits[k]) + 0.5) * 0x1p-32;
   }
   return u;

@@ -1,6 +1,8 @@
 #pragma once
-// A training run of a FLUX transformer from a run_config (config/run_config.hpp): what `branchgrpo train`, `sample`
-// and `demo` drive.
+// A training run of a FLUX (image) or Wan2.1 (video) transformer from a run_config (config/run_config.hpp): what
+// `branchgrpo train`, `sample` and `demo` drive. Video latents [C, F, H, W] go through the same rollout, trainer
+// and checkpoints as image latents; only the model, its decoder (to frames [rows, F, 3, H, W]) and the rewards
+// differ.
 //
 //   run_model m = load_run_model(config);              transformer + prompt table + latent shape + decoder
 //   weighted_sum r = make_run_reward(config, m);       the [[rewards]] entries
@@ -12,7 +14,7 @@
 // (i P + t) mod N, t < P, so every prompt is trained equally often), one tree per prompt, train_iteration with
 // the config's recipe (one typed method for every configuration, see config/run_config.hpp), the autograd policy
 // (policy.hpp: AdamW, gradient clipping, optional EMA and KL) over the LoRA adapters (or every weight when LoRA
-// is off). Rewards score decoded images: the leaves pass through the run's decoder first (pixels: identity).
+// is off). Rewards score decoded images or clips: the leaves pass through the run's decoder first.
 //
 // Resume equality: a run resumed from the checkpoint written after iteration k continues exactly as the
 // uninterrupted run (bit-identical on CPU): the checkpoint restores the trainable weights, AdamW's moments and
@@ -39,8 +41,11 @@
 #include <variant>
 #include <vector>
 
+#include "branchgrpo/app/moving_shapes.hpp"
 #include "branchgrpo/app/rewards.hpp"
+#include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/shapes.hpp"
+#include "branchgrpo/app/video_rewards.hpp"
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
@@ -58,22 +63,35 @@
 #include "branchgrpo/torch/policy.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
+#include "branchgrpo/torch/wan/autoencoder.hpp"
+#include "branchgrpo/torch/wan/denoiser.hpp"
+#include "branchgrpo/torch/wan/transformer.hpp"
 #include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
 namespace branchgrpo {
 
-/// Leaf latents [rows, C, h, w] -> images [rows, 3, H, W] in [-1, 1].
+/// Leaf latents [rows, C, h, w] -> images [rows, 3, H, W] in [-1, 1]; video latents [rows, C, F, h, w] -> frames
+/// [rows, F', 3, H, W] in [-1, 1].
 using latent_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
 
-/// What a run trains: the transformer (base weights loaded, no adapters yet), the prompt table, the latent shape
-/// [C, h, w] and the decoder to images (empty: the latents are the images, as for the shapes model).
+/// What a run trains: the transformer (base weights loaded, no adapters yet) — a FLUX one for images or a Wan one
+/// for videos, exactly one of the two —, the prompt table (for Wan the context is the text the model attends to;
+/// pooled is unused), the latent shape ([C, h, w] or [C, F, h, w]) and the decoder (empty: the latents are the
+/// images, as for the shapes model).
 struct run_model {
   std::shared_ptr<flux_transformer> transformer;
+  std::shared_ptr<wan_transformer> video_transformer;
   prompt_embeddings embeddings;
   std::vector<std::string> prompts;
   latent_shape shape;
   latent_decoder_fn decode;
+
+  [[nodiscard]] bool is_video() const { return video_transformer != nullptr; }
+  /// The transformer as a module (LoRA, parameters, device moves).
+  [[nodiscard]] torch::nn::Module& network() const {
+    return is_video() ? static_cast<torch::nn::Module&>(*video_transformer) : *transformer;
+  }
 };
 
 /// torch dtype and device of the config's model section.
@@ -89,10 +107,83 @@ inline torch::Device run_device(const run_config& config) {
   return device;
 }
 
-/// Loads what [model] and [data] name: a model directory (load_shapes_model) or a FLUX config with its
-/// checkpoint, the prompt embeddings, and the decoder ("pixels", a TorchScript file *.pt / *.ptl, or an
-/// ae.safetensors-layout FLUX autoencoder). Errors are one line naming the file or the key.
+namespace detail {
+
+/// load_run_model for Wan (video) models: a model directory (load_video_model) or model.config's Wan shape with
+/// its checkpoint (official or diffusers names); the decoder is "pixels" (3 channels: the latents are the frames),
+/// a TorchScript file (*.pt, *.ptl: latents -> frames [rows, F, 3, H, W] in [-1, 1]) or the Wan VAE's
+/// safetensors (its decoder; frames 1 + 4 (F - 1)).
+inline run_model load_video_run_model(const run_config& config) {
+  run_model out;
+  const model_section& m = config.model;
+  wan_config wan;
+  std::int64_t frames = m.latent_frames;
+  if (!m.dir.empty()) {
+    const video_model loaded = load_video_model(config.input_path(m.dir));
+    wan = loaded.config;
+    out.video_transformer = std::make_shared<wan_transformer>(wan);
+    load_wan_weights(*out.video_transformer, loaded.weights, wan_layout::official);
+    out.embeddings = loaded.embeddings;
+    out.prompts = loaded.prompts;
+    if (frames == 0) frames = moving_shapes_frames;
+  } else {
+    wan = named_wan_config(m.config);
+    torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (wan-tiny without weights)
+    out.video_transformer = std::make_shared<wan_transformer>(wan);
+    if (!m.weights.empty())
+      load_wan_weights(*out.video_transformer,
+                       load_safetensors(config.input_path(m.weights), {.dtype = run_dtype(config)}));
+  }
+  if (!config.data.embeddings.empty() || m.dir.empty()) {
+    const std::filesystem::path path = config.input_path(config.data.embeddings);
+    prompt_file file = load_prompt_file(path);
+    check_prompt_file(file, path.string());
+    const torch::Tensor& context = file.embeddings.context;
+    require(context.size(2) == wan.text_dim && context.size(1) <= wan.text_len, path.string(), ": text features [",
+            context.size(0), ", ", context.size(1), ", ", context.size(2), "] do not fit the model's text_dim ",
+            wan.text_dim, " and text_len ", wan.text_len);
+    out.embeddings = std::move(file.embeddings);
+    out.prompts = std::move(file.prompts);
+  }
+  // The rollout adds the velocity to the latent: a Wan shape whose out_dim differs (the reference tests' tiny one)
+  // can be loaded and checked, not sampled.
+  require(wan.in_dim == wan.out_dim, config.source, ": the Wan model has in_dim ", wan.in_dim, " and out_dim ",
+          wan.out_dim, ": sampling needs them equal");
+  const std::int64_t h = m.latent_height > 0 ? m.latent_height : shapes_image_size;
+  const std::int64_t w = m.latent_width > 0 ? m.latent_width : shapes_image_size;
+  out.shape = latent_shape{{wan.in_dim, frames, h, w}};
+  const torch::Device device = run_device(config);
+  if (m.decoder == "pixels") {
+    require(wan.in_dim == 3, config.source, ": model.decoder = \"pixels\": the model's latents have ", wan.in_dim,
+            " channels, pixels need 3 (set model.decoder to the Wan VAE or a TorchScript decoder)");
+    out.decode = [](const torch::Tensor& z) { return clip_frames(z); };
+  } else {
+    const std::filesystem::path path = config.input_path(m.decoder);
+    const std::string ext = path.extension().string();
+    if (ext == ".pt" || ext == ".ptl") {
+      auto decoder = std::make_shared<torchscript_decoder>(load_torchscript_decoder(path, device));
+      out.decode = [decoder](const torch::Tensor& z) { return (*decoder)(z).clamp(-1.0, 1.0); };
+    } else {
+      auto vae = std::make_shared<wan_vae_decoder>(wan_vae_config::wan21());
+      load_wan_vae_decoder_weights(*vae, path);
+      vae->to(device);
+      require(wan.out_dim == vae->config().z_dim, config.source, ": model.decoder = \"", m.decoder,
+              "\": the VAE's latents have ", vae->config().z_dim, " channels, the model's ", wan.out_dim);
+      // [rows, 3, F', H, W] -> frames [rows, F', 3, H, W].
+      out.decode = [vae](const torch::Tensor& z) { return clip_frames(vae->decode(z, /*clamp=*/true)); };
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Loads what [model] and [data] name: a model directory (load_shapes_model, or load_video_model for a Wan one) or a
+/// FLUX / Wan config with its checkpoint, the prompt embeddings, and the decoder ("pixels", a TorchScript file
+/// *.pt / *.ptl, an ae.safetensors-layout FLUX autoencoder or the Wan VAE). Errors are one line naming the file
+/// or the key.
 inline run_model load_run_model(const run_config& config) {
+  if (std::holds_alternative<wan_config>(run_transformer_config(config))) return detail::load_video_run_model(config);
   run_model out;
   const model_section& m = config.model;
   flux_config flux;
@@ -192,12 +283,88 @@ struct reward_params {
 };
 }  // namespace detail
 
-/// The [[rewards]] entries as one weighted_sum over images in [-1, 1]:
+namespace detail {
+
+// make_run_reward for video models (see its comment).
+inline weighted_sum make_video_reward(const run_config& config, const run_model& model) {
+  std::vector<named_reward> terms;
+  std::map<std::string, int> seen;
+  for (std::size_t i = 0; i < config.rewards.size(); ++i) {
+    const reward_entry& entry = config.rewards[i];
+    reward_params p{.config = config, .entry = entry, .index = i, .known = {}};
+    const std::string label = entry.name + (seen[entry.name]++ ? "_" + std::to_string(seen[entry.name]) : "");
+    named_reward term{.name = label, .weight = entry.weight, .score = {}};
+    const auto positive = [&](const std::string& key, double fallback) {
+      const double v = p.number(key, fallback);
+      if (!(v > 0 && std::isfinite(v))) p.bad(key, run_number_text(v), "must be positive");
+      return v;
+    };
+    if (entry.name == "alignment") {
+      moving_shape_alignment a{.prompts = model.prompts};
+      a.colour_weight = p.number("colour_weight", a.colour_weight);
+      a.shape_weight = p.number("shape_weight", a.shape_weight);
+      a.motion_weight = p.number("motion_weight", a.motion_weight);
+      for (const auto& [key, value] : {std::pair{"colour_weight", a.colour_weight},
+                                       {"shape_weight", a.shape_weight},
+                                       {"motion_weight", a.motion_weight}})
+        if (!(value >= 0 && value <= 1)) p.bad(key, run_number_text(value), "must be in [0, 1]");
+      const double sum = a.colour_weight + a.shape_weight + a.motion_weight;
+      if (std::abs(sum - 1) > 1e-9)
+        p.bad("motion_weight", run_number_text(a.motion_weight),
+              "colour_weight + shape_weight + motion_weight must be 1, they sum to " + run_number_text(sum));
+      a.colour_width = positive("colour_width", a.colour_width);
+      a.fill_width = positive("fill_width", a.fill_width);
+      a.travel = positive("travel", a.travel);
+      for (std::size_t n = 0; n < model.prompts.size(); ++n) {
+        try {
+          (void)parse_moving_shapes_prompt(model.prompts[n]);
+        } catch (const invalid_input& error) {
+          fail(config.source, ": rewards[", i, "].name = 'alignment': prompt ", n, ": ", error.what());
+        }
+      }
+      term.score = a;
+    } else if (entry.name == "smoothness") {
+      temporal_smoothness smooth;
+      smooth.flicker_scale = positive("flicker_scale", smooth.flicker_scale);
+      term.score = smooth;
+    } else if (entry.name == "torchscript") {
+      const std::string file = p.text("file", "");
+      if (file.empty()) fail(config.source, ": rewards[", i, "].params.file: the TorchScript reward needs a file");
+      const double batch = p.number("batch", 4);
+      if (!(batch >= 1 && batch == std::floor(batch)))
+        p.bad("batch", run_number_text(batch), "must be an integer >= 1");
+      // The leaves reach the reward as frames in [-1, 1] (the run decodes first); the module takes [0, 1].
+      auto module = std::make_shared<torchscript_video_reward>(load_torchscript_video_reward(
+          config.input_path(file), [](const torch::Tensor& x) { return (x + 1.0) / 2.0; }, run_device(config)));
+      module->batch = static_cast<std::int64_t>(batch);
+      term.score = [module](const torch::Tensor& frames, std::span<const std::int64_t> prompts) {
+        return (*module)(frames, prompts);
+      };
+    } else {
+      fail(config.source, ": rewards[", i, "].name = '", entry.name,
+           "' scores images; the model makes videos (alignment, smoothness or torchscript)");
+    }
+    p.finish();
+    terms.push_back(std::move(term));
+  }
+  return weighted_sum(std::move(terms));
+}
+
+}  // namespace detail
+
+/// The [[rewards]] entries as one weighted_sum over images in [-1, 1] (image models):
 ///   alignment               shape_alignment{colour_weight, colour_width, fill_width} over the run's prompts
 ///   jpeg_compressibility    {quality}          jpeg_incompressibility {quality}
 ///   torchscript             {file, batch}: a TorchScript reward module on images in [0, 1] (torchscript.hpp)
-/// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>".
+/// or over clips [rows, F, 3, H, W] in [-1, 1] (video models, video_rewards.hpp):
+///   alignment               moving_shape_alignment{colour_weight, shape_weight, motion_weight, colour_width,
+///                           fill_width, travel} over the run's prompts
+///   smoothness              temporal_smoothness{flicker_scale}
+///   torchscript             {file, batch}: a TorchScript video reward module on frames in [0, 1]
+/// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>"; an image reward for a video model (or the
+/// reverse) names the entry.
 inline weighted_sum make_run_reward(const run_config& config, const run_model& model) {
+  if (model.is_video()) return detail::make_video_reward(config, model);
   std::vector<named_reward> terms;
   std::map<std::string, int> seen;
   for (std::size_t i = 0; i < config.rewards.size(); ++i) {
@@ -228,6 +395,8 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
         }
       }
       term.score = a;
+    } else if (entry.name == "smoothness") {
+      fail(config.source, ": rewards[", i, "].name = 'smoothness' scores videos; the model makes images");
     } else if (entry.name == "jpeg_compressibility") {
       term.score = jpeg_compressibility{.quality = quality()};
     } else if (entry.name == "jpeg_incompressibility") {
@@ -251,9 +420,9 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
   return weighted_sum(std::move(terms));
 }
 
-/// The trainable tensors of `model` by name, in the order of flux_denoiser::trainable_parameters(): the LoRA
+/// The trainable tensors of `model` by name, in the order of the denoisers' trainable_parameters(): the LoRA
 /// factors ("<layer>.lora_A.weight", "<layer>.lora_B.weight") when it has adapters, else every weight.
-inline std::vector<std::pair<std::string, torch::Tensor>> named_trainable(flux_transformer& model) {
+inline std::vector<std::pair<std::string, torch::Tensor>> named_trainable(torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto& [name, layer] : lora_layers(model))
     if (layer->has_adapter()) {
@@ -283,6 +452,30 @@ inline lora_options run_lora_options(const run_config& config) {
   return options;
 }
 
+/// The run's denoiser: the FLUX or the Wan one, as one TorchVelocityModel (velocity, trainable_parameters,
+/// set_adapters_enabled) and Denoiser for the autograd policy, the rollout and the ODE sampler.
+class run_denoiser {
+ public:
+  explicit run_denoiser(flux_denoiser denoiser) : denoiser_(std::move(denoiser)) {}
+  explicit run_denoiser(wan_denoiser denoiser) : denoiser_(std::move(denoiser)) {}
+
+  torch::Tensor velocity(const torch::Tensor& x, const denoise_batch& batch) {
+    return std::visit([&](auto& d) { return d.velocity(x, batch); }, denoiser_);
+  }
+  torch::Tensor operator()(const torch::Tensor& x, const denoise_batch& batch) {
+    return std::visit([&](auto& d) { return d(x, batch); }, denoiser_);
+  }
+  std::vector<torch::Tensor> trainable_parameters() {
+    return std::visit([](auto& d) { return d.trainable_parameters(); }, denoiser_);
+  }
+  void set_adapters_enabled(bool enabled) {
+    std::visit([&](auto& d) { d.set_adapters_enabled(enabled); }, denoiser_);
+  }
+
+ private:
+  std::variant<flux_denoiser, wan_denoiser> denoiser_;
+};
+
 /// The tree key of held-out (evaluation / sample) roots: far from the rollout's tree keys 0, 1, ... so that
 /// evaluation never reuses a training draw.
 inline constexpr std::uint32_t heldout_tree_key = 0xFFFE0000u;
@@ -299,20 +492,27 @@ class training_run {
         schedule_(config_.schedule()),
         backend_{.device = run_device(config_), .dtype = run_dtype(config_)},
         recipe_(config_.recipe) {
-    require(model_.transformer != nullptr, "training_run needs a transformer");
+    require((model_.transformer != nullptr) != model_.is_video(), "training_run needs one transformer");
     require(!model_.prompts.empty() &&
                 static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.context.size(0),
             "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.context.size(0),
             " embedding rows");
-    model_.transformer->to(backend_.device, backend_.dtype);
-    model_.transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
-    if (config_.lora.enabled) add_lora(*model_.transformer, run_lora_options(config_));
+    model_.network().to(backend_.device, backend_.dtype);
+    if (model_.is_video())
+      model_.video_transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
+    else
+      model_.transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
+    if (config_.lora.enabled) add_lora(model_.network(), run_lora_options(config_));
     const auto like = torch::TensorOptions().device(backend_.device);
-    denoiser_ = std::make_unique<flux_denoiser>(
-        model_.transformer,
-        prompt_embeddings{.context = model_.embeddings.context.to(like), .pooled = model_.embeddings.pooled.to(like)},
-        flux_denoiser_options{.guidance = config_.model.guidance});
-    policy_ = std::make_unique<autograd_policy<flux_denoiser>>(
+    if (model_.is_video())
+      denoiser_ =
+          std::make_unique<run_denoiser>(wan_denoiser(model_.video_transformer, model_.embeddings.context.to(like)));
+    else
+      denoiser_ = std::make_unique<run_denoiser>(flux_denoiser(
+          model_.transformer,
+          prompt_embeddings{.context = model_.embeddings.context.to(like), .pooled = model_.embeddings.pooled.to(like)},
+          flux_denoiser_options{.guidance = config_.model.guidance}));
+    policy_ = std::make_unique<autograd_policy<run_denoiser>>(
         *denoiser_, backend_, autograd_policy_options{.optimizer = config_.optimizer, .bf16_autocast = false});
   }
   training_run(const training_run&) = delete;
@@ -370,14 +570,15 @@ class training_run {
   [[nodiscard]] int ranks() const { return ranks_; }
   /// The trees whose leaves last_images() holds (this rank's share of the last iteration).
   [[nodiscard]] std::int64_t last_tree_count() const { return last_tree_count_; }
-  /// The last iteration's leaf images [leaves, 3, H, W] in [-1, 1] (CPU) and prompts, when step kept them.
+  /// The last iteration's decoded leaves (images [leaves, 3, H, W] or clips [leaves, F, 3, H, W], in [-1, 1], CPU)
+  /// and prompts, when step kept them.
   [[nodiscard]] const torch::Tensor& last_images() const { return last_images_; }
   [[nodiscard]] const std::vector<std::int64_t>& last_prompts() const { return last_prompts_; }
 
   /// Deterministic Euler ODE samples under the current weights (the core's sample_ode): row r starts at the keyed
   /// normals
-  /// {seed, iteration 0, tree heldout_tree_key + first + r, node 0, step 0, root_latent}. Returns images
-  /// [rows, 3, H, W] in [-1, 1] on the CPU (float32).
+  /// {seed, iteration 0, tree heldout_tree_key + first + r, node 0, step 0, root_latent}. Returns decoded images
+  /// [rows, 3, H, W] or clips [rows, F, 3, H, W] in [-1, 1] on the CPU (float32).
   torch::Tensor sample(std::span<const std::int64_t> prompts, std::uint64_t seed, std::uint32_t first = 0) {
     torch::NoGradGuard no_grad;
     const auto root_key = [&](std::int64_t r) {
@@ -395,7 +596,7 @@ class training_run {
     return torch::cat(images, 0);
   }
 
-  /// Scores images [rows, 3, H, W] in [-1, 1] with the run's reward.
+  /// Scores decoded leaves (images [rows, 3, H, W] or clips [rows, F, 3, H, W], in [-1, 1]) with the run's reward.
   std::vector<double> score_images(const torch::Tensor& images, std::span<const std::int64_t> prompts) {
     return reward_(images, prompts);
   }
@@ -404,7 +605,7 @@ class training_run {
   [[nodiscard]] checkpoint_contents checkpoint() {
     checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
     out.ranks = ranks_;
-    const auto named = named_trainable(*model_.transformer);
+    const auto named = named_trainable(model_.network());
     for (const auto& [name, tensor] : named) out.weights[name] = tensor.detach().clone();
     out.state = adamw_state_tensors(policy_->optimizer(), named);
     if (config_.optimizer.ema_decay > 0)
@@ -430,7 +631,7 @@ class training_run {
             ", the config has run.seed = ", config_.run.seed);
     require(contents.iteration >= 0 && contents.iteration <= config_.run.iterations, "the checkpoint is at iteration ",
             contents.iteration, ", the config has run.iterations = ", config_.run.iterations);
-    const auto named = named_trainable(*model_.transformer);
+    const auto named = named_trainable(model_.network());
     {
       std::vector<std::string> problems;
       for (const auto& [name, tensor] : named) {
@@ -552,12 +753,12 @@ class training_run {
   [[nodiscard]] const run_config& config() const { return config_; }
   [[nodiscard]] const run_model& model() const { return model_; }
   [[nodiscard]] const sigma_schedule& schedule() const { return schedule_; }
-  [[nodiscard]] autograd_policy<flux_denoiser>& policy() { return *policy_; }
+  [[nodiscard]] autograd_policy<run_denoiser>& policy() { return *policy_; }
   [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> trainable() {
-    return named_trainable(*model_.transformer);
+    return named_trainable(model_.network());
   }
 
-  /// Leaf latents -> images [rows, 3, H, W] in [-1, 1], float32 on the CPU.
+  /// Leaf latents -> images [rows, 3, H, W] or clips [rows, F, 3, H, W] in [-1, 1], float32 on the CPU.
   torch::Tensor decode(const torch::Tensor& latents) const {
     torch::NoGradGuard no_grad;
     const torch::Tensor images = model_.decode ? model_.decode(latents) : latents;
@@ -585,8 +786,8 @@ class training_run {
   sigma_schedule schedule_;
   torch_backend backend_;
   run_recipe recipe_;
-  std::unique_ptr<flux_denoiser> denoiser_;
-  std::unique_ptr<autograd_policy<flux_denoiser>> policy_;
+  std::unique_ptr<run_denoiser> denoiser_;
+  std::unique_ptr<autograd_policy<run_denoiser>> policy_;
   int iteration_ = 0;
   std::map<std::string, double> last_components_;
   std::int64_t last_leaf_count_ = 0, last_tree_count_ = 0;

@@ -1,0 +1,725 @@
+// `branchgrpo compare`: dance and every BranchGRPO variant, each trained from the same base model with N seeds, and
+// per method the held-out reward gain, the reward reached at a fixed wall-clock budget and the time per iteration,
+// each as a mean over the seeds with its 95 % Student-t interval (docs/cli.md, docs/results.md). The toy trains as
+// `toy --compare` does, the shapes model as `demo` does (cli/method_runs.hpp); with the first seed both reproduce
+// those commands' rewards.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/evaluation/statistics.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/toy.hpp"
+#include "branchgrpo/training/loop.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/trainer.hpp"
+#include "cli/commands.hpp"
+#include "cli/memory_budget.hpp"
+#include "cli/method_runs.hpp"
+#include "cli/number_options.hpp"
+#include "cli/output_file.hpp"
+#include "cli/plot.hpp"
+#include "cli/png.hpp"
+#include "cli/progress_bar.hpp"
+
+namespace branchgrpo::cli {
+namespace {
+
+struct compare_options {
+  std::string model = "toy";  // toy | shapes
+  int seeds = 5;
+  int iters = 0;           // 0 = the model's default: toy 30 (toy's), shapes 16 (demo's)
+  std::uint64_t seed = 0;  // the first seed; not given: toy 7, shapes 0 (the defaults of toy and demo)
+  bool seed_given = false;
+  int eval_every = 0;     // 0 = toy 1, shapes a quarter of the run (demo's)
+  std::string model_dir;  // shapes: "" = models/shapes-tiny, as demo
+  std::string out = "out/compare";
+  bool json = false;
+  bool quiet = false;
+};
+
+constexpr double confidence = 0.95;
+constexpr int toy_prompts = 8;         // toy's --prompts: every mode in every iteration
+constexpr int toy_default_iters = 30;  // toy's --iters
+constexpr std::uint64_t toy_default_seed = 7;
+constexpr int shapes_default_iters = 16;   // demo's --iters
+constexpr int shapes_max_iters = 100'000;  // demo's --iters limit
+
+// --- One method trained with one seed ----------------------------------------------------------------------------
+
+struct run_record {
+  std::string method;
+  std::uint64_t seed = 0;
+  std::vector<iteration_stats> stats;
+  std::vector<double> cumulative;    // training seconds after iteration i + 1 (held-out evaluation excluded)
+  std::vector<double> cpu_seconds;   // the process's CPU seconds in iteration i (all its threads)
+  std::vector<int> eval_iterations;  // iterations done at each held-out evaluation; 0 (the base model) first
+  std::vector<double> eval_rewards;  // the held-out reward at each
+
+  [[nodiscard]] double base() const { return eval_rewards.front(); }
+  [[nodiscard]] double final_reward() const { return eval_rewards.back(); }
+  [[nodiscard]] double total_seconds() const { return cumulative.empty() ? 0.0 : cumulative.back(); }
+  // The held-out reward against training time: (0, base), then each evaluation at its cumulative time.
+  [[nodiscard]] std::vector<double> eval_times() const {
+    std::vector<double> t;
+    for (const int done : eval_iterations)
+      t.push_back(done == 0 ? 0.0 : cumulative[static_cast<std::size_t>(done - 1)]);
+    return t;
+  }
+};
+
+// CPU seconds of this process, every thread: next to the wall time, a cost the machine's other load barely moves.
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Whether `done` iterations end with a held-out evaluation: every eval_every iterations and after the last.
+bool evaluates_after(int done, int eval_every, int iters) { return done % eval_every == 0 || done == iters; }
+
+// splitmix64: a fixed, portable stream for the prompt shuffle (std::shuffle's draws are the library's choice).
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// The order in which a seed visits the prompts: position i of the run is prompt order[i]. The first seed keeps
+// the identity (so it reproduces `toy --compare` and `demo`); the others shuffle (Fisher-Yates on splitmix64(seed)).
+// Example: prompt_order(4, 9, true) == {0, 1, 2, 3}; prompt_order(4, 9, false) is a fixed permutation of it.
+std::vector<std::int64_t> prompt_order(std::int64_t count, std::uint64_t seed, bool identity) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) order[static_cast<std::size_t>(i)] = i;
+  if (identity) return order;
+  std::uint64_t state = seed;
+  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[splitmix64(state) % i]);
+  return order;
+}
+
+// The progress line: every run of every seed.
+struct progress {
+  run_progress bar;
+  int runs_done = 0;
+  int iters = 0;
+  void update(const run_record& run, int seed_index, int seeds, int done, double reward) {
+    bar.update(runs_done * iters + done,
+               "seed " + std::to_string(seed_index + 1) + "/" + std::to_string(seeds) + " " + run.method + " " +
+                   std::to_string(done) + "/" + std::to_string(iters),
+               reward, run.cumulative.back() / done);
+  }
+};
+
+struct seed_setup {
+  int index = 0;  // k: the seed is first seed + k
+  std::uint64_t seed = 0;
+  std::vector<std::int64_t> order;
+};
+
+// --- The toy (as `toy --compare`) --------------------------------------------------------------------------------
+
+run_record train_toy(std::string_view name, const fourier_policy<host_backend>& base, double base_reward,
+                     const seed_setup& setup, const compare_options& options, const sigma_schedule& schedule,
+                     progress& bar) {
+  run_record run{.method = std::string(name),
+                 .seed = setup.seed,
+                 .stats = {},
+                 .cumulative = {},
+                 .cpu_seconds = {},
+                 .eval_iterations = {0},
+                 .eval_rewards = {base_reward}};
+  fourier_policy<host_backend> policy = base;
+  with_method(name, [&](auto recipe) {
+    mode_reward<> reward;
+    host_backend backend;
+    const prompt_schedule prompts{.prompt_count = toy_runs::eval_modes, .per_iteration = toy_prompts};
+    const training_options training{
+        .max_batch = 64, .seed = setup.seed, .updates_per_iteration = 1, .total_iterations = options.iters, .loss = {}};
+    for (int i = 0; i < options.iters; ++i) {
+      std::vector<std::int64_t> trained = prompts(i);
+      for (std::int64_t& p : trained) p = setup.order[static_cast<std::size_t>(p)];
+      const double cpu = process_cpu_seconds();
+      const iteration_stats stats =
+          train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), trained, i, training);
+      run.cpu_seconds.push_back(process_cpu_seconds() - cpu);
+      run.stats.push_back(stats);
+      run.cumulative.push_back(run.total_seconds() + stats.seconds);
+      if (evaluates_after(i + 1, options.eval_every, options.iters)) {
+        run.eval_iterations.push_back(i + 1);
+        run.eval_rewards.push_back(toy_runs::evaluate(policy, schedule, setup.seed).reward);
+      }
+      bar.update(run, setup.index, options.seeds, i + 1, stats.reward_mean);
+    }
+  });
+  return run;
+}
+
+// Seed k: the toy's base model (fitted once, with the first seed) evaluated on seed k's held-out roots, then each
+// method from a copy of it.
+template <class Each>
+void run_toy_seed(const seed_setup& setup, const fourier_policy<host_backend>& base, const compare_options& options,
+                  const std::vector<std::string>& methods, progress& bar, Each&& each) {
+  const sigma_schedule schedule = shifted_linear_schedule(20);
+  fourier_policy<host_backend> copy = base;
+  const double base_reward = toy_runs::evaluate(copy, schedule, setup.seed).reward;
+  for (const std::string& name : methods) {
+    each(train_toy(name, base, base_reward, setup, options, schedule, bar));
+    ++bar.runs_done;
+  }
+}
+
+// --- The shapes model (as `demo`) --------------------------------------------------------------------------------
+
+#ifdef BRANCHGRPO_CLI_TORCH
+// The demo's settings with this seed and its prompt order (demo's default rows 1, 5, 6, 11, reordered).
+demo_runs::demo_options shapes_options(const compare_options& options, const seed_setup& setup) {
+  demo_runs::demo_options d;
+  d.out = options.out;
+  d.model = options.model_dir;
+  d.seed = setup.seed;
+  const std::vector<std::int64_t> rows = demo_runs::parse_prompt_rows(demo_runs::prompt_rows(d));
+  std::string text;
+  for (const std::int64_t i : setup.order)
+    text += (text.empty() ? "" : ",") + std::to_string(rows[static_cast<std::size_t>(i)]);
+  d.prompt_rows = text;
+  return d;
+}
+
+template <class Each>
+void run_shapes_seed(const seed_setup& setup, const compare_options& options, const std::vector<std::string>& methods,
+                     progress& bar, Each&& each) {
+  const demo_runs::demo_options d = shapes_options(options, setup);
+  double base_reward = std::numeric_limits<double>::quiet_NaN();
+  for (const std::string& name : methods) {
+    auto trainer = demo_runs::make_run(demo_runs::demo_config(d, options.iters, name), d);
+    if (std::isnan(base_reward))  // the base model (LoRA B = 0), also the warm-up before the seed's first timing
+      base_reward = demo_runs::evaluate(*trainer, d).reward;
+    run_record run{.method = name,
+                   .seed = setup.seed,
+                   .stats = {},
+                   .cumulative = {},
+                   .cpu_seconds = {},
+                   .eval_iterations = {0},
+                   .eval_rewards = {base_reward}};
+    while (!trainer->done()) {
+      const double cpu = process_cpu_seconds();
+      const iteration_stats stats = trainer->step();
+      run.cpu_seconds.push_back(process_cpu_seconds() - cpu);
+      run.stats.push_back(stats);
+      run.cumulative.push_back(run.total_seconds() + stats.seconds);
+      const int done = trainer->iteration();
+      if (evaluates_after(done, options.eval_every, options.iters)) {
+        run.eval_iterations.push_back(done);
+        run.eval_rewards.push_back(demo_runs::evaluate(*trainer, d).reward);
+      }
+      bar.update(run, setup.index, options.seeds, done, stats.reward_mean);
+    }
+    each(std::move(run));
+    ++bar.runs_done;
+  }
+}
+#endif
+
+// --- Statistics over the seeds -----------------------------------------------------------------------------------
+
+// The t interval, or NaN everywhere when a value is not finite (a run whose reward became NaN): the summary still
+// prints, and the JSON holds null.
+mean_interval interval_of(const std::vector<double>& values) {
+  for (const double v : values)
+    if (!std::isfinite(v)) {
+      constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+      return {.mean = nan,
+              .low = nan,
+              .high = nan,
+              .half_width = nan,
+              .t = nan,
+              .standard_deviation = nan,
+              .count = values.size()};
+    }
+  return t_interval(values, confidence);
+}
+
+// The training reward against training time, without iterations whose reward is NaN (every tree dropped).
+double train_reward_at(const run_record& run, double seconds) {
+  std::vector<double> times, values;
+  for (std::size_t i = 0; i < run.stats.size(); ++i)
+    if (std::isfinite(run.stats[i].reward_mean)) {
+      times.push_back(run.cumulative[i]);
+      values.push_back(run.stats[i].reward_mean);
+    }
+  return times.empty() ? std::numeric_limits<double>::quiet_NaN() : curve_at(times, values, seconds);
+}
+
+double heldout_at(const run_record& run, double seconds) {
+  const std::vector<double> times = run.eval_times();
+  for (const double r : run.eval_rewards)
+    if (!std::isfinite(r)) return std::numeric_limits<double>::quiet_NaN();
+  return curve_at(times, run.eval_rewards, seconds);
+}
+
+struct method_summary {
+  std::string name;
+  mean_interval base, final_reward, gain, gain_vs_dance, at_budget, train_at_budget, seconds_per_iter, time_ratio,
+      cpu_seconds_per_iter, cpu_time_ratio, equal_time;
+  double total_seconds = 0;
+  double evaluations = 0, update_evaluations = 0, edges = 0, edges_trained = 0;  // per iteration
+  int trees_dropped = 0;
+};
+
+// runs[m][k]: method m, seed k. Method 0 is dance.
+std::vector<method_summary> summarize(const std::vector<std::vector<run_record>>& runs, double budget) {
+  std::vector<method_summary> out;
+  const std::vector<run_record>& dance = runs.front();
+  for (const std::vector<run_record>& method : runs) {
+    method_summary s;
+    s.name = method.front().method;
+    std::vector<double> base, final_reward, gain, vs_dance, at_budget, train_at_budget, per_iter, ratio, total, cpu,
+        cpu_ratio, equal_time;
+    double iterations = 0;
+    for (std::size_t k = 0; k < method.size(); ++k) {
+      const run_record& r = method[k];
+      base.push_back(r.base());
+      final_reward.push_back(r.final_reward());
+      gain.push_back(r.final_reward() - r.base());
+      vs_dance.push_back(gain.back() - (dance[k].final_reward() - dance[k].base()));
+      // At equal time: this run's final reward against dance's (same seed) when this run ended.
+      equal_time.push_back(r.final_reward() - heldout_at(dance[k], r.total_seconds()));
+      at_budget.push_back(heldout_at(r, budget));
+      train_at_budget.push_back(train_reward_at(r, budget));
+      const auto n = static_cast<double>(r.stats.size());
+      per_iter.push_back(r.total_seconds() / n);
+      ratio.push_back(per_iter.back() / (dance[k].total_seconds() / static_cast<double>(dance[k].stats.size())));
+      total.push_back(r.total_seconds());
+      const auto cpu_per_iter = [](const run_record& run) {
+        double sum = 0;
+        for (const double c : run.cpu_seconds) sum += c;
+        return sum / static_cast<double>(run.cpu_seconds.size());
+      };
+      cpu.push_back(cpu_per_iter(r));
+      cpu_ratio.push_back(cpu.back() / cpu_per_iter(dance[k]));
+      for (const iteration_stats& it : r.stats) {
+        s.evaluations += static_cast<double>(it.rollout_evaluations);
+        s.update_evaluations += static_cast<double>(it.update_evaluations);
+        s.edges += static_cast<double>(it.edges);
+        s.edges_trained += static_cast<double>(it.edges_trained);
+        s.trees_dropped += it.trees_dropped;
+      }
+      iterations += n;
+    }
+    s.base = interval_of(base);
+    s.final_reward = interval_of(final_reward);
+    s.gain = interval_of(gain);
+    s.gain_vs_dance = interval_of(vs_dance);
+    s.at_budget = interval_of(at_budget);
+    s.train_at_budget = interval_of(train_at_budget);
+    s.seconds_per_iter = interval_of(per_iter);
+    s.time_ratio = interval_of(ratio);
+    s.cpu_seconds_per_iter = interval_of(cpu);
+    s.cpu_time_ratio = interval_of(cpu_ratio);
+    s.equal_time = interval_of(equal_time);
+    s.total_seconds = sample_mean(total);
+    s.evaluations /= iterations;
+    s.update_evaluations /= iterations;
+    s.edges /= iterations;
+    s.edges_trained /= iterations;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// --- Files -------------------------------------------------------------------------------------------------------
+
+std::string csv_number(double value) {
+  if (!std::isfinite(value)) return "nan";
+  std::ostringstream out;
+  out << std::setprecision(9) << value;
+  return out.str();
+}
+
+// One row per run and iteration done, 0 (before training: the base model's held-out reward) first.
+void write_csv(const std::filesystem::path& path, const std::vector<std::vector<run_record>>& runs) {
+  std::ostringstream out;
+  out << "method,seed,iteration,seconds,cumulative_seconds,cpu_seconds,train_reward,heldout_reward\n";
+  for (const std::vector<run_record>& method : runs)
+    for (const run_record& r : method) {
+      std::size_t next_eval = 0;
+      for (int done = 0; done <= static_cast<int>(r.stats.size()); ++done) {
+        double heldout = std::numeric_limits<double>::quiet_NaN();
+        if (next_eval < r.eval_iterations.size() && r.eval_iterations[next_eval] == done)
+          heldout = r.eval_rewards[next_eval++];
+        const auto i = static_cast<std::size_t>(done > 0 ? done - 1 : 0);
+        out << r.method << ',' << r.seed << ',' << done << ',' << csv_number(done > 0 ? r.stats[i].seconds : 0.0) << ','
+            << csv_number(done > 0 ? r.cumulative[i] : 0.0) << ',' << csv_number(done > 0 ? r.cpu_seconds[i] : 0.0)
+            << ',' << csv_number(done > 0 ? r.stats[i].reward_mean : std::numeric_limits<double>::quiet_NaN()) << ','
+            << csv_number(heldout) << '\n';
+      }
+    }
+  write_file(path, out.str());
+}
+
+// A line chart whose lines carry a shaded band (the interval) and a dashed vertical marker (the budget).
+struct band_series {
+  std::string name;
+  rgb colour;
+  std::vector<double> x, mean, low, high;
+};
+
+struct band_chart {
+  std::string title, caption, x_label, y_label;
+  int width = 960, height = 580;
+  std::vector<band_series> bands;
+  double marker = std::numeric_limits<double>::quiet_NaN();
+  std::string marker_label;
+};
+
+rgb blend(rgb under, rgb over, double alpha) {
+  const auto mix = [alpha](std::uint8_t a, std::uint8_t b) {
+    return static_cast<std::uint8_t>(std::lround((1 - alpha) * a + alpha * b));
+  };
+  return {mix(under.r, over.r), mix(under.g, over.g), mix(under.b, over.b)};
+}
+
+rgb_image render(const band_chart& chart) {
+  double x_high = 0, y_low = std::numeric_limits<double>::infinity(), y_high = -y_low;
+  for (const band_series& s : chart.bands)
+    for (std::size_t i = 0; i < s.x.size(); ++i)
+      if (std::isfinite(s.low[i]) && std::isfinite(s.high[i])) {
+        x_high = std::max(x_high, s.x[i]);
+        y_low = std::min(y_low, s.low[i]);
+        y_high = std::max(y_high, s.high[i]);
+      }
+  if (std::isfinite(chart.marker)) x_high = std::max(x_high, chart.marker);
+  if (!std::isfinite(y_low)) y_low = y_high = 0;
+  const std::vector<double> x_ticks = nice_ticks(0, x_high, 8), y_ticks = nice_ticks(y_low, y_high, 6);
+
+  canvas c(chart.width, chart.height);
+  int legend_width = 0;
+  for (const band_series& s : chart.bands) legend_width = std::max(legend_width, canvas::text_width(s.name, 2));
+  const int left = 80, right = chart.width - (legend_width + 60), top = 64, bottom = chart.height - 60;
+  const double x0 = x_ticks.front(), x1 = x_ticks.back(), y0 = y_ticks.front(), y1 = y_ticks.back();
+  const auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * (right - left); };
+  const auto py = [&](double y) { return bottom - (y - y0) / (y1 - y0) * (bottom - top); };
+
+  const double x_step = x_ticks.size() > 1 ? x_ticks[1] - x_ticks[0] : 1.0;
+  const double y_step = y_ticks.size() > 1 ? y_ticks[1] - y_ticks[0] : 1.0;
+  for (const double x : x_ticks) {
+    const int at = static_cast<int>(std::lround(px(x)));
+    c.line(at, top, at, bottom, grid_grey);
+    c.line(at, bottom, at, bottom + 5, axis_grey);
+    const std::string label = tick_label(x, x_step);
+    c.text(at - canvas::text_width(label) / 2, bottom + 9, label, black);
+  }
+  for (const double y : y_ticks) {
+    const int at = static_cast<int>(std::lround(py(y)));
+    c.line(left, at, right, at, grid_grey);
+    c.line(left - 5, at, left, at, axis_grey);
+    const std::string label = tick_label(y, y_step);
+    c.text(left - 9 - canvas::text_width(label), at - 3, label, black);
+  }
+  // Bands: every pixel column under a series, shaded between its interpolated low and high, blended so that
+  // overlapping bands stay visible.
+  for (const band_series& s : chart.bands) {
+    if (s.x.size() < 2) continue;
+    const int first = static_cast<int>(std::ceil(px(s.x.front()))), last = static_cast<int>(std::floor(px(s.x.back())));
+    for (int column = first; column <= last; ++column) {
+      const double x = x0 + (column - left) / static_cast<double>(right - left) * (x1 - x0);
+      const double low = curve_at(s.x, s.low, x), high = curve_at(s.x, s.high, x);
+      const int y_top = static_cast<int>(std::lround(py(high))), y_bottom = static_cast<int>(std::lround(py(low)));
+      for (int y = std::max(top, y_top); y <= std::min(bottom, y_bottom); ++y)
+        c.set(column, y, blend(c.at(column, y), s.colour, 0.22));
+    }
+  }
+  c.line(left, top, left, bottom, axis_grey);
+  c.line(left, bottom, right, bottom, axis_grey);
+  if (std::isfinite(chart.marker)) {
+    const double at = px(chart.marker);
+    for (int y = top; y < bottom; y += 8) c.line(at, y, at, std::min(y + 4, bottom), axis_grey, 2);
+    c.text(static_cast<int>(std::lround(at)) - canvas::text_width(chart.marker_label) - 4, top + 4, chart.marker_label,
+           axis_grey);
+  }
+  for (const band_series& s : chart.bands)
+    for (std::size_t i = 1; i < s.x.size(); ++i)
+      c.line(px(s.x[i - 1]), py(s.mean[i - 1]), px(s.x[i]), py(s.mean[i]), s.colour, 2);
+  c.text((chart.width - canvas::text_width(chart.title, 2)) / 2, 10, chart.title, black, 2);
+  c.text((chart.width - canvas::text_width(chart.caption)) / 2, 32, chart.caption, axis_grey);
+  c.text((left + right - canvas::text_width(chart.x_label)) / 2, bottom + 26, chart.x_label, black);
+  c.text(8, top - 16, chart.y_label, black);
+  for (std::size_t i = 0; i < chart.bands.size(); ++i) {
+    const int y = top + 10 + static_cast<int>(i) * 24;
+    c.fill_rect(right + 15, y, right + 35, y + 14, blend(white, chart.bands[i].colour, 0.22));
+    c.line(right + 15, y + 7, right + 35, y + 7, chart.bands[i].colour, 3);
+    c.text(right + 42, y, chart.bands[i].name, black, 2);
+  }
+  return c.image();
+}
+
+// Each method's held-out reward against training time: at 60 times from 0 to its mean total time, the mean over
+// the seeds of each seed's curve read at that time (curve_at) and its interval.
+void write_plot(const std::filesystem::path& path, const std::vector<std::vector<run_record>>& runs,
+                const std::vector<method_summary>& summaries, double budget, const std::string& model, int seeds) {
+  band_chart chart{.title = (model == "toy" ? "TOY" : "SHAPES") + std::string(": HELD-OUT REWARD VS TRAINING TIME"),
+                   .caption = "MEAN OVER " + std::to_string(seeds) + " SEEDS; BANDS: 95% STUDENT-T INTERVAL",
+                   .x_label = "CUMULATIVE TRAINING TIME (S)",
+                   .y_label = "HELD-OUT MEAN REWARD",
+                   .width = 960,
+                   .height = 580,
+                   .bands = {},
+                   .marker = budget,
+                   .marker_label = "BUDGET"};
+  constexpr int points = 60;
+  for (std::size_t m = 0; m < runs.size(); ++m) {
+    band_series s{
+        .name = summaries[m].name, .colour = palette[m % palette.size()], .x = {}, .mean = {}, .low = {}, .high = {}};
+    for (int j = 0; j <= points; ++j) {
+      const double t = summaries[m].total_seconds * j / points;
+      std::vector<double> at;
+      for (const run_record& r : runs[m]) at.push_back(heldout_at(r, t));
+      const mean_interval ci = interval_of(at);
+      if (!std::isfinite(ci.mean)) continue;
+      s.x.push_back(t);
+      s.mean.push_back(ci.mean);
+      s.low.push_back(ci.low);
+      s.high.push_back(ci.high);
+    }
+    chart.bands.push_back(std::move(s));
+  }
+  write_png(path.string(), render(chart));
+}
+
+// --- Output -----------------------------------------------------------------------------------------------------
+
+nlohmann::json summary_json(const std::vector<method_summary>& summaries, const compare_options& options,
+                            double budget) {
+  nlohmann::json result = nlohmann::json::object();
+  const auto put = [](nlohmann::json& j, const std::string& key, const mean_interval& ci) {
+    j[key + "_mean"] = ci.mean;
+    j[key + "_ci_low"] = ci.low;
+    j[key + "_ci_high"] = ci.high;
+  };
+  for (const method_summary& s : summaries) {
+    nlohmann::json j = {{"model", options.model},
+                        {"seeds", options.seeds},
+                        {"first_seed", options.seed},
+                        {"iterations", options.iters},
+                        {"eval_every", options.eval_every},
+                        {"interval", "student-t"},
+                        {"confidence", confidence},
+                        {"t_quantile", s.gain.t},
+                        {"gain_std", s.gain.standard_deviation},
+                        {"budget_seconds", budget},
+                        {"total_seconds_mean", s.total_seconds},
+                        {"time_ratio_vs_dance", s.time_ratio.mean},
+                        {"time_ratio_ci_low", s.time_ratio.low},
+                        {"time_ratio_ci_high", s.time_ratio.high},
+                        {"evaluations", s.evaluations},
+                        {"update_evaluations", s.update_evaluations},
+                        {"edges", s.edges},
+                        {"edges_trained", s.edges_trained},
+                        {"trees_dropped", s.trees_dropped}};
+    put(j, "gain", s.gain);
+    put(j, "base_reward", s.base);
+    put(j, "final_reward", s.final_reward);
+    put(j, "gain_vs_dance", s.gain_vs_dance);
+    put(j, "reward_at_budget", s.at_budget);
+    put(j, "train_reward_at_budget", s.train_at_budget);
+    put(j, "seconds_per_iter", s.seconds_per_iter);
+    put(j, "cpu_seconds_per_iter", s.cpu_seconds_per_iter);
+    put(j, "cpu_time_ratio_vs_dance", s.cpu_time_ratio);
+    put(j, "vs_dance_at_equal_time", s.equal_time);
+    result[s.name] = std::move(j);
+  }
+  return result;
+}
+
+std::string fixed(double value, int digits, bool sign = false) {
+  if (!std::isfinite(value)) return "nan";
+  std::ostringstream out;
+  if (sign) out << std::showpos;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+std::string with_interval(const mean_interval& ci, int digits, bool sign) {
+  return fixed(ci.mean, digits, sign) + " [" + fixed(ci.low, digits, sign) + ", " + fixed(ci.high, digits, sign) + "]";
+}
+
+void print_table(const std::vector<method_summary>& summaries, const compare_options& options, double budget) {
+  const method_summary& dance = summaries.front();
+  std::cout << "compare: " << options.model << " model, " << summaries.size() << " methods x " << options.seeds
+            << " seeds (" << options.seed << " to " << options.seed + static_cast<std::uint64_t>(options.seeds - 1)
+            << ") x " << options.iters << " iterations, from one base model\n"
+            << "held-out reward: "
+            << (options.model == "toy" ? "ODE mean mode_reward (8 prompts x 64 samples)"
+                                       : "ODE samples' alignment + 0.1 x JPEG compressibility (4 prompts x 8 samples)")
+            << ", evaluated every " << options.eval_every << " iterations; gain = after - before, per seed\n"
+            << "intervals: 95% Student-t over the " << options.seeds << " seeds (t_{0.975, " << options.seeds - 1
+            << "} = " << fixed(dance.gain.t, 3) << ")\n"
+            << "budget: dance's mean training time for " << options.iters << " iterations = " << fixed(budget, 3)
+            << " s; reward at budget = each seed's held-out curve read there (held after a run ends)\n\n";
+  std::cout << std::left << std::setw(15) << "method" << std::right << std::setw(8) << "base" << std::setw(28)
+            << "gain [95% CI]" << std::setw(28) << "gain - dance [95% CI]" << std::setw(28) << "- dance at equal time"
+            << std::setw(26) << "reward@budget [95% CI]" << std::setw(9) << "s/iter" << std::setw(21)
+            << "vs dance [95% CI]" << std::setw(21) << "cpu vs dance" << '\n';
+  for (const method_summary& s : summaries)
+    std::cout << std::left << std::setw(15) << s.name << std::right << std::setw(8) << fixed(s.base.mean, 4)
+              << std::setw(28) << with_interval(s.gain, 4, true) << std::setw(28)
+              << with_interval(s.gain_vs_dance, 4, true) << std::setw(28) << with_interval(s.equal_time, 4, true)
+              << std::setw(26) << with_interval(s.at_budget, 4, false) << std::setw(9)
+              << fixed(s.seconds_per_iter.mean, 3) << std::setw(21) << with_interval(s.time_ratio, 2, false)
+              << std::setw(21) << with_interval(s.cpu_time_ratio, 2, false) << '\n';
+  std::cout << "(- dance at equal time: final reward - dance's held-out reward when the run ended; vs dance: seconds "
+               "per iteration over dance's; cpu: the same in process CPU seconds; all per seed)\n\n";
+}
+
+// --- The command --------------------------------------------------------------------------------------------------
+
+// Bytes a run keeps per iteration (its statistics, its time, a possible evaluation): small, but the product of
+// --seeds and --iters is not.
+constexpr double bytes_per_iteration = sizeof(iteration_stats) + 4 * sizeof(double);
+
+void validate(compare_options& options) {
+  // Ranges are checked as the flags are parsed (number_options.hpp); here what depends on the model.
+  require(options.model == "toy" || options.model == "shapes", "--model = ", options.model,
+          ": unknown model (expected toy or shapes)");
+#ifndef BRANCHGRPO_CLI_TORCH
+  if (options.model == "shapes")
+    fail(
+        "branchgrpo compare --model shapes needs the LibTorch adapter (not built): install LibTorch, toml++ and "
+        "TurboJPEG (scripts/setup.sh) and rebuild");
+#endif
+  const bool toy = options.model == "toy";
+  require(toy || options.iters <= shapes_max_iters, "--iters = ", options.iters, ": must be at most ", shapes_max_iters,
+          " with --model shapes");
+  require(!toy || options.model_dir.empty(), "--model-dir = ", options.model_dir,
+          ": only --model shapes loads a model");
+  if (options.iters == 0) options.iters = toy ? toy_default_iters : shapes_default_iters;
+  if (!options.seed_given) options.seed = toy ? toy_default_seed : 0;
+  if (options.eval_every == 0) options.eval_every = toy ? 1 : std::max(1, options.iters / 4);
+  const std::uint64_t last = std::numeric_limits<std::uint64_t>::max();
+  require(options.seed <= last - static_cast<std::uint64_t>(options.seeds - 1), "--seed = ", options.seed,
+          ": with --seeds = ", options.seeds, " the last seed would exceed 2^64 - 1");
+  require_fits(static_cast<double>(options.seeds) * static_cast<double>(method_names.size()) * options.iters *
+                   bytes_per_iteration,
+               setting_text("--seeds", options.seeds) + ", " + setting_text("--iters", options.iters),
+               "the record of every iteration");
+}
+
+void run_compare(compare_options options) {
+  validate(options);
+  const std::filesystem::path out(options.out);
+  {
+    std::error_code error;
+    std::filesystem::create_directories(out, error);
+    if (error || !std::filesystem::is_directory(out))
+      throw write_error(out, "cannot create the output directory", error ? error.value() : ENOTDIR);
+  }
+  const std::vector<std::string> methods(method_names.begin(), method_names.end());  // dance first
+  std::vector<std::vector<run_record>> runs(methods.size());
+  progress bar{.bar = run_progress(!options.quiet, options.seeds * static_cast<int>(methods.size()) * options.iters),
+               .runs_done = 0,
+               .iters = options.iters};
+  const bool toy = options.model == "toy";
+  std::optional<fourier_policy<host_backend>> toy_base;  // fitted once, copied per run
+  if (toy) toy_base.emplace(make_toy_policy(options.seed));
+  for (int k = 0; k < options.seeds; ++k) {
+    const std::uint64_t seed = options.seed + static_cast<std::uint64_t>(k);
+    const seed_setup setup{
+        .index = k, .seed = seed, .order = prompt_order(toy ? toy_runs::eval_modes : 4, seed, k == 0)};
+    // Seed k starts with method k mod 5, so no method always runs first (or right after the base evaluation).
+    std::vector<std::string> rotated;
+    for (std::size_t j = 0; j < methods.size(); ++j)
+      rotated.push_back(methods[(j + static_cast<std::size_t>(k)) % methods.size()]);
+    const auto keep = [&](run_record run) {
+      const auto m = static_cast<std::size_t>(std::find(methods.begin(), methods.end(), run.method) - methods.begin());
+      runs[m].push_back(std::move(run));
+    };
+    if (toy) run_toy_seed(setup, *toy_base, options, rotated, bar, keep);
+#ifdef BRANCHGRPO_CLI_TORCH
+    else
+      run_shapes_seed(setup, options, rotated, bar, keep);
+#endif
+  }
+  bar.bar.clear();
+
+  std::vector<double> dance_totals;
+  for (const run_record& r : runs.front()) dance_totals.push_back(r.total_seconds());
+  const double budget = sample_mean(dance_totals);
+  const std::vector<method_summary> summaries = summarize(runs, budget);
+  const nlohmann::json summary = summary_json(summaries, options, budget);
+  const std::vector<std::filesystem::path> files = {out / "runs.csv", out / "reward_vs_time.png", out / "summary.json"};
+  write_csv(files[0], runs);
+  write_plot(files[1], runs, summaries, budget, options.model, options.seeds);
+  write_file(files[2], summary.dump(2) + "\n");
+  if (options.json) {
+    std::cout << summary.dump() << '\n';
+    return;
+  }
+  print_table(summaries, options, budget);
+  std::cout << "wrote";
+  for (const auto& file : files) std::cout << ' ' << file.string();
+  std::cout << '\n';
+}
+
+}  // namespace
+
+void add_compare_command(CLI::App& app) {
+  auto options = std::make_shared<compare_options>();
+  CLI::App* compare = app.add_subcommand(
+      "compare", "Train dance and every BranchGRPO variant with N seeds; means and 95% Student-t intervals");
+  compare->add_option("--model", options->model, "toy (2-D, no LibTorch) or shapes (the shipped model, as demo)")
+      ->type_name("toy|shapes")
+      ->capture_default_str();
+  // --seeds: at least 2 for an interval; the product with --iters is checked against memory (validate).
+  add_integer(compare, "--seeds", options->seeds, "Seeds per method (first seed, first seed + 1, ...)", 2, 10'000)
+      ->type_name("N")
+      ->capture_default_str();
+  add_integer(compare, "--iters", options->iters,
+              "Iterations per run (default: toy 30, shapes 16; shapes at most 100000)", 1,
+              static_cast<int>(max_noise_iteration))
+      ->type_name("N");
+  CLI::Option* seed = add_integer(compare, "--seed", options->seed,
+                                  "First seed (default: toy 7, shapes 0): keys the noise and the held-out set; the "
+                                  "toy's base model is fitted with it")
+                          ->type_name("S");
+  add_integer(compare, "--eval-every", options->eval_every,
+              "Held-out evaluation every N iterations, and after the last (default: toy 1, shapes a quarter)", 1,
+              static_cast<int>(max_noise_iteration))
+      ->type_name("N");
+  compare
+      ->add_option("--model-dir", options->model_dir,
+                   "--model shapes: the model directory (default "
+                   "models/shapes-tiny)")
+      ->type_name("DIR");
+  compare->add_option("--out", options->out, "Directory for runs.csv, reward_vs_time.png and summary.json (created)")
+      ->type_name("DIR")
+      ->capture_default_str();
+  compare->add_flag("--json", options->json, "One JSON object keyed by method, nothing else");
+  compare->add_flag("--quiet", options->quiet, "No progress bar");
+  compare->callback([options, seed] {
+    options->seed_given = seed->count() > 0;
+    run_compare(*options);
+  });
+}
+
+}  // namespace branchgrpo::cli
