@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -55,11 +56,9 @@ struct pretrain_options {
   bool video = false;  ///< the moving-shapes clips and a Wan2.1-architecture transformer
 };
 
-// The shapes config with the JSON object's fields replacing its own. The data fix in_channels (3 x 2 x 2) and
-// guidance_embed (no guidance); every other flux_config field may be given.
-flux_config config_from_json(const std::string& text) {
-  flux_config config = shapes_flux_config();
-  if (text.empty()) return config;
+// --config-json as a JSON object ("" = {}); one line naming the problem otherwise.
+nlohmann::json config_json_object(const std::string& text) {
+  if (text.empty()) return nlohmann::json::object();
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);
@@ -67,39 +66,52 @@ flux_config config_from_json(const std::string& text) {
     fail("--config-json is not valid JSON: ", error.what());
   }
   require(json.is_object(), "--config-json must be a JSON object, got ", echo_text(json.dump()));
-  // An integer beyond int64 (an unsigned 2^64 - 1) is refused, never wrapped; the config's limits come after.
-  const auto integer = [](const nlohmann::json& value, const std::string& key) {
-    require(value.is_number_integer(), "--config-json '", key, "' must be an integer, got ", echo_text(value.dump()));
-    return parse_integer<std::int64_t>(value.dump(), "--config-json '" + key + "'");
-  };
-  const auto number = [](const nlohmann::json& value, const std::string& key) {
-    require(value.is_number(), "--config-json '", key, "' must be a number, got ", echo_text(value.dump()));
-    return value.get<double>();
-  };
+  return json;
+}
+
+// A --config-json field's value. An integer beyond int64 (an unsigned 2^64 - 1) is refused, never wrapped; the
+// config's limits come after (validate).
+std::int64_t json_integer(const nlohmann::json& value, const std::string& key) {
+  require(value.is_number_integer(), "--config-json '", key, "' must be an integer, got ", echo_text(value.dump()));
+  return parse_integer<std::int64_t>(value.dump(), "--config-json '" + key + "'");
+}
+double json_number(const nlohmann::json& value, const std::string& key) {
+  require(value.is_number(), "--config-json '", key, "' must be a number, got ", echo_text(value.dump()));
+  return value.get<double>();
+}
+std::array<std::int64_t, 3> json_triple(const nlohmann::json& value, const std::string& key) {
+  require(value.is_array() && value.size() == 3, "--config-json '", key, "' must be 3 integers, got ",
+          echo_text(value.dump()));
+  return {json_integer(value[0], key), json_integer(value[1], key), json_integer(value[2], key)};
+}
+
+// The shapes config with the JSON object's fields replacing its own. The data fix in_channels (3 x 2 x 2) and
+// guidance_embed (no guidance); every other flux_config field may be given.
+flux_config config_from_json(const std::string& text) {
+  flux_config config = shapes_flux_config();
+  const nlohmann::json json = config_json_object(text);
   for (const auto& [key, value] : json.items()) {
     if (key == "hidden")
-      config.hidden = integer(value, key);
+      config.hidden = json_integer(value, key);
     else if (key == "heads")
-      config.heads = integer(value, key);
+      config.heads = json_integer(value, key);
     else if (key == "depth_double")
-      config.depth_double = integer(value, key);
+      config.depth_double = json_integer(value, key);
     else if (key == "depth_single")
-      config.depth_single = integer(value, key);
+      config.depth_single = json_integer(value, key);
     else if (key == "vec_in")
-      config.vec_in = integer(value, key);
+      config.vec_in = json_integer(value, key);
     else if (key == "context_in")
-      config.context_in = integer(value, key);
+      config.context_in = json_integer(value, key);
     else if (key == "rope_theta")
-      config.rope_theta = number(value, key);
+      config.rope_theta = json_number(value, key);
     else if (key == "mlp_ratio")
-      config.mlp_ratio = number(value, key);
+      config.mlp_ratio = json_number(value, key);
     else if (key == "qkv_bias") {
       require(value.is_boolean(), "--config-json 'qkv_bias' must be true or false, got ", echo_text(value.dump()));
       config.qkv_bias = value.get<bool>();
     } else if (key == "rope_axes") {
-      require(value.is_array() && value.size() == 3, "--config-json 'rope_axes' must be 3 integers, got ",
-              echo_text(value.dump()));
-      for (std::size_t a = 0; a < 3; ++a) config.rope_axes[a] = integer(value[a], key);
+      config.rope_axes = json_triple(value, key);
     } else {
       fail("--config-json: unknown or fixed key '", key,
            "' (hidden, heads, depth_double, depth_single, rope_axes, rope_theta, vec_in, context_in, mlp_ratio, "
@@ -294,42 +306,27 @@ rgb_image image_grid(const torch::Tensor& images, int columns, int scale = 4) {
 // (3 pixel channels); text_len follows the prompts.
 wan_config wan_config_from_json(const std::string& text) {
   wan_config config = moving_shapes_wan_config();
-  if (text.empty()) return config;
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail("--config-json is not valid JSON: ", error.what());
-  }
-  require(json.is_object(), "--config-json must be a JSON object, got ", echo_text(json.dump()));
-  const auto integer = [](const nlohmann::json& value, const std::string& key) {
-    require(value.is_number_integer(), "--config-json '", key, "' must be an integer, got ", echo_text(value.dump()));
-    return parse_integer<std::int64_t>(value.dump(), "--config-json '" + key + "'");
-  };
+  const nlohmann::json json = config_json_object(text);
   for (const auto& [key, value] : json.items()) {
     if (key == "dim")
-      config.dim = integer(value, key);
+      config.dim = json_integer(value, key);
     else if (key == "ffn_dim")
-      config.ffn_dim = integer(value, key);
+      config.ffn_dim = json_integer(value, key);
     else if (key == "heads")
-      config.heads = integer(value, key);
+      config.heads = json_integer(value, key);
     else if (key == "layers")
-      config.layers = integer(value, key);
+      config.layers = json_integer(value, key);
     else if (key == "freq_dim")
-      config.freq_dim = integer(value, key);
+      config.freq_dim = json_integer(value, key);
     else if (key == "text_dim")
-      config.text_dim = integer(value, key);
-    else if (key == "rope_theta") {
-      require(value.is_number(), "--config-json 'rope_theta' must be a number, got ", echo_text(value.dump()));
-      config.rope_theta = value.get<double>();
-    } else if (key == "patch") {
-      require(value.is_array() && value.size() == 3, "--config-json 'patch' must be 3 integers, got ",
-              echo_text(value.dump()));
-      for (std::size_t a = 0; a < 3; ++a) config.patch[a] = integer(value[a], key);
-    } else {
+      config.text_dim = json_integer(value, key);
+    else if (key == "rope_theta")
+      config.rope_theta = json_number(value, key);
+    else if (key == "patch")
+      config.patch = json_triple(value, key);
+    else
       fail("--config-json: unknown or fixed key '", key,
            "' for --video (dim, ffn_dim, heads, layers, freq_dim, text_dim, patch, rope_theta)");
-    }
   }
   validate(config);
   return config;

@@ -174,53 +174,21 @@ inline std::string format_wan_config(const wan_config& c) {
 /// `source` prefixes errors ("m: wan_config layers = 100000000: must be an integer in [1, 1024]").
 /// @post the result passes validate().
 inline wan_config parse_wan_config(std::string_view text, std::string_view source) {
-  std::map<std::string, std::string> fields;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t end = std::min(text.find(';', at), text.size());
-    const std::string_view item = text.substr(at, end - at);
-    const std::size_t eq = item.find('=');
-    require(eq != std::string_view::npos, source, ": wan_config entry '", item, "' is not key=value");
-    const std::string key(item.substr(0, eq));
-    require(!fields.contains(key), source, ": wan_config key '", key, "' appears twice");
-    fields[key] = std::string(item.substr(eq + 1));
-    at = end + 1;
-  }
-  const auto value = [&](const std::string& key) {
-    const auto it = fields.find(key);
-    require(it != fields.end(), source, ": wan_config has no '", key, "'");
-    std::string v = std::move(it->second);
-    fields.erase(it);
-    return v;
-  };
-  const auto where = [&](const std::string& key) { return std::string(source) + ": wan_config " + key; };
-  const auto integer = [&](const std::string& key, std::int64_t high) {
-    return parse_integer<std::int64_t>(value(key), where(key), 1, high);
-  };
+  detail::config_fields f(text, source, "wan_config");
   wan_config c;
-  c.in_dim = integer("in_dim", wan_max_width);
-  c.out_dim = integer("out_dim", wan_max_width);
-  c.dim = integer("dim", wan_max_width);
-  c.ffn_dim = integer("ffn_dim", wan_max_width);
-  c.heads = integer("heads", wan_max_width);
-  c.layers = integer("layers", wan_max_depth);
-  c.freq_dim = integer("freq_dim", wan_max_width);
-  c.text_dim = integer("text_dim", wan_max_width);
-  c.text_len = integer("text_len", wan_max_text_len);
-  {
-    const std::string patch = value("patch");
-    std::size_t from = 0;
-    for (std::size_t a = 0; a < 3; ++a) {
-      const std::size_t comma = a < 2 ? patch.find(',', from) : patch.size();
-      require(comma != std::string::npos, where("patch"), " = ", echo_text(patch), ": must be three integers");
-      c.patch[a] = parse_integer<std::int64_t>(std::string_view(patch).substr(from, comma - from),
-                                               where("patch[" + std::to_string(a) + "]"), 1, wan_max_patch);
-      from = comma + 1;
-    }
-  }
-  c.eps = parse_number(value("eps"), where("eps"));
-  c.rope_theta = parse_number(value("rope_theta"), where("rope_theta"));
-  require(fields.empty(), source, ": unknown wan_config key '", fields.empty() ? "" : fields.begin()->first, "'");
+  c.in_dim = f.integer("in_dim", 1, wan_max_width);
+  c.out_dim = f.integer("out_dim", 1, wan_max_width);
+  c.dim = f.integer("dim", 1, wan_max_width);
+  c.ffn_dim = f.integer("ffn_dim", 1, wan_max_width);
+  c.heads = f.integer("heads", 1, wan_max_width);
+  c.layers = f.integer("layers", 1, wan_max_depth);
+  c.freq_dim = f.integer("freq_dim", 1, wan_max_width);
+  c.text_dim = f.integer("text_dim", 1, wan_max_width);
+  c.text_len = f.integer("text_len", 1, wan_max_text_len);
+  c.patch = f.triple("patch", 1, wan_max_patch);
+  c.eps = f.number("eps");
+  c.rope_theta = f.number("rope_theta");
+  f.finish();
   try {
     validate(c);
   } catch (const invalid_input& error) {

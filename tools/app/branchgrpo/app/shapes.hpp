@@ -330,6 +330,61 @@ inline std::string shortest_text(double value) {
   const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
   return std::string(buffer, result.ptr);
 }
+
+/// The fields of a model config's metadata text "key=value;key=value" (format_flux_config, format_wan_config), each
+/// key once; `name` ("flux_config", "wan_config") and `source` prefix every error. Values go through the library's
+/// one parsing path (core/numbers.hpp): "m: flux_config hidden = x: must be an integer in [0, 65536]".
+struct config_fields {
+  std::string source, name;
+  std::map<std::string, std::string> fields;
+
+  config_fields(std::string_view text, std::string_view source_, std::string_view name_)
+      : source(source_), name(name_) {
+    std::size_t at = 0;
+    while (at <= text.size()) {
+      const std::size_t end = std::min(text.find(';', at), text.size());
+      const std::string_view item = text.substr(at, end - at);
+      const std::size_t eq = item.find('=');
+      require(eq != std::string_view::npos, source, ": ", name, " entry '", item, "' is not key=value");
+      const std::string key(item.substr(0, eq));
+      require(!fields.contains(key), source, ": ", name, " key '", key, "' appears twice");
+      fields[key] = std::string(item.substr(eq + 1));
+      at = end + 1;
+    }
+  }
+  /// "<source>: <name> <key>", what a value's error names.
+  [[nodiscard]] std::string where(const std::string& key) const { return source + ": " + name + " " + key; }
+  /// Removes and returns a key's text (every key must appear).
+  std::string take(const std::string& key) {
+    const auto it = fields.find(key);
+    require(it != fields.end(), source, ": ", name, " has no '", key, "'");
+    std::string v = std::move(it->second);
+    fields.erase(it);
+    return v;
+  }
+  double number(const std::string& key) { return parse_number(take(key), where(key)); }
+  std::int64_t integer(const std::string& key, std::int64_t low, std::int64_t high) {
+    return parse_integer<std::int64_t>(take(key), where(key), low, high);
+  }
+  /// Three comma-separated integers in [low, high] ("rope_axes=8,12,12").
+  std::array<std::int64_t, 3> triple(const std::string& key, std::int64_t low, std::int64_t high) {
+    const std::string text = take(key);
+    std::array<std::int64_t, 3> out{};
+    std::size_t from = 0;
+    for (std::size_t a = 0; a < 3; ++a) {
+      const std::size_t comma = a < 2 ? text.find(',', from) : text.size();
+      require(comma != std::string::npos, where(key), " = ", echo_text(text), ": must be three integers");
+      out[a] = parse_integer<std::int64_t>(std::string_view(text).substr(from, comma - from),
+                                           where(key + "[" + std::to_string(a) + "]"), low, high);
+      from = comma + 1;
+    }
+    return out;
+  }
+  /// After every take: no key is left over.
+  void finish() const {
+    require(fields.empty(), source, ": unknown ", name, " key '", fields.empty() ? "" : fields.begin()->first, "'");
+  }
+};
 }  // namespace detail
 
 /// A flux_config as "key=value;..." in field order (booleans 0 / 1, doubles in shortest round-trip form).
@@ -351,58 +406,21 @@ inline std::string format_flux_config(const flux_config& c) {
 ///   "m: flux_config depth_double = 100000000: must be an integer in [0, 1024]" (nothing is built or enumerated).
 /// @post the result passes validate().
 inline flux_config parse_flux_config(std::string_view text, std::string_view source) {
+  detail::config_fields f(text, source, "flux_config");
   flux_config c;
-  std::map<std::string, std::string> fields;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t end = std::min(text.find(';', at), text.size());
-    const std::string_view item = text.substr(at, end - at);
-    const std::size_t eq = item.find('=');
-    require(eq != std::string_view::npos, source, ": flux_config entry '", item, "' is not key=value");
-    const std::string key(item.substr(0, eq));
-    require(!fields.contains(key), source, ": flux_config key '", key, "' appears twice");
-    fields[key] = std::string(item.substr(eq + 1));
-    at = end + 1;
-  }
-  // Values go through the library's one parsing path (core/numbers.hpp): "m: flux_config hidden = x: ...".
-  const auto value = [&](const std::string& key) {
-    const auto it = fields.find(key);
-    require(it != fields.end(), source, ": flux_config has no '", key, "'");
-    std::string v = std::move(it->second);
-    fields.erase(it);
-    return v;
-  };
-  const auto where = [&](const std::string& key) { return std::string(source) + ": flux_config " + key; };
-  const auto number = [&](const std::string& key) { return parse_number(value(key), where(key)); };
-  const auto integer = [&](const std::string& key, std::int64_t high) {
-    return parse_integer<std::int64_t>(value(key), where(key), 0, high);
-  };
-  const auto flag = [&](const std::string& key) {
-    return parse_integer<std::int64_t>(value(key), where(key), 0, 1) == 1;
-  };
-  c.in_channels = integer("in_channels", flux_max_width);
-  c.hidden = integer("hidden", flux_max_width);
-  c.heads = integer("heads", flux_max_width);
-  c.depth_double = integer("depth_double", flux_max_depth);
-  c.depth_single = integer("depth_single", flux_max_depth);
-  {
-    const std::string axes = value("rope_axes");
-    std::size_t from = 0;
-    for (std::size_t a = 0; a < 3; ++a) {
-      const std::size_t comma = a < 2 ? axes.find(',', from) : axes.size();
-      require(comma != std::string::npos, where("rope_axes"), " = ", echo_text(axes), ": must be three integers");
-      c.rope_axes[a] = parse_integer<std::int64_t>(std::string_view(axes).substr(from, comma - from),
-                                                   where("rope_axes[" + std::to_string(a) + "]"), 0, flux_max_width);
-      from = comma + 1;
-    }
-  }
-  c.rope_theta = number("rope_theta");
-  c.vec_in = integer("vec_in", flux_max_width);
-  c.context_in = integer("context_in", flux_max_width);
-  c.mlp_ratio = number("mlp_ratio");
-  c.qkv_bias = flag("qkv_bias");
-  c.guidance_embed = flag("guidance_embed");
-  require(fields.empty(), source, ": unknown flux_config key '", fields.empty() ? "" : fields.begin()->first, "'");
+  c.in_channels = f.integer("in_channels", 0, flux_max_width);
+  c.hidden = f.integer("hidden", 0, flux_max_width);
+  c.heads = f.integer("heads", 0, flux_max_width);
+  c.depth_double = f.integer("depth_double", 0, flux_max_depth);
+  c.depth_single = f.integer("depth_single", 0, flux_max_depth);
+  c.rope_axes = f.triple("rope_axes", 0, flux_max_width);
+  c.rope_theta = f.number("rope_theta");
+  c.vec_in = f.integer("vec_in", 0, flux_max_width);
+  c.context_in = f.integer("context_in", 0, flux_max_width);
+  c.mlp_ratio = f.number("mlp_ratio");
+  c.qkv_bias = f.integer("qkv_bias", 0, 1) == 1;
+  c.guidance_embed = f.integer("guidance_embed", 0, 1) == 1;
+  f.finish();
   try {
     validate(c);
   } catch (const invalid_input& error) {
