@@ -213,7 +213,7 @@ inline evaluation evaluate(training_run& run, const demo_options& options) {
   double sum = 0;
   for (const double s : scores) sum += s;
   out.reward = sum / static_cast<double>(scores.size());
-  out.components = run.last_components();
+  out.components = run.last_score_components();  // the held-out samples' own, not the last iteration's
   return out;
 }
 

@@ -600,6 +600,9 @@ class training_run {
   std::vector<double> score_images(const torch::Tensor& images, std::span<const std::int64_t> prompts) {
     return reward_(images, prompts);
   }
+  /// The mean unweighted score of each reward over the rows of the last score_images call (held-out scores; the
+  /// training iterations' are last_components()).
+  [[nodiscard]] const std::map<std::string, double>& last_score_components() const { return reward_.last_components(); }
 
   /// The checkpoint of the current state (see checkpoint.hpp).
   [[nodiscard]] checkpoint_contents checkpoint() {
