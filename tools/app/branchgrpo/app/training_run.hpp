@@ -186,6 +186,8 @@ inline run_model load_run_model(const run_config& config) {
   if (std::holds_alternative<wan_config>(run_transformer_config(config))) return detail::load_video_run_model(config);
   run_model out;
   const model_section& m = config.model;
+  require(m.latent_frames == 0, config.source, ": model.latent_frames = ", m.latent_frames,
+          ": is for video models; model.dir = \"", m.dir, "\" makes images");
   flux_config flux;
   if (!m.dir.empty()) {
     const shapes_model loaded = load_shapes_model(config.input_path(m.dir));
