@@ -25,9 +25,10 @@ void add_toy_command(CLI::App& app);
 
 /// Registers the `compare` subcommand on `app`: dance and every BranchGRPO variant trained from one base model
 /// (--model toy, or shapes with LibTorch) with N seeds; per method the held-out reward gain, the gain over dance's,
-/// the held-out reward at dance's mean time for the run and the seconds per iteration (with the ratio to dance's),
-/// each as a mean over the seeds with its 95 % Student-t interval. Prints a table (one JSON object keyed by method
-/// with --json) and writes runs.csv, reward_vs_time.png and summary.json into --out. Throws
+/// the held-out reward at a budget of dance's training time and the reward difference to dance at equal time (each
+/// on the wall and the CPU clock), and the seconds per iteration with the ratio to dance's, each as a mean over the
+/// seeds with its 95 % Student-t interval. Prints two tables (one JSON object keyed by method with --json) and
+/// writes runs.csv, reward_vs_time.png, reward_vs_cpu_time.png and summary.json into --out. Throws
 /// branchgrpo::invalid_input, naming the value, for an unknown model, a count out of range or sizes that do not fit.
 /// Example: `branchgrpo compare --model toy --seeds 2 --iters 3 --json` ->
 ///   {"branch":{...,"gain_ci_high":...,"gain_ci_low":...,"gain_mean":...,...,"time_ratio_vs_dance":...},

@@ -1,13 +1,15 @@
 // `branchgrpo compare`: dance and every BranchGRPO variant, each trained from the same base model with N seeds, and
-// per method the held-out reward gain, the reward reached at a fixed wall-clock budget and the time per iteration,
-// each as a mean over the seeds with its 95 % Student-t interval (docs/cli.md, docs/results.md). The toy trains as
-// `toy --compare` does, the shapes model as `demo` does (cli/method_runs.hpp); with the first seed both reproduce
-// those commands' rewards.
+// per method the held-out reward gain, the reward reached at a fixed budget of training time, the reward against
+// dance's at equal time and the time per iteration, each as a mean over the seeds with its 95 % Student-t interval
+// (docs/cli.md, docs/results.md). Times are kept on two clocks, wall and process CPU, because a shared machine's
+// load moves the first. The toy trains as `toy --compare` does, the shapes model as `demo` does
+// (cli/method_runs.hpp); with the first seed both reproduce those commands' rewards.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +54,7 @@ struct compare_options {
   std::uint64_t seed = 0;  // the first seed; not given: toy 7, shapes 0 (the defaults of toy and demo)
   bool seed_given = false;
   int eval_every = 0;     // 0 = toy 1, shapes a quarter of the run (demo's)
+  int budget_iters = 0;   // K: the budget is dance's mean time for K iterations; 0 = --iters
   std::string model_dir;  // shapes: "" = models/shapes-tiny, as demo
   std::string out = "out/compare";
   bool json = false;
@@ -67,6 +70,10 @@ constexpr int shapes_max_iters = 100'000;  // demo's --iters limit
 
 // --- One method trained with one seed ----------------------------------------------------------------------------
 
+// The time axis of curves and budgets: wall seconds (the paper's), or CPU seconds of the process (all threads),
+// which a shared machine's other load moves much less.
+enum class clock_kind { wall, cpu };
+
 struct run_record {
   std::string method;
   std::uint64_t seed = 0;
@@ -79,12 +86,19 @@ struct run_record {
   [[nodiscard]] double base() const { return eval_rewards.front(); }
   [[nodiscard]] double final_reward() const { return eval_rewards.back(); }
   [[nodiscard]] double total_seconds() const { return cumulative.empty() ? 0.0 : cumulative.back(); }
-  // The held-out reward against training time: (0, base), then each evaluation at its cumulative time.
-  [[nodiscard]] std::vector<double> eval_times() const {
+  // Training time after iteration i + 1 on `clock`: wall seconds, or the process's CPU seconds summed.
+  [[nodiscard]] std::vector<double> times(clock_kind clock) const {
+    if (clock == clock_kind::wall) return cumulative;
     std::vector<double> t;
-    for (const int done : eval_iterations)
-      t.push_back(done == 0 ? 0.0 : cumulative[static_cast<std::size_t>(done - 1)]);
+    for (const double c : cpu_seconds) t.push_back((t.empty() ? 0.0 : t.back()) + c);
     return t;
+  }
+  // The held-out reward against training time: (0, base), then each evaluation at its cumulative time.
+  [[nodiscard]] std::vector<double> eval_times(clock_kind clock) const {
+    const std::vector<double> t = times(clock);
+    std::vector<double> out;
+    for (const int done : eval_iterations) out.push_back(done == 0 ? 0.0 : t[static_cast<std::size_t>(done - 1)]);
+    return out;
   }
 };
 
@@ -261,18 +275,19 @@ mean_interval interval_of(const std::vector<double>& values) {
 }
 
 // The training reward against training time, without iterations whose reward is NaN (every tree dropped).
-double train_reward_at(const run_record& run, double seconds) {
+double train_reward_at(const run_record& run, double seconds, clock_kind clock) {
+  const std::vector<double> at = run.times(clock);
   std::vector<double> times, values;
   for (std::size_t i = 0; i < run.stats.size(); ++i)
     if (std::isfinite(run.stats[i].reward_mean)) {
-      times.push_back(run.cumulative[i]);
+      times.push_back(at[i]);
       values.push_back(run.stats[i].reward_mean);
     }
   return times.empty() ? std::numeric_limits<double>::quiet_NaN() : curve_at(times, values, seconds);
 }
 
-double heldout_at(const run_record& run, double seconds) {
-  const std::vector<double> times = run.eval_times();
+double heldout_at(const run_record& run, double seconds, clock_kind clock) {
+  const std::vector<double> times = run.eval_times(clock);
   for (const double r : run.eval_rewards)
     if (!std::isfinite(r)) return std::numeric_limits<double>::quiet_NaN();
   return curve_at(times, run.eval_rewards, seconds);
@@ -280,22 +295,28 @@ double heldout_at(const run_record& run, double seconds) {
 
 struct method_summary {
   std::string name;
-  mean_interval base, final_reward, gain, gain_vs_dance, at_budget, train_at_budget, seconds_per_iter, time_ratio,
-      cpu_seconds_per_iter, cpu_time_ratio, equal_time;
-  double total_seconds = 0;
+  mean_interval base, final_reward, gain, gain_vs_dance, seconds_per_iter, time_ratio, cpu_seconds_per_iter,
+      cpu_time_ratio;
+  // Per clock (wall, cpu): the held-out and training reward at the budget, and the final reward minus dance's at
+  // the time the run ended.
+  std::array<mean_interval, 2> at_budget, train_at_budget, equal_time;
+  std::array<double, 2> total_seconds{};
   double evaluations = 0, update_evaluations = 0, edges = 0, edges_trained = 0;  // per iteration
   int trees_dropped = 0;
 };
 
-// runs[m][k]: method m, seed k. Method 0 is dance.
-std::vector<method_summary> summarize(const std::vector<std::vector<run_record>>& runs, double budget) {
+constexpr std::array<clock_kind, 2> clocks = {clock_kind::wall, clock_kind::cpu};
+
+// runs[m][k]: method m, seed k. Method 0 is dance. budgets[c]: the budget on clock c.
+std::vector<method_summary> summarize(const std::vector<std::vector<run_record>>& runs,
+                                      const std::array<double, 2>& budgets) {
   std::vector<method_summary> out;
   const std::vector<run_record>& dance = runs.front();
   for (const std::vector<run_record>& method : runs) {
     method_summary s;
     s.name = method.front().method;
-    std::vector<double> base, final_reward, gain, vs_dance, at_budget, train_at_budget, per_iter, ratio, total, cpu,
-        cpu_ratio, equal_time;
+    std::vector<double> base, final_reward, gain, vs_dance, per_iter, ratio, cpu, cpu_ratio;
+    std::array<std::vector<double>, 2> at_budget, train_at_budget, equal_time, total;
     double iterations = 0;
     for (std::size_t k = 0; k < method.size(); ++k) {
       const run_record& r = method[k];
@@ -303,14 +324,17 @@ std::vector<method_summary> summarize(const std::vector<std::vector<run_record>>
       final_reward.push_back(r.final_reward());
       gain.push_back(r.final_reward() - r.base());
       vs_dance.push_back(gain.back() - (dance[k].final_reward() - dance[k].base()));
-      // At equal time: this run's final reward against dance's (same seed) when this run ended.
-      equal_time.push_back(r.final_reward() - heldout_at(dance[k], r.total_seconds()));
-      at_budget.push_back(heldout_at(r, budget));
-      train_at_budget.push_back(train_reward_at(r, budget));
+      for (std::size_t c = 0; c < clocks.size(); ++c) {
+        const double end = r.times(clocks[c]).back();
+        // At equal time: this run's final reward against dance's (same seed) when this run ended.
+        equal_time[c].push_back(r.final_reward() - heldout_at(dance[k], end, clocks[c]));
+        at_budget[c].push_back(heldout_at(r, budgets[c], clocks[c]));
+        train_at_budget[c].push_back(train_reward_at(r, budgets[c], clocks[c]));
+        total[c].push_back(end);
+      }
       const auto n = static_cast<double>(r.stats.size());
       per_iter.push_back(r.total_seconds() / n);
       ratio.push_back(per_iter.back() / (dance[k].total_seconds() / static_cast<double>(dance[k].stats.size())));
-      total.push_back(r.total_seconds());
       const auto cpu_per_iter = [](const run_record& run) {
         double sum = 0;
         for (const double c : run.cpu_seconds) sum += c;
@@ -331,14 +355,16 @@ std::vector<method_summary> summarize(const std::vector<std::vector<run_record>>
     s.final_reward = interval_of(final_reward);
     s.gain = interval_of(gain);
     s.gain_vs_dance = interval_of(vs_dance);
-    s.at_budget = interval_of(at_budget);
-    s.train_at_budget = interval_of(train_at_budget);
+    for (std::size_t c = 0; c < clocks.size(); ++c) {
+      s.at_budget[c] = interval_of(at_budget[c]);
+      s.train_at_budget[c] = interval_of(train_at_budget[c]);
+      s.equal_time[c] = interval_of(equal_time[c]);
+      s.total_seconds[c] = sample_mean(total[c]);
+    }
     s.seconds_per_iter = interval_of(per_iter);
     s.time_ratio = interval_of(ratio);
     s.cpu_seconds_per_iter = interval_of(cpu);
     s.cpu_time_ratio = interval_of(cpu_ratio);
-    s.equal_time = interval_of(equal_time);
-    s.total_seconds = sample_mean(total);
     s.evaluations /= iterations;
     s.update_evaluations /= iterations;
     s.edges /= iterations;
@@ -477,10 +503,13 @@ rgb_image render(const band_chart& chart) {
 // Each method's held-out reward against training time: at 60 times from 0 to its mean total time, the mean over
 // the seeds of each seed's curve read at that time (curve_at) and its interval.
 void write_plot(const std::filesystem::path& path, const std::vector<std::vector<run_record>>& runs,
-                const std::vector<method_summary>& summaries, double budget, const std::string& model, int seeds) {
-  band_chart chart{.title = (model == "toy" ? "TOY" : "SHAPES") + std::string(": HELD-OUT REWARD VS TRAINING TIME"),
+                const std::vector<method_summary>& summaries, double budget, clock_kind clock, const std::string& model,
+                int seeds) {
+  const bool cpu = clock == clock_kind::cpu;
+  band_chart chart{.title = (model == "toy" ? "TOY" : "SHAPES") + std::string(": HELD-OUT REWARD VS TRAINING ") +
+                            (cpu ? "CPU TIME" : "TIME"),
                    .caption = "MEAN OVER " + std::to_string(seeds) + " SEEDS; BANDS: 95% STUDENT-T INTERVAL",
-                   .x_label = "CUMULATIVE TRAINING TIME (S)",
+                   .x_label = cpu ? "CUMULATIVE TRAINING CPU TIME, ALL THREADS (S)" : "CUMULATIVE TRAINING TIME (S)",
                    .y_label = "HELD-OUT MEAN REWARD",
                    .width = 960,
                    .height = 580,
@@ -492,9 +521,9 @@ void write_plot(const std::filesystem::path& path, const std::vector<std::vector
     band_series s{
         .name = summaries[m].name, .colour = palette[m % palette.size()], .x = {}, .mean = {}, .low = {}, .high = {}};
     for (int j = 0; j <= points; ++j) {
-      const double t = summaries[m].total_seconds * j / points;
+      const double t = summaries[m].total_seconds[cpu ? 1 : 0] * j / points;
       std::vector<double> at;
-      for (const run_record& r : runs[m]) at.push_back(heldout_at(r, t));
+      for (const run_record& r : runs[m]) at.push_back(heldout_at(r, t, clock));
       const mean_interval ci = interval_of(at);
       if (!std::isfinite(ci.mean)) continue;
       s.x.push_back(t);
@@ -510,7 +539,7 @@ void write_plot(const std::filesystem::path& path, const std::vector<std::vector
 // --- Output -----------------------------------------------------------------------------------------------------
 
 nlohmann::json summary_json(const std::vector<method_summary>& summaries, const compare_options& options,
-                            double budget) {
+                            const std::array<double, 2>& budgets) {
   nlohmann::json result = nlohmann::json::object();
   const auto put = [](nlohmann::json& j, const std::string& key, const mean_interval& ci) {
     j[key + "_mean"] = ci.mean;
@@ -527,8 +556,11 @@ nlohmann::json summary_json(const std::vector<method_summary>& summaries, const 
                         {"confidence", confidence},
                         {"t_quantile", s.gain.t},
                         {"gain_std", s.gain.standard_deviation},
-                        {"budget_seconds", budget},
-                        {"total_seconds_mean", s.total_seconds},
+                        {"budget_iterations", options.budget_iters},
+                        {"budget_seconds", budgets[0]},
+                        {"cpu_budget_seconds", budgets[1]},
+                        {"total_seconds_mean", s.total_seconds[0]},
+                        {"total_cpu_seconds_mean", s.total_seconds[1]},
                         {"time_ratio_vs_dance", s.time_ratio.mean},
                         {"time_ratio_ci_low", s.time_ratio.low},
                         {"time_ratio_ci_high", s.time_ratio.high},
@@ -541,12 +573,15 @@ nlohmann::json summary_json(const std::vector<method_summary>& summaries, const 
     put(j, "base_reward", s.base);
     put(j, "final_reward", s.final_reward);
     put(j, "gain_vs_dance", s.gain_vs_dance);
-    put(j, "reward_at_budget", s.at_budget);
-    put(j, "train_reward_at_budget", s.train_at_budget);
+    put(j, "reward_at_budget", s.at_budget[0]);
+    put(j, "train_reward_at_budget", s.train_at_budget[0]);
+    put(j, "vs_dance_at_equal_time", s.equal_time[0]);
+    put(j, "reward_at_cpu_budget", s.at_budget[1]);
+    put(j, "train_reward_at_cpu_budget", s.train_at_budget[1]);
+    put(j, "vs_dance_at_equal_cpu_time", s.equal_time[1]);
     put(j, "seconds_per_iter", s.seconds_per_iter);
     put(j, "cpu_seconds_per_iter", s.cpu_seconds_per_iter);
     put(j, "cpu_time_ratio_vs_dance", s.cpu_time_ratio);
-    put(j, "vs_dance_at_equal_time", s.equal_time);
     result[s.name] = std::move(j);
   }
   return result;
@@ -564,7 +599,8 @@ std::string with_interval(const mean_interval& ci, int digits, bool sign) {
   return fixed(ci.mean, digits, sign) + " [" + fixed(ci.low, digits, sign) + ", " + fixed(ci.high, digits, sign) + "]";
 }
 
-void print_table(const std::vector<method_summary>& summaries, const compare_options& options, double budget) {
+void print_table(const std::vector<method_summary>& summaries, const compare_options& options,
+                 const std::array<double, 2>& budgets) {
   const method_summary& dance = summaries.front();
   std::cout << "compare: " << options.model << " model, " << summaries.size() << " methods x " << options.seeds
             << " seeds (" << options.seed << " to " << options.seed + static_cast<std::uint64_t>(options.seeds - 1)
@@ -574,22 +610,30 @@ void print_table(const std::vector<method_summary>& summaries, const compare_opt
                                        : "ODE samples' alignment + 0.1 x JPEG compressibility (4 prompts x 8 samples)")
             << ", evaluated every " << options.eval_every << " iterations; gain = after - before, per seed\n"
             << "intervals: 95% Student-t over the " << options.seeds << " seeds (t_{0.975, " << options.seeds - 1
-            << "} = " << fixed(dance.gain.t, 3) << ")\n"
-            << "budget: dance's mean training time for " << options.iters << " iterations = " << fixed(budget, 3)
-            << " s; reward at budget = each seed's held-out curve read there (held after a run ends)\n\n";
+            << "} = " << fixed(dance.gain.t, 3) << ")\n\n";
   std::cout << std::left << std::setw(15) << "method" << std::right << std::setw(8) << "base" << std::setw(28)
-            << "gain [95% CI]" << std::setw(28) << "gain - dance [95% CI]" << std::setw(28) << "- dance at equal time"
-            << std::setw(26) << "reward@budget [95% CI]" << std::setw(9) << "s/iter" << std::setw(21)
+            << "gain [95% CI]" << std::setw(28) << "gain - dance [95% CI]" << std::setw(9) << "s/iter" << std::setw(21)
             << "vs dance [95% CI]" << std::setw(21) << "cpu vs dance" << '\n';
   for (const method_summary& s : summaries)
     std::cout << std::left << std::setw(15) << s.name << std::right << std::setw(8) << fixed(s.base.mean, 4)
               << std::setw(28) << with_interval(s.gain, 4, true) << std::setw(28)
-              << with_interval(s.gain_vs_dance, 4, true) << std::setw(28) << with_interval(s.equal_time, 4, true)
-              << std::setw(26) << with_interval(s.at_budget, 4, false) << std::setw(9)
-              << fixed(s.seconds_per_iter.mean, 3) << std::setw(21) << with_interval(s.time_ratio, 2, false)
-              << std::setw(21) << with_interval(s.cpu_time_ratio, 2, false) << '\n';
-  std::cout << "(- dance at equal time: final reward - dance's held-out reward when the run ended; vs dance: seconds "
-               "per iteration over dance's; cpu: the same in process CPU seconds; all per seed)\n\n";
+              << with_interval(s.gain_vs_dance, 4, true) << std::setw(9) << fixed(s.seconds_per_iter.mean, 3)
+              << std::setw(21) << with_interval(s.time_ratio, 2, false) << std::setw(21)
+              << with_interval(s.cpu_time_ratio, 2, false) << '\n';
+  std::cout << "(vs dance: seconds per iteration over dance's, per seed; cpu: the same in process CPU seconds)\n\n"
+            << "budget: dance's mean training time for " << options.budget_iters << " iterations, "
+            << fixed(budgets[0], 3) << " s wall, " << fixed(budgets[1], 3)
+            << " s CPU; each seed's held-out curve read there (its last value after a run ends)\n";
+  std::cout << std::left << std::setw(15) << "method" << std::right << std::setw(26) << "reward@budget [95% CI]"
+            << std::setw(28) << "- dance at equal time" << std::setw(26) << "reward@cpu budget" << std::setw(28)
+            << "- dance at equal cpu time" << '\n';
+  for (const method_summary& s : summaries)
+    std::cout << std::left << std::setw(15) << s.name << std::right << std::setw(26)
+              << with_interval(s.at_budget[0], 4, false) << std::setw(28) << with_interval(s.equal_time[0], 4, true)
+              << std::setw(26) << with_interval(s.at_budget[1], 4, false) << std::setw(28)
+              << with_interval(s.equal_time[1], 4, true) << '\n';
+  std::cout
+      << "(- dance at equal time: final reward - dance's held-out reward at the time the run ended, per seed)\n\n";
 }
 
 // --- The command --------------------------------------------------------------------------------------------------
@@ -616,6 +660,9 @@ void validate(compare_options& options) {
   if (options.iters == 0) options.iters = toy ? toy_default_iters : shapes_default_iters;
   if (!options.seed_given) options.seed = toy ? toy_default_seed : 0;
   if (options.eval_every == 0) options.eval_every = toy ? 1 : std::max(1, options.iters / 4);
+  require(options.budget_iters <= options.iters, "--budget-iters = ", options.budget_iters,
+          ": must be at most --iters = ", options.iters);
+  if (options.budget_iters == 0) options.budget_iters = options.iters;
   const std::uint64_t last = std::numeric_limits<std::uint64_t>::max();
   require(options.seed <= last - static_cast<std::uint64_t>(options.seeds - 1), "--seed = ", options.seed,
           ": with --seeds = ", options.seeds, " the last seed would exceed 2^64 - 1");
@@ -662,20 +709,27 @@ void run_compare(compare_options options) {
   }
   bar.bar.clear();
 
-  std::vector<double> dance_totals;
-  for (const run_record& r : runs.front()) dance_totals.push_back(r.total_seconds());
-  const double budget = sample_mean(dance_totals);
-  const std::vector<method_summary> summaries = summarize(runs, budget);
-  const nlohmann::json summary = summary_json(summaries, options, budget);
-  const std::vector<std::filesystem::path> files = {out / "runs.csv", out / "reward_vs_time.png", out / "summary.json"};
+  // The budget on each clock: dance's mean (over the seeds) training time for its first budget_iters iterations.
+  std::array<double, 2> budgets{};
+  for (std::size_t c = 0; c < clocks.size(); ++c) {
+    std::vector<double> dance_times;
+    for (const run_record& r : runs.front())
+      dance_times.push_back(r.times(clocks[c])[static_cast<std::size_t>(options.budget_iters - 1)]);
+    budgets[c] = sample_mean(dance_times);
+  }
+  const std::vector<method_summary> summaries = summarize(runs, budgets);
+  const nlohmann::json summary = summary_json(summaries, options, budgets);
+  const std::vector<std::filesystem::path> files = {out / "runs.csv", out / "reward_vs_time.png",
+                                                    out / "reward_vs_cpu_time.png", out / "summary.json"};
   write_csv(files[0], runs);
-  write_plot(files[1], runs, summaries, budget, options.model, options.seeds);
-  write_file(files[2], summary.dump(2) + "\n");
+  write_plot(files[1], runs, summaries, budgets[0], clock_kind::wall, options.model, options.seeds);
+  write_plot(files[2], runs, summaries, budgets[1], clock_kind::cpu, options.model, options.seeds);
+  write_file(files[3], summary.dump(2) + "\n");
   if (options.json) {
     std::cout << summary.dump() << '\n';
     return;
   }
-  print_table(summaries, options, budget);
+  print_table(summaries, options, budgets);
   std::cout << "wrote";
   for (const auto& file : files) std::cout << ' ' << file.string();
   std::cout << '\n';
@@ -706,12 +760,13 @@ void add_compare_command(CLI::App& app) {
               "Held-out evaluation every N iterations, and after the last (default: toy 1, shapes a quarter)", 1,
               static_cast<int>(max_noise_iteration))
       ->type_name("N");
-  compare
-      ->add_option("--model-dir", options->model_dir,
-                   "--model shapes: the model directory (default "
-                   "models/shapes-tiny)")
+  add_integer(compare, "--budget-iters", options->budget_iters,
+              "The budget: dance's mean training time for its first K iterations (default: --iters)", 1,
+              static_cast<int>(max_noise_iteration))
+      ->type_name("K");
+  compare->add_option("--model-dir", options->model_dir, "--model shapes: the model (default models/shapes-tiny)")
       ->type_name("DIR");
-  compare->add_option("--out", options->out, "Directory for runs.csv, reward_vs_time.png and summary.json (created)")
+  compare->add_option("--out", options->out, "Directory for runs.csv, the two PNG plots and summary.json (created)")
       ->type_name("DIR")
       ->capture_default_str();
   compare->add_flag("--json", options->json, "One JSON object keyed by method, nothing else");
