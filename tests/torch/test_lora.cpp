@@ -128,13 +128,15 @@ TEST_CASE("LoRA on FLUX: zero B is the base, merge equals enabled, disable equal
   // Default targets: per double block 2 streams x (qkv, proj, mlp.0, mlp.2), per single block linear1, linear2:
   // 2 x 8 + 2 x 2 = 20 layers.
   CHECK(add_lora(model, {.rank = 4, .alpha = 8}) == 20);
-  CHECK(torch::equal(run(model, in), base));  // B = 0: exactly the base output
+  // B = 0: the base output. Bit for bit under LibTorch 1.13; 2.x takes another GEMM path once the base weights stop
+  // requiring gradients, which moves the last bits (float32), hence a tolerance far below any adapter's effect.
+  CHECK(torch::allclose(run(model, in), base, 1e-5, 1e-6));
 
   perturb_adapters(model, 5);
   const torch::Tensor adapted = run(model, in);
   CHECK((adapted - base).abs().max().item<double>() > 1e-3);
   set_lora_enabled(model, false);
-  CHECK(torch::equal(run(model, in), base));
+  CHECK(torch::allclose(run(model, in), base, 1e-5, 1e-6));
   set_lora_enabled(model, true);
 
   merge_lora(model);
@@ -231,7 +233,7 @@ TEST_CASE("flux_denoiser: prompt lookup, sigma as time, shapes, errors") {
   const torch::Tensor same =
       denoiser(torch::cat({x.narrow(0, 1, 1), x.narrow(0, 1, 1)}),
                {.step = 2, .sigma = 0.7, .trees = std::span(trees).subspan(1), .prompts = std::span(rows).subspan(1)});
-  CHECK(torch::allclose(same[0], same[1]));
+  CHECK(torch::allclose(same[0], same[1], 1e-5, 1e-6));  // 2.x's GEMM may sum rows of one batch in other orders
 
   const std::vector<std::int64_t> bad = {0, 2, 1};
   CHECK(error_of([&] { denoiser(x, {.sigma = 0.5, .trees = trees, .prompts = bad}); }) ==
