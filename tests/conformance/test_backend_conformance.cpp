@@ -85,7 +85,8 @@ constexpr double relative_tolerance<torch_backend> = 1e-5;
 #if defined(BRANCHGRPO_CONFORMANCE_EIGEN)
 static_assert(Backend<eigen_backend>);
 static_assert(Backend<basic_eigen_backend<float>>);
-static_assert(!Backend<eigen_tensor>);  // a tensor is not a backend
+static_assert(!KeyedSdeBackend<eigen_backend>);  // its SDE steps take keyed_sde_step_on_host
+static_assert(!Backend<eigen_tensor>);           // a tensor is not a backend
 #endif
 #if defined(BRANCHGRPO_CONFORMANCE_XTENSOR)
 static_assert(Backend<xtensor_backend>);
@@ -93,6 +94,7 @@ static_assert(!Backend<xtensor_tensor>);
 #endif
 #if defined(BRANCHGRPO_CONFORMANCE_TORCH)
 static_assert(Backend<torch_backend>);
+static_assert(KeyedSdeBackend<torch_backend>);  // the fused CUDA kernel on CUDA tensors, the host path otherwise
 static_assert(!Backend<torch::Tensor>);
 #endif
 static_assert(std::tuple_size_v<conformance_backends> >= 1);

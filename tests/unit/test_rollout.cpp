@@ -13,6 +13,7 @@
 #include "branchgrpo/correlator/independent.hpp"
 #include "branchgrpo/rollout.hpp"
 #include "branchgrpo/topology.hpp"
+#include "error_text.hpp"
 #include "gaussian_denoiser.hpp"
 
 using namespace branchgrpo;
@@ -608,4 +609,39 @@ TEST_CASE("sample_ode: keyed roots, Euler steps, chunks of max_batch rows", "[ro
                     "sample_ode needs at least one row");
   CHECK_THROWS_WITH(sample_ode(backend, denoiser, schedule, shape, prompts, key, 0),
                     "max_batch must be at least 1, got 0");
+}
+
+TEST_CASE("keyed_sde_step_on_host: the doc example, the generic entry, and its errors") {
+  host_backend backend;
+  const latent_shape shape{{2}};
+  const host_tensor x = backend.from_host(std::vector<double>{1, 1}, 1, shape);
+  const host_tensor v = backend.from_host(std::vector<double>{0, 0}, 1, shape);
+  const std::vector<noise_key> keys = {{.seed = 3, .node = 1}, {.seed = 3, .node = 2}};
+  const std::vector<double> stds = {0.5, 0.5};
+  const sde_transition transition{.x_coeff = 1, .velocity_coeff = 0, .branching = 2, .keys = keys, .stds = stds};
+  static_assert(!KeyedSdeBackend<host_backend>);
+  const keyed_sde_result<host_tensor> result = keyed_sde_step(backend, x, v, transition, shape);
+  REQUIRE(result.next.rows == 2);
+  REQUIRE(result.log_probs.size() == 2);
+  const double half_log_two_pi = 0.5 * std::log(2 * std::numbers::pi);
+  for (std::size_t b = 0; b < 2; ++b) {
+    std::vector<double> eps(2);
+    fill_keyed_normal(keys[b], eps);
+    CHECK(result.next.values[2 * b] == 1 + 0.5 * eps[0]);
+    CHECK(result.next.values[2 * b + 1] == 1 + 0.5 * eps[1]);
+    // mean over the 2 elements of log N(1 + 0.5 eps; 1, 0.25) = -(eps0^2 + eps1^2) / 4 - log 0.5 - 0.5 log(2 pi)
+    const double expected = -(eps[0] * eps[0] + eps[1] * eps[1]) / 4 - std::log(0.5) - half_log_two_pi;
+    CHECK(result.log_probs[b] == Approx(expected).epsilon(1e-14));
+  }
+  const std::vector<noise_key> one_key(1);
+  CHECK(testing::error_of([&] {
+          keyed_sde_step(backend, x, v, {.branching = 2, .keys = one_key, .stds = stds}, shape);
+        }) == "an SDE transition of 1 rows x 2 children got 1 keys and 2 stds");
+  CHECK(testing::error_of([&] {
+          keyed_sde_step(backend, x, v, {.branching = 0, .keys = keys, .stds = stds}, shape);
+        }) == "an SDE transition needs branching >= 1, got 0");
+  const std::vector<double> bad_std = {0.5, 0.0};
+  CHECK(testing::error_of([&] {
+          keyed_sde_step(backend, x, v, {.branching = 2, .keys = keys, .stds = bad_std}, shape);
+        }).starts_with("row_log_prob std[1] = 0"));
 }

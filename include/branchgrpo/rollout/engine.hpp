@@ -13,8 +13,10 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/correlator/concept.hpp"
+#include "branchgrpo/correlator/independent.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/rollout/keyed_sde_step.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
@@ -92,6 +94,22 @@ typename B::tensor frontier_velocity(B& backend, D& denoiser, const typename B::
   return backend.concat_rows(std::span<const typename B::tensor>(parts));
 }
 
+/// Stores the SDE edges into `children` (log-prob and std per child row); a non-finite log-prob is refused,
+/// naming the step and node, so a non-finite velocity never propagates silently.
+inline void record_edges(std::span<double> log_probs, std::vector<double>& edge_std,
+                         std::span<const std::int32_t> children, const std::vector<double>& edge_log_probs,
+                         std::span<const double> stds, int s) {
+  require(edge_log_probs.size() == children.size(), "the SDE step at ", s, " returned ", edge_log_probs.size(),
+          " log-probs for ", children.size(), " rows");
+  for (std::size_t j = 0; j < children.size(); ++j) {
+    const auto node = static_cast<std::size_t>(children[j]);
+    require(std::isfinite(edge_log_probs[j]), "non-finite log-prob ", edge_log_probs[j], " at SDE step ", s,
+            " for node ", children[j], " (a non-finite velocity?)");
+    log_probs[node] = edge_log_probs[j];
+    edge_std[node] = stds[j];
+  }
+}
+
 }  // namespace detail
 
 /// Samples every tree of `tree` from keyed root noise to its leaves, one frontier (step) at a time.
@@ -147,18 +165,42 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
 
     const edge_kind kind = plan.kinds[static_cast<std::size_t>(s)];
     const affine_step step = kind == edge_kind::sde ? stepper(schedule, s) : euler_ode{}(schedule, s);
-    // affine checks that the velocity has the latents' rows and shape.
-    typename B::tensor mean = backend.affine(step.x_coeff, result.latents.back(), step.velocity_coeff, velocity);
-
-    // Children of a node are contiguous and every node has K, so child row j has parent row j / K.
     const int k = plan.branching[static_cast<std::size_t>(s)];
     const std::vector<std::int32_t> children = forest.nodes_at_step(s + 1);
+    const auto child_rows = static_cast<std::int64_t>(children.size());
+    if (kind == edge_kind::sde)
+      require(std::isfinite(step.noise_std) && step.noise_std > 0.0, "SDE step ", s, " has noise_std ", step.noise_std,
+              "; an SDE edge needs a positive std (make it an ODE edge)");
+    std::vector<double> stds(children.size(), step.noise_std);
+
+    // Every child its own keyed draw (a chain step, or a split whose siblings are independent: independent's
+    // rows are the children's own draws with factor 1): one keyed_sde_step, which a backend may run on its
+    // device (rollout/keyed_sde_step.hpp).
+    if (kind == edge_kind::sde && (k == 1 || std::same_as<C, independent>)) {
+      sibling_keys.resize(children.size());
+      for (std::size_t j = 0; j < children.size(); ++j)
+        sibling_keys[j] = detail::rollout_key(forest, options, children[j], s, noise_stream::edge);
+      keyed_sde_result<typename B::tensor> stepped = keyed_sde_step(backend, result.latents.back(), velocity,
+                                                                    {.x_coeff = step.x_coeff,
+                                                                     .velocity_coeff = step.velocity_coeff,
+                                                                     .branching = k,
+                                                                     .keys = sibling_keys,
+                                                                     .stds = stds},
+                                                                    shape);
+      detail::record_edges(log_probs, result.edge_std, children, stepped.log_probs, stds, s);
+      result.latents.push_back(std::move(stepped.next));
+      frontier = children;
+      continue;
+    }
+
+    // affine checks that the velocity has the latents' rows and shape.
+    typename B::tensor mean = backend.affine(step.x_coeff, result.latents.back(), step.velocity_coeff, velocity);
+    // Children of a node are contiguous and every node has K, so child row j has parent row j / K.
     if (k > 1) {
       std::vector<std::int64_t> index(children.size());
       for (std::size_t j = 0; j < children.size(); ++j) index[j] = static_cast<std::int64_t>(j) / k;
       mean = backend.gather_rows(mean, index);
     }
-    const auto child_rows = static_cast<std::int64_t>(children.size());
 
     if (kind == edge_kind::ode) {
       // No log-prob to inspect here, so probe the mean itself: log N(mean; mean, 1) is NaN exactly when
@@ -173,44 +215,28 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
       continue;
     }
 
-    require(std::isfinite(step.noise_std) && step.noise_std > 0.0, "SDE step ", s, " has noise_std ", step.noise_std,
-            "; an SDE edge needs a positive std (make it an ODE edge)");
+    // A split with correlated siblings: the correlator writes the group's rows on the host.
     host.assign(children.size() * elements, 0.0);
-    std::vector<double> stds(children.size(), step.noise_std);
-    if (k == 1) {
-      for (std::size_t j = 0; j < children.size(); ++j)
-        fill_keyed_normal(detail::rollout_key(forest, options, children[j], s, noise_stream::edge),
-                          std::span<double>(host).subspan(j * elements, elements));
-    } else {
-      const auto group_size = static_cast<std::size_t>(k);
-      sibling_keys.resize(group_size);
-      for (std::int64_t p = 0; p < parents; ++p) {
-        const std::size_t first = static_cast<std::size_t>(p) * group_size;
-        for (std::size_t b = 0; b < group_size; ++b)
-          sibling_keys[b] = detail::rollout_key(forest, options, children[first + b], s, noise_stream::edge);
-        const sibling_group group{.parent = detail::rollout_key(forest, options, frontier[static_cast<std::size_t>(p)],
-                                                                s, noise_stream::shared),
-                                  .children = sibling_keys,
-                                  .elements = elements};
-        const double factor =
-            correlator(group, std::span<double>(host).subspan(first * elements, group_size * elements));
-        require(std::isfinite(factor) && factor > 0.0, "correlator returned factor ", factor, " at step ", s,
-                " for node ", frontier[static_cast<std::size_t>(p)], "; it must be positive and finite");
-        for (std::size_t b = 0; b < group_size; ++b) stds[first + b] = step.noise_std * factor;
-      }
+    const auto group_size = static_cast<std::size_t>(k);
+    sibling_keys.resize(group_size);
+    for (std::int64_t p = 0; p < parents; ++p) {
+      const std::size_t first = static_cast<std::size_t>(p) * group_size;
+      for (std::size_t b = 0; b < group_size; ++b)
+        sibling_keys[b] = detail::rollout_key(forest, options, children[first + b], s, noise_stream::edge);
+      const sibling_group group{.parent = detail::rollout_key(forest, options, frontier[static_cast<std::size_t>(p)], s,
+                                                              noise_stream::shared),
+                                .children = sibling_keys,
+                                .elements = elements};
+      const double factor = correlator(group, std::span<double>(host).subspan(first * elements, group_size * elements));
+      require(std::isfinite(factor) && factor > 0.0, "correlator returned factor ", factor, " at step ", s,
+              " for node ", frontier[static_cast<std::size_t>(p)], "; it must be positive and finite");
+      for (std::size_t b = 0; b < group_size; ++b) stds[first + b] = step.noise_std * factor;
     }
     for (std::size_t j = 0; j < children.size(); ++j)
       for (std::size_t i = 0; i < elements; ++i) host[j * elements + i] *= stds[j];
     const typename B::tensor noise = backend.from_host(host, child_rows, shape);
     typename B::tensor next = backend.affine(1.0, mean, 1.0, noise);
-    const std::vector<double> edge_log_probs = backend.row_log_prob(next, mean, stds);
-    for (std::size_t j = 0; j < children.size(); ++j) {
-      const auto node = static_cast<std::size_t>(children[j]);
-      require(std::isfinite(edge_log_probs[j]), "non-finite log-prob ", edge_log_probs[j], " at SDE step ", s,
-              " for node ", children[j], " (a non-finite velocity?)");
-      log_probs[node] = edge_log_probs[j];
-      result.edge_std[node] = stds[j];
-    }
+    detail::record_edges(log_probs, result.edge_std, children, backend.row_log_prob(next, mean, stds), stds, s);
     result.latents.push_back(std::move(next));
     frontier = children;
   }

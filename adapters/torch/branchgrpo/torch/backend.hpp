@@ -9,12 +9,13 @@
 // The policy's autograd path (policy.hpp) calls the same two functions, so rollout and update share one code.
 //
 // Keyed noise: the rollout engine draws noise on the host (Philox, noise/keyed_normal.hpp) and hands it over
-// with from_host, so the noise is the core's by construction on every device. Generating it on the device
-// (to save the host->device copy on CUDA) is the CUDA adapter's job (adapters/cuda).
+// with from_host, so the noise is the core's by construction on every device; keyed_sde_step (chain steps and
+// independent splits) is where a device may draw it instead.
 //
-// CUDA kernels: built against a CUDA LibTorch with nvcc (BRANCHGRPO_TORCH_CUDA_KERNELS), row_log_prob_tensor (and
-// so row_log_prob) of CUDA float32 / float64 rows runs on the CUDA adapter's kernels (torch/cuda_kernels.hpp: the
-// same per-row float64 sums in a fixed order, differentiable); everything else stays LibTorch.
+// CUDA kernels: built against a CUDA LibTorch with nvcc (BRANCHGRPO_TORCH_CUDA_KERNELS), CUDA float32 / float64
+// rows run on the CUDA adapter's kernels (torch/cuda_kernels.hpp): keyed_sde_step on the fused SDE step (noise drawn
+// on the device, bit for bit the host's), row_log_prob_tensor (and so row_log_prob) on the same per-row float64
+// sums in a fixed order, differentiable; everything else stays LibTorch.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/rollout/keyed_sde_step.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #if defined(BRANCHGRPO_TORCH_CUDA_KERNELS)
 #include "branchgrpo/torch/cuda_kernels.hpp"
@@ -171,6 +173,21 @@ struct torch_backend {
       out.push_back(-squares / (2.0 * s * s * n) - std::log(s) - half_log_two_pi);
     }
     return torch::stack(out);
+  }
+
+  /// The SDE transition with own keyed draws (models KeyedSdeBackend; rollout/keyed_sde_step.hpp): on the CUDA
+  /// adapter's fused kernel for CUDA float32 / float64 tensors when built with the kernels (noise drawn on the
+  /// device), keyed_sde_step_on_host (host draw, from_host, affine, row_log_prob) otherwise. Same numbers either way:
+  /// next bit for bit, the log-probs within 1e-12 relative.
+  [[nodiscard]] keyed_sde_result<tensor> keyed_sde_step(const tensor& x, const tensor& v,
+                                                        const sde_transition& transition, const latent_shape& shape) {
+#if defined(BRANCHGRPO_TORCH_CUDA_KERNELS)
+    if (x.scalar_type() == dtype && detail::cuda_kernels_apply(x, v)) {
+      check_pair(x, v, "keyed_sde_step");
+      return detail::cuda_keyed_sde_step(x, v, transition);
+    }
+#endif
+    return keyed_sde_step_on_host(*this, x, v, transition, shape);
   }
 
   friend bool operator==(const torch_backend&, const torch_backend&) = default;

@@ -13,9 +13,12 @@
 //                      (backward: d/dnext = -(next - mean) / (std^2 n), d/dmean = -d/dnext), so the policy's update
 //                      recomputes an edge's log-prob with the rollout's code: the log-probs stay bit-identical
 //                      between the two (torch/policy.hpp), batch-invariant (a row's sum depends on that row only).
+//   cuda_keyed_sde_step  torch_backend's keyed_sde_step (rollout/keyed_sde_step.hpp: every chain step of the rollout,
+//                      and splits with independent siblings) for CUDA float32 / float64 rows: the fused sde_step
+//                      kernel draws the keyed noise on the device and writes next and each row's log-prob, so no
+//                      noise is drawn on the host or copied over.
 //   cuda_keyed_noise   keyed N(0, 1) rows drawn on the device, plain or combined as correlated{s}, bit for bit the
-//                      host's: ready for the second part, an engine operation that replaces the host draw
-//                      and from_host (and then the fused sde_step kernel) for backends that provide it.
+//                      host's (correlated splits still draw on the host: the correlator is a host policy).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -27,6 +30,7 @@
 #include "branchgrpo/cuda/kernels.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/rollout/keyed_sde_step.hpp"
 #include "branchgrpo/torch/compat.hpp"
 
 namespace branchgrpo {
@@ -96,6 +100,64 @@ struct cuda_row_log_prob_function : torch::autograd::Function<cuda_row_log_prob_
 inline torch::Tensor cuda_row_log_prob(const torch::Tensor& next, const torch::Tensor& mean,
                                        std::span<const double> std) {
   return cuda_row_log_prob_function::apply(next, mean, cuda_copy_of(std, next.device()));
+}
+
+/// torch_backend::keyed_sde_step on the fused kernel: mean, keyed noise (drawn on the device), next and the
+/// per-row log-probs in one pass over the parents' rows; next is keyed_sde_step_on_host's bit for bit, the log-probs
+/// its within 1e-12 relative.
+/// Example: x = {{1, 1}}, v = {{0, 0}} (CUDA float64), {x_coeff 1, velocity_coeff 0, branching 2, keys {k0, k1},
+///   stds {0.5, 0.5}} -> next = {{1 + 0.5 eps_0}, {1 + 0.5 eps_1}} on the device, log_probs on the host.
+/// @pre cuda_kernels_apply(x, v); x and v of equal shape (checked by the caller).
+/// @post rows(next) == rows(x) * branching, in x's dtype on x's device; invalid_input for wrong counts, a std that
+///       is not positive and finite, or an invalid key.
+inline keyed_sde_result<torch::Tensor> cuda_keyed_sde_step(const torch::Tensor& x, const torch::Tensor& v,
+                                                           const sde_transition& transition) {
+  require(transition.branching >= 1, "an SDE transition needs branching >= 1, got ", transition.branching);
+  const std::int64_t parents = x.size(0), children = parents * transition.branching;
+  require(static_cast<std::int64_t>(transition.keys.size()) == children &&
+              static_cast<std::int64_t>(transition.stds.size()) == children,
+          "an SDE transition of ", parents, " rows x ", transition.branching, " children got ", transition.keys.size(),
+          " keys and ", transition.stds.size(), " stds");
+  for (std::size_t j = 0; j < transition.stds.size(); ++j)
+    require(std::isfinite(transition.stds[j]) && transition.stds[j] > 0.0, "row_log_prob std[", j,
+            "] = ", transition.stds[j], " must be positive and finite");
+  for (const noise_key& key : transition.keys) check_noise_key(key);
+  std::vector<std::int64_t> sizes = x.sizes().vec();
+  sizes[0] = children;
+  torch::Tensor next = torch::empty(sizes, x.options());
+  if (children == 0) return {.next = next, .log_probs = {}};
+  const std::int64_t elements = x.numel() / parents;
+  const torch::Tensor rows_x = x.contiguous(), rows_v = v.contiguous();
+  const torch::Tensor keys = cuda_copy_of(transition.keys, x.device()),
+                      stds = cuda_copy_of(transition.stds, x.device());
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(x.device());
+  const torch::Tensor log_prob = torch::empty({children}, f64);
+  const torch::Tensor workspace = torch::empty({cuda::reduction_workspace(children, elements)}, f64);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cuda::stream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const auto launch = [&]<class T>(const T*) {
+    cuda::sde_step<T>({.x = rows_x.data_ptr<T>(),
+                       .v = rows_v.data_ptr<T>(),
+                       .parents = parents,
+                       .branching = transition.branching,
+                       .elements = elements,
+                       .x_coeff = transition.x_coeff,
+                       .velocity_coeff = transition.velocity_coeff,
+                       .stds = stds.data_ptr<double>(),
+                       .noise = {.own = reinterpret_cast<const noise_key*>(keys.data_ptr<std::uint8_t>())},
+                       .next = next.data_ptr<T>(),
+                       .squares = nullptr,
+                       .log_prob = log_prob.data_ptr<double>(),
+                       .workspace = workspace.data_ptr<double>()},
+                      stream);
+  };
+  if (x.scalar_type() == torch::kFloat32)
+    launch(static_cast<const float*>(nullptr));
+  else
+    launch(static_cast<const double*>(nullptr));
+  const torch::Tensor host = log_prob.to(torch::kCPU);
+  const double* data = host.data_ptr<double>();
+  return {.next = next, .log_probs = std::vector<double>(data, data + children)};
 }
 
 }  // namespace detail
