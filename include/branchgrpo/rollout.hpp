@@ -10,9 +10,10 @@
 //                        next = mean + std * f * eps   (eps keyed; f and eps from the correlator at splits)
 //                        log-prob = mean over elements of log N(next; mean, (std f)^2)
 //                      Denoiser calls per step: ceil(frontier rows / max_batch); results do not depend on it.
-//   keyed_sde_step     (rollout/keyed_sde_step.hpp)  the SDE step when every child draws its own keyed noise (chain
-//                      steps, independent splits): a backend that models KeyedSdeBackend runs it itself (LibTorch
-//                      on CUDA: the fused kernel, noise drawn on the device); others get keyed_sde_step_on_host.
+//   keyed_sde_step     (rollout/keyed_sde_step.hpp)  the SDE step when the noise is fixed by the keys alone (chain
+//                      steps, independent or correlated{s} splits): a backend that models KeyedSdeBackend runs it
+//                      itself (LibTorch on CUDA: the fused kernel, noise drawn on the device); others get
+//                      keyed_sde_step_on_host.
 //   latent_of, leaf_latents  read a node's latent / the leaves' latents (tree.leaves() order) back.
 //   sample_ode         (rollout/ode_sampler.hpp)  keyed deterministic Euler ODE samples without a tree (held-out
 //                      evaluation, grids).

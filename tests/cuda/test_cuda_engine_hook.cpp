@@ -1,7 +1,8 @@
 // The rollout engine's device hook (rollout/keyed_sde_step.hpp) on the CPU. A backend whose keyed_sde_step is the
 // CUDA kernel's host reference (sde_step_reference: the fused kernel's arithmetic and summation order) must give the
 // host backend's rollout: latents bit for bit, log-probs within 1e-12 relative, the same edge stds; the engine hands
-// it every chain step and every split with independent siblings, and no split with correlated ones.
+// it every chain step and every split with independent or correlated{s} siblings, and no split of another
+// correlator (antithetic).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "branchgrpo/correlator/antithetic.hpp"
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
 #include "branchgrpo/cuda/reference.hpp"
@@ -32,6 +34,19 @@ struct kernel_reference_backend : host_backend {
     host_tensor next{
         .rows = children, .shape = shape, .values = std::vector<double>(static_cast<std::size_t>(children * elements))};
     std::vector<double> log_probs(static_cast<std::size_t>(children));
+    // correlated{s} siblings as the kernel takes them: own keys on stream edge, per child row its parent's shared key.
+    std::vector<noise_key> own(transition.keys.begin(), transition.keys.end()), shared;
+    if (!transition.parent_keys.empty()) {
+      for (noise_key& key : own) key.stream = noise_stream::edge;
+      for (std::int64_t j = 0; j < children; ++j) {
+        shared.push_back(transition.parent_keys[static_cast<std::size_t>(j / transition.branching)]);
+        shared.back().stream = noise_stream::shared;
+      }
+    }
+    const cuda::noise_rows noise{.own = own.data(),
+                                 .shared = shared.empty() ? nullptr : shared.data(),
+                                 .s = transition.s,
+                                 .norm = cuda::correlated_norm(transition.s)};
     cuda::sde_step_reference<double>({.x = x.values.data(),
                                       .v = v.values.data(),
                                       .parents = x.rows,
@@ -40,7 +55,7 @@ struct kernel_reference_backend : host_backend {
                                       .x_coeff = transition.x_coeff,
                                       .velocity_coeff = transition.velocity_coeff,
                                       .stds = transition.stds.data(),
-                                      .noise = {.own = transition.keys.data()},
+                                      .noise = noise,
                                       .next = next.values.data(),
                                       .squares = nullptr,
                                       .log_prob = log_probs.data(),
@@ -81,7 +96,12 @@ TEST_CASE("engine hook: the fused kernel's reference gives the host rollout (ind
   check_same_rollout(independent{}, 20);
 }
 
-TEST_CASE("engine hook: correlated splits stay with the correlator, chain steps take the hook", "[cuda]") {
-  // The 4 split steps (0, 3, 6, 9) draw through correlated{4} on the host; the 16 chain steps take the hook.
-  check_same_rollout(correlated{}, 16);
+TEST_CASE("engine hook: correlated{s} splits take the hook too (shared keys per child row)", "[cuda]") {
+  check_same_rollout(correlated{}, 20);
+  check_same_rollout(correlated{.s = 1.0}, 20);
+}
+
+TEST_CASE("engine hook: another correlator's splits stay with it, chain steps take the hook", "[cuda]") {
+  // The 4 split steps (0, 3, 6, 9) draw through antithetic on the host; the 16 chain steps take the hook.
+  check_same_rollout(antithetic{}, 16);
 }

@@ -645,3 +645,27 @@ TEST_CASE("keyed_sde_step_on_host: the doc example, the generic entry, and its e
           keyed_sde_step(backend, x, v, {.branching = 2, .keys = keys, .stds = bad_std}, shape);
         }).starts_with("row_log_prob std[1] = 0"));
 }
+
+TEST_CASE("keyed_sde_step_on_host with parent keys: correlated{s}'s rows (its doc example)") {
+  host_backend backend;
+  const latent_shape shape{{2}};
+  const host_tensor zero = backend.from_host(std::vector<double>{0, 0}, 1, shape);
+  const std::vector<noise_key> children = {{.seed = 7, .node = 1}, {.seed = 7, .node = 2}};
+  const std::vector<noise_key> parents = {{.seed = 7, .node = 0}};
+  const std::vector<double> stds = {1.0, 1.0};
+  const keyed_sde_result<host_tensor> result = keyed_sde_step(
+      backend, zero, zero, {.branching = 2, .keys = children, .stds = stds, .parent_keys = parents, .s = 1.0}, shape);
+  // correlated{1}: (xi_0 + eta_b) / sqrt(2) = {-1.263738, -1.304518, 0.097391, 0.286379} (6 digits).
+  const std::vector<double> expected = {-1.263738, -1.304518, 0.097391, 0.286379};
+  REQUIRE(result.next.values.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(result.next.values[i] == Approx(expected[i]).margin(1e-6));
+  const std::vector<noise_key> two_parents(2, parents[0]);
+  CHECK(testing::error_of([&] {
+          keyed_sde_step(backend, zero, zero,
+                         {.branching = 2, .keys = children, .stds = stds, .parent_keys = two_parents}, shape);
+        }) == "an SDE transition of 1 rows got 2 parent keys");
+  CHECK(testing::error_of([&] {
+          keyed_sde_step(backend, zero, zero,
+                         {.branching = 2, .keys = children, .stds = stds, .parent_keys = parents, .s = 0.0}, shape);
+        }) == "correlated s must be positive and finite, got 0");
+}

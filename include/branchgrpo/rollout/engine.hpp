@@ -13,6 +13,7 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/correlator/concept.hpp"
+#include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
@@ -155,7 +156,7 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
                       std::span<double>(host).subspan(r * elements, elements));
   result.latents.push_back(backend.from_host(host, static_cast<std::int64_t>(frontier.size()), shape));
 
-  std::vector<noise_key> sibling_keys;
+  std::vector<noise_key> sibling_keys, parent_keys;
   for (int s = 0; s < plan.steps; ++s) {
     const auto parents = static_cast<std::int64_t>(frontier.size());
     const typename B::tensor velocity =
@@ -173,20 +174,31 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
               "; an SDE edge needs a positive std (make it an ODE edge)");
     std::vector<double> stds(children.size(), step.noise_std);
 
-    // Every child its own keyed draw (a chain step, or a split whose siblings are independent: independent's
-    // rows are the children's own draws with factor 1): one keyed_sde_step, which a backend may run on its
-    // device (rollout/keyed_sde_step.hpp).
-    if (kind == edge_kind::sde && (k == 1 || std::same_as<C, independent>)) {
+    // Noise fixed by the keys alone (a chain step; a split whose siblings are independent, i.e. own draws with
+    // factor 1, or correlated{s}, factor 1): one keyed_sde_step, which a backend may run on its device
+    // (rollout/keyed_sde_step.hpp). Other correlators are host policies and keep the path below.
+    constexpr bool correlated_siblings = std::same_as<C, correlated>;
+    if (kind == edge_kind::sde && (k == 1 || std::same_as<C, independent> || correlated_siblings)) {
       sibling_keys.resize(children.size());
       for (std::size_t j = 0; j < children.size(); ++j)
         sibling_keys[j] = detail::rollout_key(forest, options, children[j], s, noise_stream::edge);
-      keyed_sde_result<typename B::tensor> stepped = keyed_sde_step(backend, result.latents.back(), velocity,
-                                                                    {.x_coeff = step.x_coeff,
-                                                                     .velocity_coeff = step.velocity_coeff,
-                                                                     .branching = k,
-                                                                     .keys = sibling_keys,
-                                                                     .stds = stds},
-                                                                    shape);
+      parent_keys.clear();
+      double correlation = 0.0;
+      if constexpr (correlated_siblings) {
+        if (k > 1)
+          for (const std::int32_t parent : frontier)
+            parent_keys.push_back(detail::rollout_key(forest, options, parent, s, noise_stream::shared));
+        correlation = correlator.s;
+      }
+      const sde_transition transition{.x_coeff = step.x_coeff,
+                                      .velocity_coeff = step.velocity_coeff,
+                                      .branching = k,
+                                      .keys = sibling_keys,
+                                      .stds = stds,
+                                      .parent_keys = parent_keys,
+                                      .s = correlation};
+      keyed_sde_result<typename B::tensor> stepped =
+          keyed_sde_step(backend, result.latents.back(), velocity, transition, shape);
       detail::record_edges(log_probs, result.edge_std, children, stepped.log_probs, stds, s);
       result.latents.push_back(std::move(stepped.next));
       frontier = children;
@@ -215,7 +227,7 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
       continue;
     }
 
-    // A split with correlated siblings: the correlator writes the group's rows on the host.
+    // A split with another correlator: it writes the group's rows on the host.
     host.assign(children.size() * elements, 0.0);
     const auto group_size = static_cast<std::size_t>(k);
     sibling_keys.resize(group_size);

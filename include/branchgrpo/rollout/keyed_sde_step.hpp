@@ -1,6 +1,7 @@
 #pragma once
-// The SDE transition of a frontier whose children each draw their own keyed noise (a chain step, or a split with
-// independent siblings): the one place where a backend may take over the draw and the step. The rollout engine
+// The SDE transition of a frontier whose children's noise is keyed and fixed by the keys alone (a chain step, a
+// split with independent siblings, or one with correlated{s} siblings): the one place where a backend may take over
+// the draw and the step. The rollout engine
 // calls keyed_sde_step; a backend that models KeyedSdeBackend runs it where its tensors live (LibTorch on CUDA:
 // the CUDA adapter's fused kernel, noise drawn on the device), every other backend gets keyed_sde_step_on_host,
 // the engine's own path: noise drawn on the host, scaled in double, handed over with from_host.
@@ -11,18 +12,23 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 
 namespace branchgrpo {
 
 /// One SDE transition: child row j has parent row j / branching, noise key keys[j] and standard deviation stds[j].
+/// With parent_keys (one per parent row) the children's standardized noise is correlated{s}'s: the parent's shared
+/// draw and the child's own, (xi_0 + s eta_j) / sqrt(1 + s^2); without, the child's own draw eta_j.
 struct sde_transition {
   double x_coeff = 1.0;  ///< the stepper's affine_step: mean = x_coeff x + velocity_coeff v
   double velocity_coeff = 0.0;
   std::int64_t branching = 1;  ///< children per parent (K)
   std::span<const noise_key> keys;
   std::span<const double> stds;
+  std::span<const noise_key> parent_keys = {};  ///< empty, or one per parent: correlated{s} siblings
+  double s = 4.0;                               ///< correlated's s, used with parent_keys
 };
 
 /// The children's latents and each child row's edge log-prob.
@@ -42,13 +48,15 @@ concept KeyedSdeBackend = Backend<B> &&
 
 /// The transition with the Backend operations (the rollout engine's path): for child row j of parent p = j / K,
 ///   mean = affine(x_coeff, x, velocity_coeff, v)[p];  next[j] = affine(1, mean, 1, from_host(stds[j] * eps_j))
-///   with eps_j = fill_keyed_normal(keys[j]) (scaled in double, then stored in the backend's dtype);
+///   with eps_j = fill_keyed_normal(keys[j]), or with parent_keys correlated{s}'s row j of the sibling group
+///   {parent_keys[p], keys of p's children} (scaled in double, then stored in the backend's dtype);
 ///   log_probs[j] = row_log_prob(next, mean, stds)[j].
 /// Example: host_backend, x = {{1, 1}}, v = {{0, 0}}, {x_coeff 1, velocity_coeff 0, branching 2, keys {k0, k1},
 ///   stds {0.5, 0.5}} -> next = {{1 + 0.5 eps_0}, {1 + 0.5 eps_1}} (eps_b = fill_keyed_normal(k_b), 2 values),
 ///   log_probs[b] = mean over the 2 elements of log N(next; 1, 0.25).
 /// @pre x and v have equal rows and shape `shape`; branching >= 1; keys and stds hold rows(x) * branching
-///      entries; every std > 0 and finite; every key valid (fill_keyed_normal's).
+///      entries; parent_keys empty or rows(x) entries, then branching >= 2 and s > 0 and finite; every std > 0
+///      and finite; every key valid (fill_keyed_normal's).
 /// @post rows(next) == rows(x) * branching; throws invalid_input naming the first violated precondition.
 template <Backend B>
 keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const typename B::tensor& x,
@@ -62,6 +70,9 @@ keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const ty
               static_cast<std::int64_t>(transition.stds.size()) == children,
           "an SDE transition of ", parents, " rows x ", transition.branching, " children got ", transition.keys.size(),
           " keys and ", transition.stds.size(), " stds");
+  const bool correlated_siblings = !transition.parent_keys.empty();
+  require(!correlated_siblings || static_cast<std::int64_t>(transition.parent_keys.size()) == parents,
+          "an SDE transition of ", parents, " rows got ", transition.parent_keys.size(), " parent keys");
   typename B::tensor mean = backend.affine(transition.x_coeff, x, transition.velocity_coeff, v);
   if (transition.branching > 1) {
     std::vector<std::int64_t> index(static_cast<std::size_t>(children));
@@ -70,11 +81,17 @@ keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const ty
   }
   const auto elements = static_cast<std::size_t>(shape.elements());
   std::vector<double> host(static_cast<std::size_t>(children) * elements);
-  for (std::size_t j = 0; j < static_cast<std::size_t>(children); ++j) {
-    const std::span<double> row = std::span<double>(host).subspan(j * elements, elements);
-    fill_keyed_normal(transition.keys[j], row);
-    for (double& value : row) value *= transition.stds[j];
-  }
+  const auto k = static_cast<std::size_t>(transition.branching);
+  if (correlated_siblings)
+    for (std::size_t p = 0; p < static_cast<std::size_t>(parents); ++p)
+      correlated{.s = transition.s}(
+          {.parent = transition.parent_keys[p], .children = transition.keys.subspan(p * k, k), .elements = elements},
+          std::span<double>(host).subspan(p * k * elements, k * elements));
+  else
+    for (std::size_t j = 0; j < static_cast<std::size_t>(children); ++j)
+      fill_keyed_normal(transition.keys[j], std::span<double>(host).subspan(j * elements, elements));
+  for (std::size_t j = 0; j < static_cast<std::size_t>(children); ++j)
+    for (std::size_t i = 0; i < elements; ++i) host[j * elements + i] *= transition.stds[j];
   typename B::tensor next = backend.affine(1.0, mean, 1.0, backend.from_host(host, children, shape));
   std::vector<double> log_probs = backend.row_log_prob(next, mean, transition.stds);
   return {.next = std::move(next), .log_probs = std::move(log_probs)};

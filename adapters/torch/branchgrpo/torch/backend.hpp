@@ -175,7 +175,7 @@ struct torch_backend {
     return torch::stack(out);
   }
 
-  /// The SDE transition with own keyed draws (models KeyedSdeBackend; rollout/keyed_sde_step.hpp): on the CUDA
+  /// The SDE transition with keyed noise (models KeyedSdeBackend; rollout/keyed_sde_step.hpp): on the CUDA
   /// adapter's fused kernel for CUDA float32 / float64 tensors when built with the kernels (noise drawn on the
   /// device), keyed_sde_step_on_host (host draw, from_host, affine, row_log_prob) otherwise. Same numbers either way:
   /// next bit for bit, the log-probs within 1e-12 relative.

@@ -14,11 +14,11 @@
 //                      recomputes an edge's log-prob with the rollout's code: the log-probs stay bit-identical
 //                      between the two (torch/policy.hpp), batch-invariant (a row's sum depends on that row only).
 //   cuda_keyed_sde_step  torch_backend's keyed_sde_step (rollout/keyed_sde_step.hpp: every chain step of the rollout,
-//                      and splits with independent siblings) for CUDA float32 / float64 rows: the fused sde_step
-//                      kernel draws the keyed noise on the device and writes next and each row's log-prob, so no
-//                      noise is drawn on the host or copied over.
+//                      and splits with independent or correlated{s} siblings) for CUDA float32 / float64 rows: the
+//                      fused sde_step kernel draws the keyed noise on the device and writes next and each row's
+//                      log-prob, so no noise is drawn on the host or copied over.
 //   cuda_keyed_noise   keyed N(0, 1) rows drawn on the device, plain or combined as correlated{s}, bit for bit the
-//                      host's (correlated splits still draw on the host: the correlator is a host policy).
+//                      host's.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/correlator/sibling_rows.hpp"
 #include "branchgrpo/cuda/kernels.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
@@ -102,14 +103,15 @@ inline torch::Tensor cuda_row_log_prob(const torch::Tensor& next, const torch::T
   return cuda_row_log_prob_function::apply(next, mean, cuda_copy_of(std, next.device()));
 }
 
-/// torch_backend::keyed_sde_step on the fused kernel: mean, keyed noise (drawn on the device), next and the
+/// torch_backend::keyed_sde_step on the fused kernel: mean, keyed noise (drawn on the device; with parent_keys
+/// combined as correlated{s}), next and the
 /// per-row log-probs in one pass over the parents' rows; next is keyed_sde_step_on_host's bit for bit, the log-probs
 /// its within 1e-12 relative.
 /// Example: x = {{1, 1}}, v = {{0, 0}} (CUDA float64), {x_coeff 1, velocity_coeff 0, branching 2, keys {k0, k1},
 ///   stds {0.5, 0.5}} -> next = {{1 + 0.5 eps_0}, {1 + 0.5 eps_1}} on the device, log_probs on the host.
 /// @pre cuda_kernels_apply(x, v); x and v of equal shape (checked by the caller).
-/// @post rows(next) == rows(x) * branching, in x's dtype on x's device; invalid_input for wrong counts, a std that
-///       is not positive and finite, or an invalid key.
+/// @post rows(next) == rows(x) * branching, in x's dtype on x's device; invalid_input for wrong counts, a std or s
+///       that is not positive and finite, or an invalid key.
 inline keyed_sde_result<torch::Tensor> cuda_keyed_sde_step(const torch::Tensor& x, const torch::Tensor& v,
                                                            const sde_transition& transition) {
   require(transition.branching >= 1, "an SDE transition needs branching >= 1, got ", transition.branching);
@@ -122,14 +124,38 @@ inline keyed_sde_result<torch::Tensor> cuda_keyed_sde_step(const torch::Tensor& 
     require(std::isfinite(transition.stds[j]) && transition.stds[j] > 0.0, "row_log_prob std[", j,
             "] = ", transition.stds[j], " must be positive and finite");
   for (const noise_key& key : transition.keys) check_noise_key(key);
+  // correlated{s} siblings: as correlated does, each child's own draw on stream edge and, per child row, its
+  // parent's shared draw on stream shared.
+  const bool correlated_siblings = !transition.parent_keys.empty();
+  std::vector<noise_key> own(transition.keys.begin(), transition.keys.end()), shared;
+  if (correlated_siblings) {
+    require(static_cast<std::int64_t>(transition.parent_keys.size()) == parents, "an SDE transition of ", parents,
+            " rows got ", transition.parent_keys.size(), " parent keys");
+    require(std::isfinite(transition.s) && transition.s > 0.0, "correlated s must be positive and finite, got ",
+            transition.s);
+    require(transition.branching >= 2, "correlated needs a split of at least 2 children, got ", transition.branching);
+    for (const noise_key& key : transition.parent_keys) check_noise_key(key);
+    for (noise_key& key : own) key = stream_key(key, noise_stream::edge);
+    for (std::int64_t j = 0; j < children; ++j)
+      shared.push_back(
+          stream_key(transition.parent_keys[static_cast<std::size_t>(j / transition.branching)], noise_stream::shared));
+  }
   std::vector<std::int64_t> sizes = x.sizes().vec();
   sizes[0] = children;
   torch::Tensor next = torch::empty(sizes, x.options());
   if (children == 0) return {.next = next, .log_probs = {}};
   const std::int64_t elements = x.numel() / parents;
   const torch::Tensor rows_x = x.contiguous(), rows_v = v.contiguous();
-  const torch::Tensor keys = cuda_copy_of(transition.keys, x.device()),
-                      stds = cuda_copy_of(transition.stds, x.device());
+  const torch::Tensor own_keys = cuda_copy_of(std::span<const noise_key>(own), x.device());
+  const torch::Tensor shared_keys =
+      correlated_siblings ? cuda_copy_of(std::span<const noise_key>(shared), x.device()) : torch::Tensor();
+  const torch::Tensor stds = cuda_copy_of(transition.stds, x.device());
+  const cuda::noise_rows noise{.own = reinterpret_cast<const noise_key*>(own_keys.data_ptr<std::uint8_t>()),
+                               .shared = correlated_siblings
+                                             ? reinterpret_cast<const noise_key*>(shared_keys.data_ptr<std::uint8_t>())
+                                             : nullptr,
+                               .s = correlated_siblings ? transition.s : 0.0,
+                               .norm = correlated_siblings ? cuda::correlated_norm(transition.s) : 1.0};
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(x.device());
   const torch::Tensor log_prob = torch::empty({children}, f64);
   const torch::Tensor workspace = torch::empty({cuda::reduction_workspace(children, elements)}, f64);
@@ -144,7 +170,7 @@ inline keyed_sde_result<torch::Tensor> cuda_keyed_sde_step(const torch::Tensor& 
                        .x_coeff = transition.x_coeff,
                        .velocity_coeff = transition.velocity_coeff,
                        .stds = stds.data_ptr<double>(),
-                       .noise = {.own = reinterpret_cast<const noise_key*>(keys.data_ptr<std::uint8_t>())},
+                       .noise = noise,
                        .next = next.data_ptr<T>(),
                        .squares = nullptr,
                        .log_prob = log_prob.data_ptr<double>(),
