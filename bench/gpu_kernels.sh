@@ -5,11 +5,13 @@
 #   1. cuda_kernel_check: device noise == host noise bit for bit (plain and correlated{4}); the fused SDE step's
 #      next == the host's bit for bit and its log-probs within 1e-9 of the host's float64 ones; the bandwidth of each
 #      kernel on a 16 x 16 x 128 x 128 latent as GB/s and as a fraction of the H200's 4.8 TB/s;
-#   2. the FLUX iteration harness on the shipped model, on the GPU in float32 (the kernels' dtype):
+#   2. test_torch_keyed_step: the torch backend's keyed SDE step on CUDA tensors (the fused kernel when linked) against
+#      the CPU's, next bit for bit and log-probs within 1e-12 (when Catch2 is there to build it);
+#   3. the FLUX iteration harness on the shipped model, on the GPU in float32 (the kernels' dtype):
 #        branchgrpo bench iteration --model flux-tiny --device cuda --dtype float32 ...
 #      (needs a CUDA LibTorch and the tool's dependencies; skipped with a line saying why otherwise).
-# Writes into $OUT (else ./out/gpu-kernels): environment.txt, build.log, cuda_kernel_check.txt, bench_flux_tiny.txt,
-# bench_flux_tiny.json.
+# Writes into $OUT (else ./out/gpu-kernels): environment.txt, build.log, cuda_kernel_check.txt, torch_keyed_step.txt,
+# bench_flux_tiny.txt, bench_flux_tiny.json.
 #
 # Usage, on the GPU machine from the repository root (about 5 minutes on 16 cores, most of it the build):
 #   bench/gpu_kernels.sh
@@ -65,13 +67,16 @@ if [[ -d "$deps/usr" ]]; then
   echo "using the staged dependencies in $deps"
 fi
 
+# The tests need Catch2 (Debian's libcatch2-dev, or staged): only test_torch_keyed_step is built from them.
+tests=OFF
+[[ -f /usr/include/catch2/catch.hpp || -f "${CPATH%%:*}/catch2/catch.hpp" ]] && tests=ON
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 # The H200 is sm_90; one architecture keeps the build short.
 echo "configuring and building cuda_kernel_check and branchgrpo_cli in $build (log: $out/build.log)"
 if ! { cmake -S "$repo" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_COMPILER=$nvcc" \
          -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-90}" ${prefix_path:+"-DCMAKE_PREFIX_PATH=$prefix_path"} \
-         ${abi_flags:+"-DCMAKE_CXX_FLAGS=$abi_flags"} -DBRANCHGRPO_BUILD_TESTS=OFF -DBRANCHGRPO_BUILD_EXAMPLES=OFF \
+         ${abi_flags:+"-DCMAKE_CXX_FLAGS=$abi_flags"} -DBRANCHGRPO_BUILD_TESTS="$tests" -DBRANCHGRPO_BUILD_EXAMPLES=OFF \
          -DBRANCHGRPO_BUILD_BENCHMARKS=OFF &&
        cmake --build "$build" --target cuda_kernel_check -j "$(nproc)"; } > "$out/build.log" 2>&1; then
   tail -40 "$out/build.log" >&2
@@ -102,9 +107,20 @@ if ! cmake --build "$build" --target branchgrpo_cli -j "$(nproc)" >> "$out/build
 fi
 grep -q "uses the CUDA kernels" "$out/build.log" && echo "the torch backend uses the CUDA kernels" ||
   echo "note: the build did not link the CUDA kernels into the torch backend (see $out/build.log)"
+# The rollout's device step through LibTorch (torch_backend::keyed_sde_step on CUDA tensors: the fused kernel) against
+# the CPU's, bit for bit; a Catch2 test, built when Catch2 is there.
+if cmake --build "$build" --target test_torch_keyed_step -j "$(nproc)" >> "$out/build.log" 2>&1; then
+  echo "running: test_torch_keyed_step (the torch backend's keyed SDE step on the GPU against the CPU)"
+  "$build/tests/test_torch_keyed_step" 2>&1 | tail -3 | tee "$out/torch_keyed_step.txt" ||
+    { echo "bench/gpu_kernels.sh: test_torch_keyed_step failed" >&2; status=1; }
+else
+  echo "test_torch_keyed_step not built (no Catch2? see $out/build.log)" | tee "$out/torch_keyed_step.txt"
+fi
 args=(bench iteration --model flux-tiny --device cuda --dtype float32 --prompts 8 --iters 3 --warmup 1
       --batching-repeats 1 --json-file "$out/bench_flux_tiny.json")
 read -r -a extra <<< "${BENCH_ARGS:-}"
 echo "running: branchgrpo ${args[*]} ${extra[*]}"
 "$build/bin/branchgrpo" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/bench_flux_tiny.txt"
-echo "wrote $out/cuda_kernel_check.txt, $out/bench_flux_tiny.txt and $out/bench_flux_tiny.json"
+echo "wrote $out/cuda_kernel_check.txt, $out/torch_keyed_step.txt, $out/bench_flux_tiny.txt and" \
+  "$out/bench_flux_tiny.json"
+exit $status
