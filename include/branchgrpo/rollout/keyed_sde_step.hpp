@@ -1,10 +1,10 @@
 #pragma once
 // The SDE transition of a frontier whose children's noise is keyed and fixed by the keys alone (a chain step, a
 // split with independent siblings, or one with correlated{s} siblings): the one place where a backend may take over
-// the draw and the step. The rollout engine
-// calls keyed_sde_step; a backend that models KeyedSdeBackend runs it where its tensors live (LibTorch on CUDA:
-// the CUDA adapter's fused kernel, noise drawn on the device), every other backend gets keyed_sde_step_on_host,
-// the engine's own path: noise drawn on the host, scaled in double, handed over with from_host.
+// the draw and the step. The rollout engine calls keyed_sde_step; a backend that models KeyedSdeBackend runs it
+// where its tensors live (LibTorch on CUDA: the CUDA adapter's fused kernel, noise drawn on the device), every other
+// backend gets keyed_sde_step_on_host, the engine's own path: noise drawn on the host, scaled in double, handed over
+// with from_host.
 #include <concepts>
 #include <cstddef>
 #include <cstdint>

@@ -104,9 +104,8 @@ inline torch::Tensor cuda_row_log_prob(const torch::Tensor& next, const torch::T
 }
 
 /// torch_backend::keyed_sde_step on the fused kernel: mean, keyed noise (drawn on the device; with parent_keys
-/// combined as correlated{s}), next and the
-/// per-row log-probs in one pass over the parents' rows; next is keyed_sde_step_on_host's bit for bit, the log-probs
-/// its within 1e-12 relative.
+/// combined as correlated{s}), next and the per-row log-probs in one pass over the parents' rows; next is
+/// keyed_sde_step_on_host's bit for bit, the log-probs its within 1e-12 relative.
 /// Example: x = {{1, 1}}, v = {{0, 0}} (CUDA float64), {x_coeff 1, velocity_coeff 0, branching 2, keys {k0, k1},
 ///   stds {0.5, 0.5}} -> next = {{1 + 0.5 eps_0}, {1 + 0.5 eps_1}} on the device, log_probs on the host.
 /// @pre cuda_kernels_apply(x, v); x and v of equal shape (checked by the caller).
