@@ -63,12 +63,15 @@ assert len(one) == len(two) == 3, (len(one), len(two))
 for a, b in zip(one, two):
     for key in ("iteration", "evaluations", "update_evaluations", "edges", "edges_trained", "trees_dropped"):
         assert a[key] == b[key], (key, a[key], b[key])
-    if a["iteration"] == 0:  # the same rollout, bit for bit
-        for key in ("reward_mean", "reward_std", "reward_min", "reward_max", "reward/alignment"):
+    if a["iteration"] == 0:  # the same rollout, bit for bit (the leaf rewards are gathered in the global order)
+        for key in ("reward_mean", "reward_std", "reward_min", "reward_max"):
             assert a[key] == b[key], (key, a[key], b[key])
+        # A component's mean is each rank's sum all-reduced, then divided: another summation order (a few ulps).
+        key = "reward/alignment"
+        assert abs(a[key] - b[key]) <= 1e-14 * abs(a[key]), (key, a[key], b[key])
     for key in ("reward_mean", "reward_std", "reward_min", "reward_max", "reward/alignment"):
         assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), 1e-3), (key, a[key], b[key])
-print("metrics: counts equal, iteration 0's rewards equal, later ones within 1e-5")
+print("metrics: counts equal, iteration 0's rewards equal (components within 1e-14), later ones within 1e-5")
 PY
   ;;
 torchrun)

@@ -57,6 +57,12 @@ torch::Tensor run(flux_transformer& model, const inputs& in) {
   return model.forward_latents(in.x, in.txt, in.pooled, in.t, in.g);
 }
 
+/// max |a - b| over max |b|: a float32 rounding gap measured against the output's scale (elementwise relative
+/// tolerances fail on the outputs near 0).
+double scaled_gap(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
 std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& model) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& item : model.named_parameters()) out.emplace(item.key(), item.value().detach().clone());
@@ -129,14 +135,15 @@ TEST_CASE("LoRA on FLUX: zero B is the base, merge equals enabled, disable equal
   // 2 x 8 + 2 x 2 = 20 layers.
   CHECK(add_lora(model, {.rank = 4, .alpha = 8}) == 20);
   // B = 0: the base output. Bit for bit under LibTorch 1.13; 2.x takes another GEMM path once the base weights stop
-  // requiring gradients, which moves the last bits (float32), hence a tolerance far below any adapter's effect.
-  CHECK(torch::allclose(run(model, in), base, 1e-5, 1e-6));
+  // requiring gradients, which moves the last float32 bits (measured with 2.15: 6.7e-6 on outputs up to 25, 2.6e-7
+  // of the largest), hence a gap relative to the output's scale, far below any adapter's effect (> 1e-3).
+  CHECK(scaled_gap(run(model, in), base) <= 4e-6);
 
   perturb_adapters(model, 5);
   const torch::Tensor adapted = run(model, in);
   CHECK((adapted - base).abs().max().item<double>() > 1e-3);
   set_lora_enabled(model, false);
-  CHECK(torch::allclose(run(model, in), base, 1e-5, 1e-6));
+  CHECK(scaled_gap(run(model, in), base) <= 4e-6);
   set_lora_enabled(model, true);
 
   merge_lora(model);
@@ -233,7 +240,8 @@ TEST_CASE("flux_denoiser: prompt lookup, sigma as time, shapes, errors") {
   const torch::Tensor same =
       denoiser(torch::cat({x.narrow(0, 1, 1), x.narrow(0, 1, 1)}),
                {.step = 2, .sigma = 0.7, .trees = std::span(trees).subspan(1), .prompts = std::span(rows).subspan(1)});
-  CHECK(torch::allclose(same[0], same[1], 1e-5, 1e-6));  // 2.x's GEMM may sum rows of one batch in other orders
+  // 2.x's GEMM may sum the rows of one batch in other orders (2.15: 5.2e-6 on outputs up to 15).
+  CHECK(scaled_gap(same[0], same[1]) <= 4e-6);
 
   const std::vector<std::int64_t> bad = {0, 2, 1};
   CHECK(error_of([&] { denoiser(x, {.sigma = 0.5, .trees = trees, .prompts = bad}); }) ==
