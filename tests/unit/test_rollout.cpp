@@ -640,6 +640,8 @@ TEST_CASE("keyed_sde_step_on_host: the doc example, the generic entry, and its e
   CHECK(testing::error_of([&] {
           keyed_sde_step(backend, x, v, {.branching = 0, .keys = keys, .stds = stds}, shape);
         }) == "an SDE transition needs branching >= 1, got 0");
+  CHECK(testing::error_of([&] { keyed_sde_step(backend, x, v, transition, latent_shape{{-1}}); }) ==
+        "latent dimension 0 is -1, must be at least 1");
   const std::vector<double> bad_std = {0.5, 0.0};
   CHECK(testing::error_of([&] {
           keyed_sde_step(backend, x, v, {.branching = 2, .keys = keys, .stds = bad_std}, shape);

@@ -63,6 +63,7 @@ keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const ty
                                                             const typename B::tensor& v,
                                                             const sde_transition& transition,
                                                             const latent_shape& shape) {
+  validate(shape);  // before any allocation sized by it
   require(transition.branching >= 1, "an SDE transition needs branching >= 1, got ", transition.branching);
   const std::int64_t parents = backend.rows(x);
   const std::int64_t children = parents * transition.branching;
