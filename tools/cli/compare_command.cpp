@@ -447,22 +447,7 @@ rgb_image render(const band_chart& chart) {
   const auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * (right - left); };
   const auto py = [&](double y) { return bottom - (y - y0) / (y1 - y0) * (bottom - top); };
 
-  const double x_step = x_ticks.size() > 1 ? x_ticks[1] - x_ticks[0] : 1.0;
-  const double y_step = y_ticks.size() > 1 ? y_ticks[1] - y_ticks[0] : 1.0;
-  for (const double x : x_ticks) {
-    const int at = static_cast<int>(std::lround(px(x)));
-    c.line(at, top, at, bottom, grid_grey);
-    c.line(at, bottom, at, bottom + 5, axis_grey);
-    const std::string label = tick_label(x, x_step);
-    c.text(at - canvas::text_width(label) / 2, bottom + 9, label, black);
-  }
-  for (const double y : y_ticks) {
-    const int at = static_cast<int>(std::lround(py(y)));
-    c.line(left, at, right, at, grid_grey);
-    c.line(left - 5, at, left, at, axis_grey);
-    const std::string label = tick_label(y, y_step);
-    c.text(left - 9 - canvas::text_width(label), at - 3, label, black);
-  }
+  draw_grid(c, x_ticks, y_ticks, left, right, top, bottom, px, py);
   // Bands: every pixel column under a series, shaded between its interpolated low and high, blended so that
   // overlapping bands stay visible.
   for (const band_series& s : chart.bands) {

@@ -204,6 +204,29 @@ inline std::string tick_label(double value, double step) {
   return s;
 }
 
+/// Grid lines, tick marks and tick labels of a chart whose plot area is [left, right] x [top, bottom] pixels; px and
+/// py map a data value to its pixel column / row (line_chart's render and compare's band chart share this).
+template <class ToColumn, class ToRow>
+void draw_grid(canvas& c, const std::vector<double>& x_ticks, const std::vector<double>& y_ticks, int left, int right,
+               int top, int bottom, const ToColumn& px, const ToRow& py) {
+  const double x_step = x_ticks.size() > 1 ? x_ticks[1] - x_ticks[0] : 1.0;
+  const double y_step = y_ticks.size() > 1 ? y_ticks[1] - y_ticks[0] : 1.0;
+  for (const double x : x_ticks) {
+    const int at = static_cast<int>(std::lround(px(x)));
+    c.line(at, top, at, bottom, grid_grey);
+    c.line(at, bottom, at, bottom + 5, axis_grey);
+    const std::string label = tick_label(x, x_step);
+    c.text(at - canvas::text_width(label) / 2, bottom + 9, label, black);
+  }
+  for (const double y : y_ticks) {
+    const int at = static_cast<int>(std::lround(py(y)));
+    c.line(left, at, right, at, grid_grey);
+    c.line(left - 5, at, left, at, axis_grey);
+    const std::string label = tick_label(y, y_step);
+    c.text(left - 9 - canvas::text_width(label), at - 3, label, black);
+  }
+}
+
 /// One line of a line chart; non-finite y values break the line.
 struct series {
   std::string name;
@@ -247,22 +270,7 @@ inline rgb_image render(const line_chart& chart) {
   const auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * (right - left); };
   const auto py = [&](double y) { return bottom - (y - y0) / (y1 - y0) * (bottom - top); };
 
-  const double x_step = x_ticks.size() > 1 ? x_ticks[1] - x_ticks[0] : 1.0;
-  const double y_step = y_ticks.size() > 1 ? y_ticks[1] - y_ticks[0] : 1.0;
-  for (const double x : x_ticks) {
-    const int at = static_cast<int>(std::lround(px(x)));
-    c.line(at, top, at, bottom, grid_grey);
-    c.line(at, bottom, at, bottom + 5, axis_grey);
-    const std::string label = tick_label(x, x_step);
-    c.text(at - canvas::text_width(label) / 2, bottom + 9, label, black);
-  }
-  for (const double y : y_ticks) {
-    const int at = static_cast<int>(std::lround(py(y)));
-    c.line(left, at, right, at, grid_grey);
-    c.line(left - 5, at, left, at, axis_grey);
-    const std::string label = tick_label(y, y_step);
-    c.text(left - 9 - canvas::text_width(label), at - 3, label, black);
-  }
+  draw_grid(c, x_ticks, y_ticks, left, right, top, bottom, px, py);
   c.line(left, top, left, bottom, axis_grey);
   c.line(left, bottom, right, bottom, axis_grey);
   c.text((chart.width - canvas::text_width(chart.title, 2)) / 2, 12, chart.title, black, 2);
