@@ -24,6 +24,7 @@
 #include <set>
 #include <source_location>
 #include <string>
+#include <variant>
 #include <vector>
 
 using namespace branchgrpo;
@@ -513,6 +514,49 @@ TEST_CASE("the shipped model loads and its ODE samples align with their prompts"
   save_safetensors(dir / "model.safetensors", model.weights);
   CHECK_THROWS_WITH(load_shapes_model(dir),
                     (dir / "model.safetensors").string() + ": no __metadata__ key 'branchgrpo.flux_config'");
+}
+
+TEST_CASE("model files: integer or NaN weights and both families' metadata are refused, naming the file",
+          "[reliability][model_files]") {
+  // The shipped model with one change each; `compare --model shapes` and `train` read model directories this way.
+  const std::filesystem::path shipped = models_dir() / "shapes-tiny";
+  const shapes_model model = load_shapes_model(shipped);
+  const auto write_model = [&](const std::string& name, std::map<std::string, torch::Tensor> weights,
+                               std::map<std::string, std::string> metadata) {
+    const std::filesystem::path dir = scratch("model_files") / name;
+    std::filesystem::create_directories(dir);
+    save_safetensors(dir / "model.safetensors", weights, metadata);
+    std::filesystem::copy_file(shipped / "prompts.safetensors", dir / "prompts.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    return dir;
+  };
+  std::map<std::string, torch::Tensor> integers = model.weights;
+  integers["img_in.weight"] = integers["img_in.weight"].to(torch::kInt32);  // trained with gradient norm 0 before
+  const auto i32 = write_model("i32", integers, model.metadata);
+  CHECK(error_of([&] { load_shapes_model(i32); }) ==
+        (i32 / "model.safetensors").string() +
+            ": tensor 'img_in.weight' is I32: model weights must be F32, BF16, F16 or F8_E4M3");
+
+  std::map<std::string, torch::Tensor> poisoned = model.weights;
+  poisoned["img_in.weight"] = poisoned["img_in.weight"].clone();
+  poisoned["img_in.weight"].view(-1)[5] = not_a_number;
+  const auto nan = write_model("nan", poisoned, model.metadata);
+  CHECK(error_of([&] { load_shapes_model(nan); }) ==
+        (nan / "model.safetensors").string() + ": tensor 'img_in.weight' holds a non-finite value (nan) at element 5");
+
+  std::map<std::string, std::string> both = model.metadata;
+  both[std::string(wan_config_metadata_key)] = format_wan_config(moving_shapes_wan_config());
+  const auto two = write_model("both", model.weights, both);
+  const std::string refused = (two / "model.safetensors").string() +
+                              ": __metadata__ holds both 'branchgrpo.flux_config' and 'branchgrpo.wan_config'; a "
+                              "model file declares one family";
+  CHECK(error_of([&] { load_shapes_model(two); }) == refused);
+  CHECK(error_of([&] { is_video_model_dir(two); }) == refused);
+  run_config config = parse_run_config("", "run.toml", models_dir().parent_path());
+  config.model.dir = two.string();
+  CHECK(error_of([&] { run_transformer_config(config); }) == refused);  // read before the run's memory is estimated
+  config.model.dir = shipped.string();
+  CHECK(std::holds_alternative<flux_config>(run_transformer_config(config)));
 }
 
 // ---- Run memory (app/run_memory.hpp) ---------------------------------------------------------------------------

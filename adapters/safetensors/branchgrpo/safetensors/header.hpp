@@ -9,7 +9,9 @@
 //                          "__metadata__": {"key": "value"}}   (may end with spaces)
 //   the rest  the data buffer; data_offsets [begin, end) are relative to its start.
 // A file is accepted only when every tensor's byte range matches its shape and dtype and the ranges tile the
-// buffer exactly (sorted by offset, no gap, no overlap, nothing after the last). Every rejection throws
+// buffer exactly (sorted by offset, no gap, no overlap, nothing after the last), and the header keeps to
+// tensor.hpp's bounds: at most safetensors_max_header_bytes, safetensors_max_tensors tensors and
+// safetensors_max_header_values JSON values, the last two checked while parsing. Every rejection throws
 // branchgrpo::invalid_input with one line naming the file and the tensor, e.g.
 //   "model.safetensors: tensor 'img_in.weight': data_offsets [0, 12] hold 12 bytes but shape [2, 2] of F32
 //    needs 16".
@@ -82,7 +84,10 @@ inline safetensors_contents parse_safetensors(std::span<const std::byte> bytes, 
   const std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8), header_length);
   const std::span<const std::byte> buffer = bytes.subspan(8 + header_length);
 
-  const json_value root = safetensors_detail::json_parser(header, source, "tensor", "header").parse_document();
+  const json_value root = safetensors_detail::json_parser(
+                              header, source, "tensor", "header",
+                              {.max_members = safetensors_max_tensors, .max_values = safetensors_max_header_values})
+                              .parse_document();
   require(root.type == json_value::kind::object, source, ": header is ", root.kind_name(), ", not a JSON object");
 
   safetensors_contents contents;
@@ -204,7 +209,9 @@ inline safetensors_index parse_safetensors_index(std::string_view json, std::str
   using safetensors_detail::json_value;
   using safetensors_detail::quote_name;
   require(safetensors_detail::valid_utf8(json), source, ": index is not valid UTF-8");
-  const json_value root = safetensors_detail::json_parser(json, source, "key", "index").parse_document();
+  const json_value root =
+      safetensors_detail::json_parser(json, source, "key", "index", {.max_values = safetensors_max_header_values})
+          .parse_document();
   require(root.type == json_value::kind::object, source, ": index is ", root.kind_name(), ", not a JSON object");
   safetensors_index index;
   bool has_weight_map = false;
@@ -220,6 +227,8 @@ inline safetensors_index parse_safetensors_index(std::string_view json, std::str
       require(value.type == json_value::kind::object, source, ": 'weight_map' is ", value.kind_name(),
               ", not an object");
       has_weight_map = true;
+      require(value.keys.size() <= safetensors_max_tensors, source, ": 'weight_map' lists ", value.keys.size(),
+              " tensors, more than the ", safetensors_max_tensors, " a checkpoint may hold");
       for (std::size_t k = 0; k < value.keys.size(); ++k) {
         const std::string& name = value.keys[k];
         const json_value& file = value.items[k];

@@ -2,9 +2,11 @@
 // The JSON of safetensors headers and shard indexes (safetensors_detail, not public API). json_parser accepts
 // exactly the subset the format needs: objects, arrays, strings (all escapes, \uXXXX with surrogate pairs, UTF-8
 // checked) and non-negative integers below 2^64, nested at most 64 deep; anything else is rejected with a message
-// naming the byte offset and the top-level member being read. It is hand-written rather than nlohmann-json's SAX
-// parser because those offsets and messages cannot all be kept with it (docs/safetensors.md, "JSON parsing:
-// which and why"). append_json_string is the writer's side: the escaping this parser reads back.
+// naming the byte offset and the top-level member being read. Optional limits on the top-level members and on all
+// values bound what a hostile text can make it build (tensor.hpp's safetensors_max_tensors and _header_values). It is
+// hand-written rather than nlohmann-json's SAX parser because those offsets and messages cannot all be kept with it
+// (docs/safetensors.md, "JSON parsing: which and why"). append_json_string is the writer's side: the escaping this
+// parser reads back.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,13 +49,22 @@ struct json_value {
   }
 };
 
+// How much a document may hold; the defaults do not limit. A value is an object, array, string or integer at any
+// depth (a safetensors tensor entry is 6 + its rank); "__metadata__" does not count as a top-level member.
+struct json_limits {
+  std::size_t max_members = std::numeric_limits<std::size_t>::max();
+  std::size_t max_values = std::numeric_limits<std::size_t>::max();
+};
+
 // Recursive descent over the subset. Errors name the source, the byte offset inside the JSON text and the
-// top-level member being read (the tensor, for a safetensors header).
+// top-level member being read (the tensor, for a safetensors header). The limits are checked as the text is read,
+// so a document over them is refused after at most that many values, before the rest is parsed or stored.
 class json_parser {
  public:
   // `member_label` names a top-level member in messages ("tensor"), `document` the text ("header").
-  json_parser(std::string_view text, std::string_view source, std::string_view member_label, std::string_view document)
-      : text_(text), source_(source), member_label_(member_label), document_(document) {}
+  json_parser(std::string_view text, std::string_view source, std::string_view member_label, std::string_view document,
+              json_limits limits = {})
+      : text_(text), source_(source), member_label_(member_label), document_(document), limits_(limits) {}
 
   json_value parse_document() {
     skip_whitespace();
@@ -100,6 +111,8 @@ class json_parser {
 
   json_value parse_value() {
     if (pos_ >= text_.size()) error("expected a value, found ", describe_here());
+    if (++values_ > limits_.max_values)
+      error("more than ", limits_.max_values, " JSON values, the most a ", document_, " may hold");
     const char c = text_[pos_];
     if (c == '{') return parse_object();
     if (c == '[') return parse_array();
@@ -143,6 +156,12 @@ class json_parser {
       const std::size_t key_start = pos_;
       std::string key = parse_string();
       if (depth_ == 1) {  // a top-level member: name it in the messages that follow
+        if (key != "__metadata__" && ++members_ > limits_.max_members) {
+          std::ostringstream message;  // a count, not a syntax error: no byte offset, no member
+          message << source_ << ": " << document_ << " lists more than " << limits_.max_members << ' ' << member_label_
+                  << "s, the most a file may hold";
+          throw invalid_input(message.str());
+        }
         member_ = key;
         in_member_ = true;
       }
@@ -316,7 +335,10 @@ class json_parser {
   std::string_view source_;
   std::string_view member_label_;
   std::string_view document_;
+  json_limits limits_;
   std::size_t pos_ = 0;
+  std::size_t values_ = 0;
+  std::size_t members_ = 0;
   int depth_ = 0;
   std::string member_;
   bool in_member_ = false;

@@ -1,6 +1,6 @@
 #pragma once
 // What the reader hands out: safetensors_tensor, a view of one tensor's bytes inside a mapped file or a buffer
-// (never a copy), and the header-size bound that the reader enforces and the writer keeps to.
+// (never a copy), and the header bounds (bytes, tensors, JSON values) that the reader enforces and the writer keeps to.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -31,5 +31,17 @@ struct safetensors_tensor {
 
 /// The largest header the reader accepts and the writer writes (the reference implementation's bound).
 inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
+
+/// The most tensors one file (or one sharded checkpoint's index) may list, checked by the reader as it parses and
+/// kept to by the writer: 2^17, over 100 times what real models hold (FLUX.1-dev's transformer has 780 tensors, a
+/// Wan2.1-14B checkpoint about 1100), so that a header of a million empty tensors is refused within milliseconds
+/// instead of being parsed into gigabytes.
+inline constexpr std::size_t safetensors_max_tensors = std::size_t{1} << 17;
+
+/// The most JSON values a header or an index may hold: 16 per tensor at safetensors_max_tensors (a tensor entry
+/// takes 6 + its rank; each metadata entry takes 1). It bounds what parsing may build from a header within
+/// safetensors_max_header_bytes whatever its text (a shape of 50 million zeros, millions of metadata keys): at
+/// most 2^21 parsed values of about 100 bytes each.
+inline constexpr std::size_t safetensors_max_header_values = 16 * safetensors_max_tensors;
 
 }  // namespace branchgrpo

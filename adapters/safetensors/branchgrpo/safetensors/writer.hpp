@@ -52,6 +52,13 @@ struct safetensors_layout {
 inline safetensors_layout plan_safetensors(std::span<const safetensors_entry> tensors,
                                            const std::map<std::string, std::string>& metadata,
                                            std::string_view destination) {
+  // The reader's bounds (tensor.hpp), so that what is written can be read back.
+  require(tensors.size() <= safetensors_max_tensors, destination, ": ", tensors.size(), " tensors exceed the limit of ",
+          safetensors_max_tensors);
+  std::size_t values = 1 + (metadata.empty() ? 0 : 1 + metadata.size());  // the root, __metadata__ and its strings
+  for (const safetensors_entry& tensor : tensors) values += 6 + tensor.shape.size();  // see json_limits
+  require(values <= safetensors_max_header_values, destination, ": the header would hold ", values,
+          " JSON values, more than the limit of ", safetensors_max_header_values);
   safetensors_layout layout;
   layout.order.resize(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) layout.order[i] = i;

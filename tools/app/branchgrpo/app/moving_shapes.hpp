@@ -155,9 +155,6 @@ inline torch::Tensor clip_frames(const torch::Tensor& latents) {
 
 // ---- wan_config as metadata text ------------------------------------------------------------------------------
 
-/// The safetensors __metadata__ key holding a video model's wan_config.
-inline constexpr std::string_view wan_config_metadata_key = "branchgrpo.wan_config";
-
 /// A wan_config as "key=value;..." in field order.
 /// Example: wan_config::tiny() -> "in_dim=4;out_dim=3;dim=40;ffn_dim=56;heads=2;layers=2;freq_dim=32;
 ///   text_dim=24;text_len=8;patch=1,2,2;eps=1e-06;rope_theta=10000".
@@ -227,15 +224,19 @@ struct video_model {
 };
 
 /// Whether DIR/model.safetensors declares a Wan (video) model: its metadata holds wan_config_metadata_key.
-/// Throws invalid_input naming the file when it is missing or unreadable.
+/// Throws invalid_input naming the file when it is missing or unreadable, or declares both families
+/// (require_one_model_family).
 inline bool is_video_model_dir(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / "model.safetensors";
   require(std::filesystem::is_regular_file(path), path.string(), ": no such file");
-  return safetensors_checkpoint(path).metadata().contains(std::string(wan_config_metadata_key));
+  const safetensors_checkpoint checkpoint(path);
+  require_one_model_family(checkpoint.metadata(), path.string());
+  return checkpoint.metadata().contains(std::string(wan_config_metadata_key));
 }
 
-/// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks the weights against the config and the text
-/// width against its text_dim and text_len. Errors are one line naming the file.
+/// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks that the file declares Wan alone
+/// (require_one_model_family), that every weight is of model_weight_dtypes and finite, the weights against the
+/// config and the text width against its text_dim and text_len. Errors are one line naming the file.
 /// Example: load_video_model("models/moving-shapes-tiny") -> moving_shapes_wan_config(), 48 prompts, context
 ///   [48, 5, 32].
 inline video_model load_video_model(const std::filesystem::path& dir) {
@@ -246,10 +247,12 @@ inline video_model load_video_model(const std::filesystem::path& dir) {
   {
     const safetensors_checkpoint checkpoint(model_path);
     out.metadata = checkpoint.metadata();
+    require_one_model_family(out.metadata, model_path.string());
     const auto it = out.metadata.find(std::string(wan_config_metadata_key));
     require(it != out.metadata.end(), model_path.string(), ": no __metadata__ key '", wan_config_metadata_key, "'");
     out.config = parse_wan_config(it->second, model_path.string());
-    out.weights = load_safetensors(checkpoint, {.dtype = torch::kFloat32});
+    out.weights =
+        load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
   }
   const wan_key_report report = check_wan_tensors(out.config, wan_layout::official, detail::tensor_shapes(out.weights));
   require(report.ok(), model_path.string(), ": weights do not match the config: ", report.message());

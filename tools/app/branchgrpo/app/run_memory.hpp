@@ -46,7 +46,7 @@ inline wan_config named_wan_config(const std::string& name) {
 
 /// The transformer shape of a run: model.config's named shape, or the "branchgrpo.flux_config" /
 /// "branchgrpo.wan_config" metadata of model.dir's model.safetensors (only its header is read; the file is
-/// mapped, not loaded).
+/// mapped, not loaded). A file holding both is refused naming it and both keys (require_one_model_family).
 inline run_transformer run_transformer_config(const run_config& config) {
   const model_section& m = config.model;
   if (m.dir.empty()) {
@@ -57,6 +57,7 @@ inline run_transformer run_transformer_config(const run_config& config) {
   }
   const std::filesystem::path path = config.input_path(m.dir) / "model.safetensors";
   const safetensors_file file(path);
+  require_one_model_family(file.metadata(), path.string());
   if (const auto wan = file.metadata().find(std::string(wan_config_metadata_key)); wan != file.metadata().end())
     return parse_wan_config(wan->second, path.string());
   const auto it = file.metadata().find(std::string(flux_config_metadata_key));

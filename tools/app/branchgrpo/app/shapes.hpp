@@ -324,6 +324,24 @@ inline prompt_embeddings shapes_word_embeddings(std::span<const std::string> pro
 /// The safetensors __metadata__ key holding a model's flux_config.
 inline constexpr std::string_view flux_config_metadata_key = "branchgrpo.flux_config";
 
+/// The safetensors __metadata__ key holding a video model's wan_config (moving_shapes.hpp's format), here beside
+/// the FLUX one so that every reader of a model file can refuse a file holding both.
+inline constexpr std::string_view wan_config_metadata_key = "branchgrpo.wan_config";
+
+/// Throws invalid_input naming `source` and both keys when `metadata` holds both flux_config_metadata_key and
+/// wan_config_metadata_key: such a file declares two families, and which one a reader took would depend on the
+/// order it looked in.
+/// Example: {"branchgrpo.flux_config": ..., "branchgrpo.wan_config": ...}, "m/model.safetensors" -> throws
+///   "m/model.safetensors: __metadata__ holds both 'branchgrpo.flux_config' and 'branchgrpo.wan_config'; a model
+///   file declares one family".
+/// @post at most one of the two keys is in `metadata`.
+inline void require_one_model_family(const std::map<std::string, std::string>& metadata, std::string_view source) {
+  require(!metadata.contains(std::string(flux_config_metadata_key)) ||
+              !metadata.contains(std::string(wan_config_metadata_key)),
+          source, ": __metadata__ holds both '", flux_config_metadata_key, "' and '", wan_config_metadata_key,
+          "'; a model file declares one family");
+}
+
 namespace detail {
 inline std::string shortest_text(double value) {
   char buffer[64];
@@ -456,8 +474,10 @@ struct shapes_model {
   std::map<std::string, std::string> metadata;  ///< model.safetensors' __metadata__
 };
 
-/// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks that the weights match the config and the
-/// embeddings' widths match its context_in / vec_in. Errors are one line naming the file.
+/// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks that the file declares FLUX alone
+/// (require_one_model_family), that every weight is of model_weight_dtypes and finite (checked as it is copied),
+/// that the weights match the config and the embeddings' widths match its context_in / vec_in. Errors are one line
+/// naming the file (and the tensor).
 /// Example: load_shapes_model("models/shapes-tiny") -> config shapes_flux_config(), 12 prompts.
 inline shapes_model load_shapes_model(const std::filesystem::path& dir) {
   const std::filesystem::path model_path = dir / "model.safetensors";
@@ -467,10 +487,12 @@ inline shapes_model load_shapes_model(const std::filesystem::path& dir) {
   {
     const safetensors_checkpoint checkpoint(model_path);
     out.metadata = checkpoint.metadata();
+    require_one_model_family(out.metadata, model_path.string());
     const auto it = out.metadata.find(std::string(flux_config_metadata_key));
     require(it != out.metadata.end(), model_path.string(), ": no __metadata__ key '", flux_config_metadata_key, "'");
     out.config = parse_flux_config(it->second, model_path.string());
-    out.weights = load_safetensors(checkpoint, {.dtype = torch::kFloat32});
+    out.weights =
+        load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
   }
   const flux_key_report report = check_flux_tensors(out.config, flux_layout::bfl, detail::tensor_shapes(out.weights));
   require(report.ok(), model_path.string(), ": weights do not match the config: ", report.message());

@@ -109,6 +109,12 @@ inline torch::Device run_device(const run_config& config) {
 
 namespace detail {
 
+/// model.weights' tensors in model.dtype: each refused unless of model_weight_dtypes and finite, naming the file.
+inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& config) {
+  return load_safetensors(config.input_path(config.model.weights),
+                          {.dtype = run_dtype(config), .allowed_dtypes = model_weight_dtypes, .finite = true});
+}
+
 /// load_run_model for Wan (video) models: a model directory (load_video_model) or model.config's Wan shape with
 /// its checkpoint (official or diffusers names); the decoder is "pixels" (3 channels: the latents are the frames),
 /// a TorchScript file (*.pt, *.ptl: latents -> frames [rows, F, 3, H, W] in [-1, 1]) or the Wan VAE's
@@ -130,9 +136,7 @@ inline run_model load_video_run_model(const run_config& config) {
     wan = named_wan_config(m.config);
     torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (wan-tiny without weights)
     out.video_transformer = std::make_shared<wan_transformer>(wan);
-    if (!m.weights.empty())
-      load_wan_weights(*out.video_transformer,
-                       load_safetensors(config.input_path(m.weights), {.dtype = run_dtype(config)}));
+    if (!m.weights.empty()) load_wan_weights(*out.video_transformer, load_weights_file(config));
   }
   if (!config.data.embeddings.empty() || m.dir.empty()) {
     const std::filesystem::path path = config.input_path(config.data.embeddings);
@@ -202,8 +206,7 @@ inline run_model load_run_model(const run_config& config) {
                                    : flux_config::tiny();
     torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (tiny without weights)
     out.transformer = std::make_shared<flux_transformer>(flux);
-    if (!m.weights.empty())
-      load_flux_weights(*out.transformer, load_safetensors(config.input_path(m.weights), {.dtype = run_dtype(config)}));
+    if (!m.weights.empty()) load_flux_weights(*out.transformer, detail::load_weights_file(config));
   }
   if (!config.data.embeddings.empty() || m.dir.empty()) {
     const std::filesystem::path path = config.input_path(config.data.embeddings);

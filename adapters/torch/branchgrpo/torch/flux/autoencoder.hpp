@@ -339,12 +339,15 @@ inline void load_flux_autoencoder_weights(flux_autoencoder& model,
 }
 
 /// Loads an ae.safetensors file (or a file holding only the decoder.* tensors) into `model`; errors name the
-/// file. Only the decoder's tensors are copied out of the mapping.
+/// file. Only the decoder's tensors are copied out of the mapping, each refused unless of model_weight_dtypes and
+/// finite.
 inline void load_flux_autoencoder_weights(flux_autoencoder& model, const std::filesystem::path& path) {
   const safetensors_checkpoint checkpoint(path);
   std::map<std::string, torch::Tensor> tensors;
   for (const safetensors_tensor& tensor : checkpoint.tensors())
-    if (!tensor.name.starts_with("encoder.")) tensors.emplace(tensor.name, to_torch(tensor));
+    if (!tensor.name.starts_with("encoder."))
+      tensors.emplace(tensor.name, to_torch(tensor, {.allowed_dtypes = model_weight_dtypes, .finite = true},
+                                            safetensors_source(checkpoint, tensor)));
   try {
     load_flux_autoencoder_weights(model, tensors);
   } catch (const invalid_input& e) {

@@ -541,12 +541,14 @@ inline void load_wan_vae_decoder_weights(wan_vae_decoder& model, const std::map<
 
 /// Loads a safetensors file holding the Wan2.1_VAE.pth state dict (converted with its names kept) or diffusers'
 /// AutoencoderKLWan weights (vae/diffusion_pytorch_model.safetensors) into `model`; the encoder's tensors may be
-/// there or not. Errors name the file.
+/// there or not. Errors name the file. The decoder's tensors are refused unless of model_weight_dtypes and finite.
 inline void load_wan_vae_decoder_weights(wan_vae_decoder& model, const std::filesystem::path& path) {
   const safetensors_checkpoint checkpoint(path);
   std::map<std::string, torch::Tensor> tensors;
   for (const safetensors_tensor& tensor : checkpoint.tensors())
-    if (!wan_vae_encoder_name(tensor.name)) tensors.emplace(tensor.name, to_torch(tensor));
+    if (!wan_vae_encoder_name(tensor.name))
+      tensors.emplace(tensor.name, to_torch(tensor, {.allowed_dtypes = model_weight_dtypes, .finite = true},
+                                            safetensors_source(checkpoint, tensor)));
   try {
     load_wan_vae_decoder_weights(model, tensors);
   } catch (const invalid_input& e) {
