@@ -166,7 +166,7 @@ endfunction()
 branchgrpo_self_containment(header_self_containment ${PROJECT_SOURCE_DIR}/include branchgrpo::branchgrpo)
 # The torch-free adapters too; not torch or app, where every header would be a ~40 s LibTorch translation unit
 # (their consumers below compile one TU each).
-foreach(adapter IN ITEMS eigen xtensor safetensors model_specs config)
+foreach(adapter IN ITEMS eigen xtensor files safetensors model_specs config)
   if(TARGET branchgrpo::${adapter})
     branchgrpo_self_containment(header_self_containment_${adapter} ${PROJECT_SOURCE_DIR}/adapters/${adapter}
                                 branchgrpo::${adapter})
@@ -184,7 +184,7 @@ endforeach()
 # (and those of torch and app if it is not: the check's control). package_subdirectory_consumer: add_subdirectory.
 set(package_targets branchgrpo)
 set(package_header_roots ${PROJECT_SOURCE_DIR}/include)
-foreach(adapter IN ITEMS eigen xtensor safetensors model_specs config torch)
+foreach(adapter IN ITEMS eigen xtensor files safetensors model_specs config torch)
   if(TARGET branchgrpo::${adapter})
     list(APPEND package_targets ${adapter})
     list(APPEND package_header_roots ${PROJECT_SOURCE_DIR}/adapters/${adapter})
@@ -301,7 +301,7 @@ if(TARGET branchgrpo_cli)
                      "malformed.safetensors: tensor 'img_in.weight': data_offsets \\[0, 12\\] hold 12 bytes but shape \\[2, 2\\] of F32 needs 16"
                      ${weights_dir}/malformed.safetensors)
   weights_error_test(malformed_json "hold 12 bytes but shape \\[2, 2\\] of F32 needs 16" ${weights_dir}/malformed.safetensors --json)
-  weights_error_test(missing_file "absent.safetensors: cannot open: No such file or directory" ${weights_dir}/absent.safetensors)
+  weights_error_test(missing_file "absent.safetensors: cannot open the safetensors file: No such file or directory" ${weights_dir}/absent.safetensors)
   weights_error_test(missing_shard "tiny_sharded.safetensors.index.json: shard 'tiny-00001-of-00002.safetensors': .*cannot open"
                      ${weights_dir}/missing_shard/tiny_sharded.safetensors.index.json)
   weights_error_test(bad_layout "sd3" ${weights_dir}/tiny_bfl.safetensors --layout sd3)
@@ -515,8 +515,8 @@ if(TARGET branchgrpo_cli)
     branchgrpo_cli_test(demo_help "--quick" demo --help)
     branchgrpo_cli_error_test(demo_unknown_method "unknown method 'grpo'" demo --methods dance,grpo)
     branchgrpo_cli_error_test(demo_updates_zero "--updates = 0: must be an integer in \\[1, " demo --updates 0)
-    branchgrpo_cli_error_test(demo_bad_prompt_rows "--prompt-rows = x: must be an integer in \\[0, " demo --prompt-rows 1,x)
-    branchgrpo_cli_error_test(demo_eta_negative "--eta must be positive, got -0.5" demo --eta -0.5)
+    branchgrpo_cli_error_test(demo_bad_prompt_rows "--prompt-rows\\[1\\] = x: must be an integer in \\[0, " demo --prompt-rows 1,x)
+    branchgrpo_cli_error_test(demo_eta_negative "--eta = -0.5: must be a number in \\[0.0001, 10\\]" demo --eta -0.5)
   else()
     branchgrpo_cli_error_test(demo_without_torch
                               "^branchgrpo: branchgrpo demo needs the LibTorch adapter \\(not built\\)" demo --quick)

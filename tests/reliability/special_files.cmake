@@ -1,6 +1,8 @@
 # --- Special files (label reliability): a FIFO or a directory where a file is read is one line, never a hang ----
-# (each test's timeout turns a hang into a failure). tests/unit/test_input_file.cpp checks the core's check itself.
+# (each test's timeout turns a hang into a failure). tests/unit/test_input_file.cpp checks the one open itself
+# (files/input_file.hpp).
 if(TARGET test_input_file)
+  target_link_libraries(test_input_file PRIVATE branchgrpo::files)
   set_tests_properties(test_input_file PROPERTIES LABELS reliability TIMEOUT 30)
 endif()
 if(TARGET branchgrpo_cli)
@@ -18,7 +20,7 @@ if(TARGET branchgrpo_cli)
            COMMAND sh -c "ulimit -v 2000000; '$<TARGET_FILE:branchgrpo_cli>' tree --steps 2147483647")
   set_tests_properties(reliability_tree_huge_steps PROPERTIES LABELS "cli;reliability" TIMEOUT 30 WILL_FAIL FALSE
                        PASS_REGULAR_EXPRESSION "at most 255 steps are supported, got 2147483647")
-  special_file_test(weights_fifo "fifo.safetensors: not a regular file" weights ${special_dir}/fifo.safetensors)
+  special_file_test(weights_fifo "fifo.safetensors: is a FIFO, not a safetensors file" weights ${special_dir}/fifo.safetensors)
   special_file_test(weights_fifo_index "fifo.index.json: is a FIFO, not a safetensors index" weights
                     ${special_dir}/fifo.index.json)
   if(TARGET branchgrpo::app)

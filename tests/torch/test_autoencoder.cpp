@@ -418,7 +418,7 @@ def forward(self, z: Tensor) -> Tensor:
 
   // Files that are missing or not TorchScript.
   CHECK(error_of([&] { load_torchscript(dir / "missing.pt"); }) ==
-        "TorchScript file '" + (dir / "missing.pt").string() + "' does not exist");
+        (dir / "missing.pt").string() + ": cannot open the TorchScript file: No such file or directory");
   std::ofstream(dir / "garbage.pt") << "not a zip archive";
   const std::string garbage = error_of([&] { load_torchscript(dir / "garbage.pt"); });
   // 1.13: "...': PytorchStreamReader failed reading zip archive: not a ZIP archive" (wording varies by version).

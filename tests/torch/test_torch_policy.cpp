@@ -350,7 +350,7 @@ TEST_CASE("policy: invalid options and inputs are one-line invalid_input errors"
   }
   // The optimizer's rules are optimizer_options' (the same words as a config's [optimizer] errors).
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.lr = -1.0}}),
-                    "optimizer.lr = -1.0: must be positive");
+                    "optimizer.lr = -1.0: must be in [1e-12, 1]");
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.ema_decay = 1.0}}),
                     "optimizer.ema_decay = 1.0: must be in [0, 1)");
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.max_grad_norm = -2.0}}),

@@ -1,20 +1,16 @@
 // XXH64 (core/hash.hpp): known values of the reference implementation (computed with python's xxhash package,
-// an independent implementation), the streaming interface in pieces of every size, and whole-file digests.
+// an independent implementation) and the streaming interface in pieces of every size (whole-file digests:
+// test_input_file).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "branchgrpo/core/hash.hpp"
-#include "error_text.hpp"
 
-using branchgrpo::file_digest;
 using branchgrpo::hex_digest;
 using branchgrpo::xxh64;
 using branchgrpo::xxh64_digest;
-using branchgrpo::testing::error_of;
 
 namespace {
 // 0, 1, ..., n - 1 (mod 256) as bytes.
@@ -58,20 +54,7 @@ TEST_CASE("xxh64 streams: any split of the input gives the one-call value", "[ha
   CHECK(xxh64_digest(flipped) != whole);
 }
 
-TEST_CASE("hex_digest and file_digest", "[hash][reliability]") {
+TEST_CASE("hex_digest", "[hash][reliability]") {
   CHECK(hex_digest(0x44bc2cf5ad770999ull) == "44bc2cf5ad770999");
   CHECK(hex_digest(0x00278bda0ee3f586ull) == "00278bda0ee3f586");
-  const auto dir = std::filesystem::temp_directory_path() / "branchgrpo_test_hash";
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "abc.bin", std::ios::binary) << "abc";
-    const std::string big = counting((std::size_t{1} << 20) + 77);  // more than one 1 MiB chunk
-    std::ofstream(dir / "big.bin", std::ios::binary).write(big.data(), static_cast<std::streamsize>(big.size()));
-    CHECK(file_digest(dir / "big.bin") ==
-          branchgrpo::file_digest_result{.size = big.size(), .xxh64 = xxh64_digest(big)});
-  }
-  CHECK(file_digest(dir / "abc.bin") == branchgrpo::file_digest_result{.size = 3, .xxh64 = 0x44bc2cf5ad770999ull});
-  CHECK(error_of([&] { (void)file_digest(dir / "absent.bin"); }) ==
-        (dir / "absent.bin").string() + ": cannot read for its checksum");
-  std::filesystem::remove_all(dir);
 }

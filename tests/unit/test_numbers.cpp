@@ -12,6 +12,7 @@ using branchgrpo::echo_text;
 using branchgrpo::parse_integer;
 using branchgrpo::parse_number;
 using branchgrpo::testing::error_of;
+namespace bg = branchgrpo;
 
 TEST_CASE("parse_integer accepts exactly the representable decimal integers", "[numbers][reliability]") {
   CHECK(parse_integer<int>("42", "--iters") == 42);
@@ -43,4 +44,27 @@ TEST_CASE("error messages echo at most 32 characters of the input", "[numbers][r
   CHECK(echo_text("12") == "12");
   CHECK(error_of([] { (void)parse_integer<int>(std::string(300, '9'), "--x"); }) ==
         "--x = " + std::string(29, '9') + "...: must be an integer in [-2147483648, 2147483647]");
+}
+
+TEST_CASE("parse_number with a range, and the bounds as messages show them", "[numbers][reliability]") {
+  CHECK(bg::parse_number("0.5", "--eta", 1e-4, 10) == 0.5);
+  CHECK(bg::parse_number("10", "--eta", 1e-4, 10) == 10);
+  CHECK(error_of([] { (void)bg::parse_number("5e-324", "--lr", 1e-12, 1); }) ==
+        "--lr = 5e-324: must be a number in [1e-12, 1]");
+  CHECK(error_of([] { (void)bg::parse_number("1e300", "--lr", 1e-12, 1); }) ==
+        "--lr = 1e300: must be a number in [1e-12, 1]");
+  CHECK(error_of([] { (void)bg::parse_number("inf", "--lr", 1e-12, 1); }) == "--lr = inf: must be a finite number");
+  CHECK(bg::number_bound_text(0.0001) == "0.0001");
+  CHECK(bg::number_bound_text(1e6) == "1000000");
+  CHECK(bg::number_bound_text(1e-6) == "1e-6");
+  CHECK(bg::number_bound_text(1e300) == "1e300");
+  CHECK(bg::number_bound_text(-1e3) == "-1000");
+  CHECK(bg::number_bound_text(86400) == "86400");
+  CHECK(bg::number_bound_text(0) == "0");
+}
+
+TEST_CASE("echo_middle keeps the start and the end", "[numbers][reliability]") {
+  CHECK(bg::echo_middle("abcdefghij", 7) == "ab...ij");
+  CHECK(bg::echo_middle("abc", 7) == "abc");
+  CHECK(bg::echo_middle(std::string(52'000'000, 'x'), 80).size() == 80);
 }

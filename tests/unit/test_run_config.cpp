@@ -305,10 +305,49 @@ TEST_CASE("unknown keys are rejected with one line naming them") {
         "run.toml: rollout.eta = 0.3: is not used by rollout.stepper = \"flow_grpo_sde\"");
 }
 
+TEST_CASE("values far out of range are refused by key, not met later as a NaN", "[reliability]") {
+  // Each of these passed the reader before (finite, or positive) and failed at run time naming nothing.
+  CHECK(error_of("[optimizer]\nlr = 1e300\n") == "run.toml: optimizer.lr = 1e+300: must be in [1e-12, 1]");
+  CHECK(error_of("[optimizer]\nlr = 5e-324\n") == "run.toml: optimizer.lr = 5e-324: must be in [1e-12, 1]");
+  CHECK(error_of("[optimizer]\nweight_decay = 1e300\n") ==
+        "run.toml: optimizer.weight_decay = 1e+300: must be in [0, 100]");
+  CHECK(error_of("[optimizer]\neps = 5e-324\n") == "run.toml: optimizer.eps = 5e-324: must be in [1e-30, 1]");
+  CHECK(error_of("[rollout]\neta = 5e-324\n") == "run.toml: rollout.eta = 5e-324: must be in [0.0001, 10]");
+  CHECK(error_of("[rollout]\nshift = 1e300\n") == "run.toml: rollout.shift = 1e+300: must be in [0.001, 1000]");
+  CHECK(error_of("[lora]\nalpha = 1e300\n") == "run.toml: lora.alpha = 1e+300: must be in [1e-6, 1000000]");
+  CHECK(error_of("[[rewards]]\nname = \"alignment\"\nweight = 1e300\n") ==
+        "run.toml: rewards[0].weight = 1e+300: must be in [-1000000, 1000000]");
+  CHECK(error_of("[advantage]\nepsilon = 1e300\n") == "run.toml: advantage.epsilon = 1e+300: must be in [0, 1]");
+  // inf is refused like nan.
+  CHECK(error_of("[loss]\nadvantage_clip = inf\n") == "run.toml: loss.advantage_clip = inf: must be in [0.001, 1000]");
+  CHECK(error_of("[loss]\nadvantage_clip = nan\n") == "run.toml: loss.advantage_clip = nan: must be in [0.001, 1000]");
+  // An sde_window start with no room for its width at iteration 0 (it was clamped silently).
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"sde_window\"\nwidth = 4\nstart = 25\n") ==
+        "run.toml: pruning.pruners[0]: sde_window start 25 leaves no room for width 4 in 20 steps (at most 16)");
+}
+
+TEST_CASE("lists have a count limit and long values are echoed cut", "[reliability]") {
+  std::string rewards;
+  for (int i = 0; i < 300; ++i) rewards += "[[rewards]]\nname = \"alignment\"\n";
+  CHECK(error_of(rewards) == "run.toml: rewards: 300 entries, at most 256 are supported");
+  std::string targets = "[lora]\ntargets = [";
+  for (int i = 0; i < 100000; ++i) targets += "\"mlp\", ";
+  targets += "\"mlp\"]\n";
+  CHECK(error_of(targets) ==
+        "run.toml: lora.targets = [... 100001 elements]: holds 100001 elements, at most 256 are "
+        "supported");
+  // A huge string is echoed as its start and end: one short line.
+  const std::string device = "[model]\ndevice = \"" + std::string(1'000'000, 'x') + "\"\n";
+  const std::string message = error_of(device);
+  CHECK(message.starts_with("run.toml: model.device = \"xxx"));
+  CHECK(message.ends_with("xxx\": must be cpu, cuda or cuda:N"));
+  CHECK(message.size() < 160);
+}
+
 TEST_CASE("bad values are rejected with one line naming the key and the value") {
   CHECK(error_of("[rollout]\nsteps = 0\n") == "run.toml: rollout.steps = 0: must be at least 1");
   CHECK(error_of("[rollout]\nsteps = \"abc\"\n") == "run.toml: rollout.steps = 'abc': must be an integer");
-  CHECK(error_of("[rollout]\nshift = -1\n") == "run.toml: rollout.shift = -1: must be positive");
+  CHECK(error_of("[rollout]\nshift = -1\n") == "run.toml: rollout.shift = -1: must be in [0.001, 1000]");
   CHECK(error_of("[rollout]\nmax_batch = 0\n") == "run.toml: rollout.max_batch = 0: must be at least 1");
   CHECK(error_of("[rollout]\nstepper = \"euler\"\n") ==
         "run.toml: rollout.stepper = 'euler': must be dance_sde or flow_grpo_sde");
@@ -320,7 +359,8 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   // What the rules cannot see, the policy's own validation says, naming the keys involved.
   CHECK(error_of("[topology]\nsplit_steps = [0, 3]\nbranching = [2, 2, 2]\n")
             .rfind("run.toml: topology.split_steps = [ 0, 3 ], topology.branching = [ 2, 2, 2 ]: ", 0) == 0);
-  CHECK(error_of("[correlator]\nkind = \"scaled\"\nscale = 0\n") == "run.toml: correlator.scale = 0: must be positive");
+  CHECK(error_of("[correlator]\nkind = \"scaled\"\nscale = 0\n") ==
+        "run.toml: correlator.scale = 0: must be in [0.001, 1000]");
   CHECK(error_of("[advantage]\nscope = \"global\"\n") ==
         "run.toml: advantage.scope = 'global': must be per_tree or per_batch");
   CHECK(error_of("[pruning]\nactive_fraction = 1.5\n") == "run.toml: pruning.active_fraction = 1.5: must be in [0, 1]");
@@ -334,10 +374,10 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[loss]\nkl_beta = 0.1\n[lora]\nenabled = false\n") ==
         "run.toml: loss.kl_beta = 0.1: needs lora.enabled = true (the frozen base without the adapters is the KL "
         "reference)");
-  CHECK(error_of("[optimizer]\nlr = 0\n") == "run.toml: optimizer.lr = 0: must be positive");
-  CHECK(error_of("[optimizer]\nlr = -1e-3\n") == "run.toml: optimizer.lr = -0.001: must be positive");
+  CHECK(error_of("[optimizer]\nlr = 0\n") == "run.toml: optimizer.lr = 0: must be in [1e-12, 1]");
+  CHECK(error_of("[optimizer]\nlr = -1e-3\n") == "run.toml: optimizer.lr = -0.001: must be in [1e-12, 1]");
   CHECK(error_of("[rollout]\nsteps = 5\n") == "run.toml: topology (defaults): split step 6 is not in [0, 5)");
-  CHECK(error_of("[optimizer]\nlr = nan\n") == "run.toml: optimizer.lr = nan: must be positive");
+  CHECK(error_of("[optimizer]\nlr = nan\n") == "run.toml: optimizer.lr = nan: must be in [1e-12, 1]");
   CHECK(error_of("[optimizer]\nbeta2 = 1.0\n") == "run.toml: optimizer.beta2 = 1.0: must be in [0, 1)");
   CHECK(error_of("[run]\nupdates_per_iteration = 0\n") ==
         "run.toml: run.updates_per_iteration = 0: must be at least 1");
@@ -384,7 +424,8 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
 }
 
 TEST_CASE("load_run_config names an unreadable file") {
-  CHECK_THROWS_WITH(bg::load_run_config("/nonexistent/run.toml"), "/nonexistent/run.toml: cannot read the config file");
+  CHECK_THROWS_WITH(bg::load_run_config("/nonexistent/run.toml"),
+                    "/nonexistent/run.toml: cannot open the config file: No such file or directory");
 }
 
 TEST_CASE("method_recipe mirrors with_method") {

@@ -517,7 +517,7 @@ TEST_CASE("sharded checkpoints: one merged view and errors naming the index and 
         source + ": shard 'm-1.safetensors' holds tensor 'c', which the weight_map does not list");
   CHECK(message(R"({"weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors", "c": "m-3.safetensors"}})")
             .starts_with(source + ": shard 'm-3.safetensors': " + (dir.path / "m-3.safetensors").string() +
-                         ": cannot open: "));
+                         ": cannot open the safetensors file: "));
   const std::vector<std::byte> broken = make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4);
   std::ofstream(dir.path / "m-3.safetensors", std::ios::binary)
       .write(reinterpret_cast<const char*>(broken.data()), static_cast<std::streamsize>(broken.size()));
@@ -532,8 +532,9 @@ TEST_CASE("sharded checkpoints: one merged view and errors naming the index and 
 TEST_CASE("opening files that are not there or are not safetensors") {
   scratch_dir dir("open_errors");
   CHECK_THROWS_WITH(safetensors_file(dir.path / "absent.safetensors"),
-                    (dir.path / "absent.safetensors").string() + ": cannot open: No such file or directory");
-  CHECK_THROWS_WITH(safetensors_file(dir.path), dir.path.string() + ": not a regular file");
+                    (dir.path / "absent.safetensors").string() +
+                        ": cannot open the safetensors file: No such file or directory");
+  CHECK_THROWS_WITH(safetensors_file(dir.path), dir.path.string() + ": is a directory, not a safetensors file");
   write_text(dir.path / "empty.safetensors", "");
   CHECK_THROWS_WITH(
       safetensors_file(dir.path / "empty.safetensors"),

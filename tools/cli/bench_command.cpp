@@ -134,7 +134,8 @@ void add_bench_command(CLI::App& app) {
   iteration->add_flag("--gradient-checkpointing", options->gradient_checkpointing,
                       "flux and wan models: recompute each block in the backward (less memory)");
   add_number(iteration, "--peak-tflops", options->peak_tflops,
-             "flux and wan models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)")
+             "flux and wan models: the device's dense bf16 peak, for the fraction reached (H100 / H200: 989)", 1e-3,
+             1e6)
       ->type_name("TF")
       ->capture_default_str();
   iteration->callback([options] { run_iteration_bench(*options); });

@@ -16,6 +16,7 @@
 #include "branchgrpo/app/rewards.hpp"
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
@@ -40,18 +41,18 @@ torch::Device bench_device(const std::string& text) {
   try {
     device = torch::Device(text);
   } catch (const std::exception&) {  // c10::Error: a multi-line message with a backtrace
-    fail("--device '", text, "' is not a device (expected cpu, cuda or cuda:N)");
+    fail("--device '", echo_text(text), "' is not a device (expected cpu, cuda or cuda:N)");
   }
-  require(!device->is_cuda() || torch::cuda::is_available(), "--device ", text,
+  require(!device->is_cuda() || torch::cuda::is_available(), "--device ", echo_text(text),
           ": CUDA is not available in this build or on this machine");
-  require(device->is_cpu() || device->is_cuda(), "--device ", text, ": expected cpu, cuda or cuda:N");
+  require(device->is_cpu() || device->is_cuda(), "--device ", echo_text(text), ": expected cpu, cuda or cuda:N");
   return *device;
 }
 
 torch::Dtype bench_dtype(const std::string& text) {
   if (text == "float32") return torch::kFloat32;
   if (text == "bfloat16") return torch::kBFloat16;
-  fail("--dtype '", text, "' is not float32 or bfloat16");
+  fail("--dtype '", echo_text(text), "' is not float32 or bfloat16");
 }
 
 // The shipped model: --model-dir, else ./models/shapes-tiny, else the source tree's (as `branchgrpo demo`).

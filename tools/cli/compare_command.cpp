@@ -213,10 +213,8 @@ demo_runs::demo_options shapes_options(const compare_options& options, const see
   d.model = options.model_dir;
   d.seed = setup.seed;
   const std::vector<std::int64_t> rows = demo_runs::parse_prompt_rows(demo_runs::prompt_rows(d));
-  std::string text;
-  for (const std::int64_t i : setup.order)
-    text += (text.empty() ? "" : ",") + std::to_string(rows[static_cast<std::size_t>(i)]);
-  d.prompt_rows = text;
+  d.prompt_rows.clear();
+  for (const std::int64_t i : setup.order) d.prompt_rows.push_back(std::to_string(rows[static_cast<std::size_t>(i)]));
   return d;
 }
 

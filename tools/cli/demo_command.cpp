@@ -213,8 +213,6 @@ void run_demo(demo_options options) {
   // The counts' ranges are checked as the flags are parsed (add_demo_command).
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
   (void)parse_prompt_rows(prompt_rows(options));  // a bad list fails here, before any work
-  require(options.lr > 0, "--lr must be positive, got ", options.lr);
-  require(options.eta > 0, "--eta must be positive, got ", options.eta);
   if (options.quick) options.eval_samples = 1;
   const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
   if (options.methods.empty()) options.methods.assign(method_names.begin(), method_names.end());
@@ -307,9 +305,9 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--model", options->model,
                    "Model directory (default models/shapes-tiny, with --video models/moving-shapes-tiny)")
       ->type_name("DIR");
-  demo->add_option("--prompt-rows", options->prompt_rows,
-                   "Rows of the model's prompt table to train and evaluate on, or all (default 1,5,6,11; with --video "
-                   "5,14,32,43)")
+  add_text_list(demo, "--prompt-rows", options->prompt_rows,
+                "Rows of the model's prompt table to train and evaluate on, or all (default 1,5,6,11; with --video "
+                "5,14,32,43)")
       ->type_name("ROW,...|all");
   add_integer(demo, "--prompts", options->prompts, "Prompts (trees) per iteration", 1, std::numeric_limits<int>::max())
       ->type_name("P")
@@ -319,10 +317,10 @@ void add_demo_command(CLI::App& app) {
               std::numeric_limits<int>::max())
       ->type_name("K")
       ->capture_default_str();
-  add_number(demo, "--lr", options->lr, "AdamW learning rate of the LoRA factors")
+  add_number(demo, "--lr", options->lr, "AdamW learning rate of the LoRA factors", 1e-12, 1)
       ->type_name("LR")
       ->capture_default_str();
-  add_number(demo, "--eta", options->eta, "SDE noise scale of every method (dance_sde)")
+  add_number(demo, "--eta", options->eta, "SDE noise scale of every method (dance_sde)", 1e-4, 10)
       ->type_name("ETA")
       ->capture_default_str();
   add_integer(demo, "--updates", options->updates, "Optimizer steps per iteration (PPO-clipped after the first)", 1,

@@ -3,25 +3,31 @@
 // exit status: 2 for invalid input, 1 for anything else (a failed write included: standard output is checked
 // after every command, cli/output_file.hpp).
 #include <CLI/CLI.hpp>
+#include <signal.h>
 
 #include <algorithm>
+#include <csignal>
 #include <exception>
 #include <iostream>
 #include <string>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "cli/commands.hpp"
 #include "cli/output_file.hpp"
 
 namespace {
 
 // One line whatever the message holds, so scripts can rely on it. A library error (LibTorch's c10::Error) carries
-// a backtrace after its first line: only the first line is the message.
+// a backtrace after its first line: only the first line is the message. The values in a message are cut where
+// they are echoed (echo_text, echo_middle, path_text); the line as a whole is cut here too, at 1000 characters,
+// so that no message of any origin (CLI11's, the system's) prints megabytes.
 int report_error(std::string message, int exit_code) {
+  constexpr std::size_t most = 1000;
   if (const auto backtrace = message.find("\nException raised from "); backtrace != std::string::npos)
     message.resize(backtrace);
   std::replace(message.begin(), message.end(), '\n', ' ');
-  std::cerr << "branchgrpo: " << message << '\n';
+  std::cerr << "branchgrpo: " << branchgrpo::echo_middle(message, most) << '\n';
   return exit_code;
 }
 
@@ -48,6 +54,9 @@ std::string missing_subcommand(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Over `ulimit -f`, a write fails with EFBIG and its reason is reported (write_error); by default SIGXFSZ would
+  // kill the process with no message (exit 153).
+  ::signal(SIGXFSZ, SIG_IGN);
   const branchgrpo::cli::checked_standard_output standard_output;  // every write to std::cout checked, errno kept
   CLI::App app{"BranchGRPO: tree-structured GRPO for diffusion and flow-matching models", "branchgrpo"};
   app.require_subcommand(0, 1);  // "none" is reported below; an unknown word is an ExtrasError naming it
@@ -74,7 +83,15 @@ int main(int argc, char** argv) {
       return report_error(missing_subcommand(app), static_cast<int>(CLI::ExitCodes::RequiredError));
     branchgrpo::cli::check_standard_output();
   } catch (const CLI::ParseError& error) {
-    if (error.get_exit_code() == 0) return app.exit(error);  // --help prints the usage and succeeds
+    if (error.get_exit_code() == 0) {  // --help prints the usage and succeeds, when the usage was written
+      const int code = app.exit(error);
+      try {
+        branchgrpo::cli::check_standard_output();
+      } catch (const std::exception& failure) {
+        return report_error(failure.what(), 1);
+      }
+      return code;
+    }
     return report_error(error.what(), error.get_exit_code());
   } catch (const branchgrpo::invalid_input& error) {
     return report_error(error.what(), 2);

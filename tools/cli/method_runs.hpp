@@ -113,8 +113,8 @@ struct demo_options {
   // per colour, the shapes mixed, so 16 iterations x 2 prompts see each prompt 8 times; with video also every
   // direction: "a red square moving right", "a green circle moving up", "a blue triangle moving left", "a yellow
   // square moving down" (video_prompt_rows).
-  std::string prompt_rows = "";
-  std::vector<std::string> methods;  // empty = every method, dance first
+  std::vector<std::string> prompt_rows = {};  // --prompt-rows' elements; none: the model's default rows
+  std::vector<std::string> methods;           // empty = every method, dance first
   bool quiet = false;
 };
 
@@ -122,9 +122,12 @@ inline constexpr std::string_view image_prompt_rows = "1,5,6,11";
 inline constexpr std::string_view video_prompt_rows = "5,14,32,43";
 
 /// --prompt-rows, or the model's default rows.
-inline std::string prompt_rows(const demo_options& options) {
-  return !options.prompt_rows.empty() ? options.prompt_rows
-                                      : std::string(options.video ? video_prompt_rows : image_prompt_rows);
+inline std::vector<std::string> prompt_rows(const demo_options& options) {
+  if (!options.prompt_rows.empty()) return options.prompt_rows;
+  std::vector<std::string> rows;
+  std::istringstream in(std::string(options.video ? video_prompt_rows : image_prompt_rows));
+  for (std::string row; std::getline(in, row, ',');) rows.push_back(row);
+  return rows;
 }
 
 inline std::filesystem::path model_dir(const demo_options& options) {
@@ -162,13 +165,13 @@ inline run_config demo_config(const demo_options& options, int iterations, std::
 }
 
 // "all" -> {} (every row); "1,5" -> {1, 5}. Anything else is one line naming the bad entry.
-inline std::vector<std::int64_t> parse_prompt_rows(const std::string& text) {
-  if (text == "all") return {};
+inline std::vector<std::int64_t> parse_prompt_rows(const std::vector<std::string>& elements) {
+  if (elements.size() == 1 && elements.front() == "all") return {};
+  require(!elements.empty(), "--prompt-rows is empty (expected all or rows like 1,5,6,11)");
   std::vector<std::int64_t> rows;
-  std::istringstream in(text);
-  for (std::string entry; std::getline(in, entry, ',');)
-    rows.push_back(parse_integer<std::int64_t>(entry, "--prompt-rows", 0, std::numeric_limits<std::int64_t>::max()));
-  require(!rows.empty(), "--prompt-rows is empty (expected all or rows like 1,5,6,11)");
+  for (std::size_t i = 0; i < elements.size(); ++i)
+    rows.push_back(parse_integer<std::int64_t>(elements[i], "--prompt-rows[" + std::to_string(i) + "]", 0,
+                                               std::numeric_limits<std::int64_t>::max()));
   return rows;
 }
 

@@ -5,7 +5,7 @@
 // "--seed = -1: must be an integer in [0, 18446744073709551615]", instead of saturating or wrapping.
 //
 //   add_integer(cmd, "--prompts", value, "help", 1, 1'000'000)   one integer in [low, high]
-//   add_number(cmd, "--lr", value, "help")                        one finite double
+//   add_number(cmd, "--lr", value, "help", 1e-12, 1)               one finite double in [low, high]
 //   add_integer_list / add_number_list(cmd, "--split-steps", values, "help")
 //                                                                 comma-separated; each element checked, the
 //                                                                 message names it ("--sigmas[1] = nan: ...")
@@ -13,6 +13,7 @@
 // A list given explicitly must hold at least one element: "--split-steps ''" is an error, never the default.
 #include <CLI/CLI.hpp>
 
+#include <cfloat>
 #include <concepts>
 #include <cstddef>
 #include <limits>
@@ -77,14 +78,17 @@ requires(!std::same_as<T, bool>) CLI::Option* add_integer(CLI::App* command, con
   return option;
 }
 
-/// Declares the floating-point flag `flag`: any finite number (parse_number); ranges are the command's to check.
-/// Example: add_number(pretrain, "--lr", options->lr, "Peak learning rate"); `--lr 1e999` ->
-///   "--lr = 1e999: must be a finite number".
-inline CLI::Option* add_number(CLI::App* command, const std::string& flag, double& value, const std::string& help) {
+/// Declares the floating-point flag `flag`: a finite number in [low, high] (parse_number); `--help` shows the
+/// range when one is given.
+/// Example: add_number(pretrain, "--lr", options->lr, "Peak learning rate", 1e-12, 1); `--lr 1e999` ->
+///   "--lr = 1e999: must be a finite number"; `--lr 5` -> "--lr = 5: must be a number in [1e-12, 1]".
+inline CLI::Option* add_number(CLI::App* command, const std::string& flag, double& value, std::string help,
+                               double low = -DBL_MAX, double high = DBL_MAX) {
+  if (low != -DBL_MAX || high != DBL_MAX) help += " [" + number_bound_text(low) + ", " + number_bound_text(high) + "]";
   CLI::Option* option = command->add_option(
       flag,
-      [&value, flag](const CLI::results_t& results) {
-        value = parse_number(detail::single_element(flag, results), flag);
+      [&value, flag, low, high](const CLI::results_t& results) {
+        value = parse_number(detail::single_element(flag, results), flag, low, high);
         return true;
       },
       help, false, [&value] { return CLI::detail::to_string(value); });

@@ -5,7 +5,8 @@
 //
 //   write_file(path, bytes)       a whole file: a regular file is replaced atomically (temporary beside it,
 //                                 fsync, rename), so a failure leaves the old file or none, never a 0-byte one;
-//                                 a device or FIFO (/dev/full, /dev/stdout) is written in place
+//                                 a device or FIFO (/dev/full, /dev/stdout) is written in place; a FIFO that no
+//                                 process reads is an error, never a blocked open
 //   append_to_file(path, line)    one write(2) in O_APPEND mode, then fsync: a kill loses at most this line
 //   check_standard_output()       flushes std::cout; throws when anything written to it failed, with the reason
 //                                 (standard_output_buffer, installed by main.cpp, remembers it)
@@ -48,6 +49,17 @@ inline int write_all(int fd, std::string_view bytes) {
   return 0;
 }
 
+// Opens `path` for writing without blocking: a FIFO that no process reads is refused at once (ENXIO) instead of
+// blocking the run until a reader comes (SIGTERM cannot end a blocked open); then the descriptor blocks again, so
+// that writes wait for a slow reader. Throws write_error naming the path.
+inline int open_for_writing(const std::filesystem::path& path, int flags, std::string_view what) {
+  const int fd = ::open(path.c_str(), flags | O_WRONLY | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENXIO) throw write_error(path, "is a FIFO that no process reads", 0);
+  if (fd < 0) throw write_error(path, what, errno);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 // Closes `fd`; a failure reported by close (NFS, some disks) counts as a write failure.
 inline int close_checked(int fd) { return ::close(fd) == 0 || errno == EINTR ? 0 : errno; }
 }  // namespace detail
@@ -59,8 +71,7 @@ inline void write_file(const std::filesystem::path& path, std::string_view bytes
   struct ::stat info {};
   const bool special = ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode);
   if (special) {  // a device or FIFO: no rename over it, and no fsync (it may not support one)
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw write_error(path, "cannot open for writing", errno);
+    const int fd = detail::open_for_writing(path, 0, "cannot open for writing");
     const int error = detail::write_all(fd, bytes);
     const int closed = detail::close_checked(fd);
     if (error != 0 || closed != 0) throw write_error(path, "cannot write", error != 0 ? error : closed);
@@ -85,8 +96,7 @@ inline void write_file(const std::filesystem::path& path, std::string_view bytes
 /// Appends `bytes` (typically one line) to `path`, creating it: one write(2) in O_APPEND mode, then fsync.
 /// @post on return the bytes are on disk after everything appended before; on a throw at most a part of them is.
 inline void append_to_file(const std::filesystem::path& path, std::string_view bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw write_error(path, "cannot open for appending", errno);
+  const int fd = detail::open_for_writing(path, O_APPEND | O_CREAT, "cannot open for appending");
   int error = detail::write_all(fd, bytes);
   if (error == 0 && ::fsync(fd) != 0 && errno != EINVAL) error = errno;  // EINVAL: a device without fsync
   const int closed = detail::close_checked(fd);

@@ -587,12 +587,14 @@ void add_pretrain_command(CLI::App& app) {
               std::numeric_limits<std::int64_t>::max())
       ->type_name("B")
       ->capture_default_str();
-  add_number(pretrain, "--lr", options->lr, "Peak AdamW learning rate")->type_name("LR")->capture_default_str();
+  add_number(pretrain, "--lr", options->lr, "Peak AdamW learning rate", 1e-12, 1)
+      ->type_name("LR")
+      ->capture_default_str();
   add_integer(pretrain, "--warmup", options->warmup, "Linear warmup steps (then cosine decay to 10%)", 0,
               static_cast<int>(max_noise_iteration))
       ->type_name("N")
       ->capture_default_str();
-  add_number(pretrain, "--ema", options->ema, "EMA decay of the saved weights (0: none)")
+  add_number(pretrain, "--ema", options->ema, "EMA decay of the saved weights (0: none)", 0, 0.999999)
       ->type_name("D")
       ->capture_default_str();
   pretrain->add_option("--t-sampling", options->t_sampling, "Distribution of the training noise level t")

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/image_grid.hpp"
@@ -107,13 +108,20 @@ decltype(auto) with_torch_context(const std::string& context, Body&& body) {
   }
 }
 
-/// Creates `dir` (and parents); throws std::runtime_error naming it when it cannot.
+/// Creates `dir` (and parents). Throws invalid_input when something else is there ("out/checkpoints: is a file, not
+/// a directory"; a dangling link or a link loop likewise), std::runtime_error naming it when the system refuses.
 inline std::filesystem::path make_directory(const std::filesystem::path& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir))
-    throw std::runtime_error("cannot create the directory " + dir.string() + (error ? ": " + error.message() : ""));
-  return dir;
+  std::error_code type_error;
+  if (!error && std::filesystem::is_directory(dir, type_error)) return dir;
+  // Something else at the path is the user's to move (bad input, exit 2); a system failure is not (exit 1).
+  using enum std::filesystem::file_type;
+  const std::filesystem::file_type type = std::filesystem::symlink_status(dir, type_error).type();
+  if (type == symlink) fail(path_text(dir), ": is a link to no directory (dangling, or a loop), not a directory");
+  if (type != not_found && type != none && type != directory)
+    fail(path_text(dir), ": is ", file_type_text(type), ", not a directory");
+  throw std::runtime_error("cannot create the directory " + path_text(dir) + (error ? ": " + error.message() : ""));
 }
 
 /// The metrics of one iteration as a JSON object (keys sorted by nlohmann): the trainer's stats, the optimizer's
@@ -164,15 +172,24 @@ inline void cut_file(const std::filesystem::path& path, std::uintmax_t size) {
   if (::truncate(path.c_str(), static_cast<::off_t>(size)) != 0) throw write_error(path, "cannot truncate", errno);
 }
 
-// The whole of a regular file ("" when it is missing or not a regular file).
-inline std::string file_text(const std::filesystem::path& path) {
-  struct ::stat info {};
-  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return {};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw write_error(path, "cannot read", errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// A metrics file is regular, absent, or a character device (/dev/null, /dev/full): a FIFO, a directory or a socket
+// there is refused when the run starts, not when the first iteration's line is written (a FIFO would block it).
+inline void check_metrics_target(const std::filesystem::path& path) {
+  std::error_code error;
+  using enum std::filesystem::file_type;
+  const std::filesystem::file_type type = std::filesystem::status(path, error).type();
+  if (type != not_found && type != regular && type != character)
+    fail(path_text(path), ": is ", file_type_text(type), ", not a metrics file");
+}
+
+// The whole of a metrics file ("" when it is missing; a device such as /dev/null is written, never read). Anything
+// else that is not a regular file, or is over 256 MiB, is one line (read_input_file): a FIFO would block the read.
+inline std::string metrics_text(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  using enum std::filesystem::file_type;
+  if (status.type() == not_found || status.type() == character) return {};
+  return read_input_file(path, input_kinds::metrics);
 }
 }  // namespace detail
 
@@ -190,11 +207,13 @@ class metrics_files {
       return j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer() &&
              j["iteration"].get<long long>() < first_iteration;
     };
-    const std::string jsonl = first_iteration > 0 ? detail::file_text(jsonl_) : std::string();
+    detail::check_metrics_target(jsonl_);
+    detail::check_metrics_target(csv_);
+    const std::string jsonl = first_iteration > 0 ? detail::metrics_text(jsonl_) : std::string();
     detail::cut_file(jsonl_, detail::kept_prefix(jsonl, [&](std::string_view line) {
                        return below(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
                      }));
-    const std::string csv = first_iteration > 0 ? detail::file_text(csv_) : std::string();
+    const std::string csv = first_iteration > 0 ? detail::metrics_text(csv_) : std::string();
     std::size_t iteration_column = std::string::npos;
     bool header = true;
     detail::cut_file(csv_, detail::kept_prefix(csv, [&](std::string_view line) {

@@ -21,6 +21,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/hash.hpp"
 #include "branchgrpo/distributed/consistency.hpp"
+#include "branchgrpo/files/input_file.hpp"
 #include "cli/commands.hpp"
 #include "cli/image_grid.hpp"
 #include "cli/memory_budget.hpp"
@@ -92,10 +93,7 @@ void print_row(std::ostream& out, const iteration_stats& s) {
 // config-<iteration>.canonical.toml (every key's effective value and the inputs' checksums), never overwriting an
 // earlier start's ("-2", "-3", ... when a run restarts twice from one iteration); <out>/config.toml is the latest.
 void keep_config(const std::filesystem::path& out, const std::string& config_file, training_run& run) {
-  std::ifstream in(config_file, std::ios::binary);
-  if (!in) throw write_error(config_file, "cannot read", errno);
-  std::ostringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(config_file, input_kinds::config);
   const std::filesystem::path dir = make_directory(out / "configs");
   const std::string stem = "config-" + checkpoint_path(".", run.iteration()).filename().string().substr(5);
   std::string name = stem;
@@ -103,9 +101,9 @@ void keep_config(const std::filesystem::path& out, const std::string& config_fil
        std::filesystem::exists(dir / (name + ".toml")) || std::filesystem::exists(dir / (name + ".canonical.toml"));
        ++n)
     name = stem + "-" + std::to_string(n);
-  write_file(dir / (name + ".toml"), text.str());
+  write_file(dir / (name + ".toml"), text);
   write_file(dir / (name + ".canonical.toml"), run.canonical_config());
-  write_file(out / "config.toml", text.str());
+  write_file(out / "config.toml", text);
 }
 
 // Runs `body` on every rank; when it fails on any, every rank stops: a failing rank with its own error, the others
@@ -159,6 +157,8 @@ void train_on(const train_options& options, run_config config, Comm& communicato
   on_every_rank(communicator, [&] {
     if (!lead) return;
     (void)make_directory(out);
+    // Before any work: a file or a dangling link where the checkpoints go would fail only at the first save.
+    (void)make_directory(checkpoints);
     if (!options.resume) {
       for (const std::string& line : recover_checkpoints(checkpoints)) std::cerr << "checkpoints: " << line << '\n';
       const std::vector<checkpoint_entry> existing = list_checkpoints(checkpoints);
@@ -270,8 +270,6 @@ void train_on(const train_options& options, run_config config, Comm& communicato
 // One process, or one rank of the group torchrun's variables describe (docs/distributed.md). A rank's error is
 // prefixed with its rank, since several ranks write to one terminal.
 void run_train(const train_options& options) {
-  require(options.timeout_seconds >= 1 && options.timeout_seconds <= 86400, "--timeout = ", options.timeout_seconds,
-          ": must be in [1, 86400] seconds");
   const run_config config = load_run_config(options.config);
 #if defined(USE_C10D_GLOO)
   std::optional<c10d_communicator> group =
@@ -300,7 +298,7 @@ constexpr int max_samples = 4096;
 struct sample_options {
   std::string config;
   std::string checkpoint;
-  std::string prompts;
+  std::vector<std::string> prompts;  // none: every prompt of the table
   int samples = 4;
   std::uint64_t seed = 0;
   std::string out = "grid.png";
@@ -308,10 +306,6 @@ struct sample_options {
 
 void run_sample(const sample_options& options) {
   const run_config config = load_run_config(options.config);
-  require(options.samples >= 1, "--samples must be at least 1, got ", options.samples);
-  // Every sample is a whole ODE solve and an image held until the grid is drawn: bound the count before loading.
-  require(options.samples <= max_samples, "--samples = ", options.samples, ": at most ", max_samples,
-          " samples per prompt");
   auto run = make_run(config);
   run->load_weights(options.checkpoint);
   const std::vector<std::string>& table = run->model().prompts;
@@ -319,15 +313,15 @@ void run_sample(const sample_options& options) {
   if (options.prompts.empty()) {
     for (std::size_t n = 0; n < table.size(); ++n) rows.push_back(static_cast<std::int64_t>(n));
   } else {
-    std::istringstream list(options.prompts);
-    for (std::string prompt; std::getline(list, prompt, ',');) {
+    for (std::string prompt : options.prompts) {
       const auto first = prompt.find_first_not_of(' '), last = prompt.find_last_not_of(' ');
       prompt = first == std::string::npos ? std::string() : prompt.substr(first, last - first + 1);
       const auto it = std::find(table.begin(), table.end(), prompt);
       if (it == table.end()) {
         std::string known;
         for (const std::string& p : table) known += (known.empty() ? "" : ", ") + p;
-        fail("--prompts: '", prompt, "' is not in the prompt embeddings (", known, ")");
+        fail("--prompts: '", echo_middle(prompt, 80), "' is not in the prompt embeddings (", echo_middle(known, 400),
+             ")");
       }
       rows.push_back(it - table.begin());
     }
@@ -363,8 +357,8 @@ void add_train_command(CLI::App& app) {
   train->add_flag("--json", options->json, "One JSON object per iteration on stdout");
   train->add_flag("--quiet", options->quiet, "No progress bar");
   add_number(train, "--timeout", options->timeout_seconds,
-             "Multi-process runs: seconds (1 to 86400) before a rank that died or hangs ends the others "
-             "(docs/distributed.md)")
+             "Multi-process runs: seconds before a rank that died or hangs ends the others (docs/distributed.md)", 1,
+             86400)
       ->capture_default_str();
   train->callback([options] { run_train(*options); });
 }
@@ -376,10 +370,13 @@ void add_sample_command(CLI::App& app) {
   sample->add_option("--checkpoint", options->checkpoint, "A checkpoint directory (run.output_dir/checkpoints/iter-N)")
       ->required()
       ->type_name("DIR");
-  sample->add_option("--prompts", options->prompts, "Comma-separated prompts of the embeddings file (default: all)")
+  add_text_list(sample, "--prompts", options->prompts, "Comma-separated prompts of the embeddings file (default: all)")
       ->type_name("LIST");
-  sample->add_option("--samples", options->samples, "Samples per prompt")->type_name("N")->capture_default_str();
-  sample->add_option("--seed", options->seed, "Seed of the samples' starting noise")
+  // Every sample is a whole ODE solve and an image held until the grid is drawn: the count is bounded here.
+  add_integer(sample, "--samples", options->samples, "Samples per prompt", 1, max_samples)
+      ->type_name("N")
+      ->capture_default_str();
+  add_integer(sample, "--seed", options->seed, "Seed of the samples' starting noise")
       ->type_name("S")
       ->capture_default_str();
   sample->add_option("--out", options->out, "The PNG to write")->type_name("FILE")->capture_default_str();

@@ -201,7 +201,7 @@ void add_tree_command(CLI::App& app) {
   auto* sigmas = add_number_list(tree, "--sigmas", options->sigmas,
                                  "Noise levels, steps + 1 values, strictly decreasing in [0, 1], e.g. 1,0.5,0")
                      ->type_name("X,X,...");
-  add_number(tree, "--shift", options->shift, "SD3 time shift of the default linear schedule 1 -> 0")
+  add_number(tree, "--shift", options->shift, "SD3 time shift of the default linear schedule 1 -> 0", 1e-3, 1e3)
       ->type_name("S")
       ->capture_default_str()
       ->excludes(sigmas);

@@ -204,12 +204,12 @@ struct depth_wise {
   // (core/policy_list.hpp, core/parameters.hpp).
   static constexpr std::string_view name = "depth_wise", summary = "z-score per depth (paper Eq. 4); the default";
   static constexpr auto parameters() {
-    return std::tuple{
-        parameter("scope", &depth_wise::scope, "per_tree (paper) or per_batch (every tree of the iteration at once)",
-                  rules::any{}),
-        parameter("epsilon", &depth_wise::epsilon, "added to the std before dividing", rules::non_negative{}),
-        parameter("min_std", &depth_wise::min_std, "a depth whose std is below this gets advantage 0",
-                  rules::non_negative{})};
+    return std::tuple{parameter("scope", &depth_wise::scope,
+                                "per_tree (paper) or per_batch (every tree of the iteration at once)", rules::any{}),
+                      parameter("epsilon", &depth_wise::epsilon, "added to the std before dividing",
+                                rules::in_range{.low = 0, .high = 1}),
+                      parameter("min_std", &depth_wise::min_std, "a depth whose std is below this gets advantage 0",
+                                rules::in_range{.low = 0, .high = 1})};
   }
 };
 

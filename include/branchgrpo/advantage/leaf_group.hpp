@@ -71,10 +71,10 @@ struct leaf_group {
   // (core/policy_list.hpp, core/parameters.hpp).
   static constexpr std::string_view name = "leaf_group", summary = "z-score of the leaves per prompt group (DanceGRPO)";
   static constexpr auto parameters() {
-    return std::tuple{
-        parameter("epsilon", &leaf_group::epsilon, "added to the std before dividing", rules::non_negative{}),
-        parameter("min_std", &leaf_group::min_std, "a group whose std is below this gets advantage 0",
-                  rules::non_negative{})};
+    return std::tuple{parameter("epsilon", &leaf_group::epsilon, "added to the std before dividing",
+                                rules::in_range{.low = 0, .high = 1}),
+                      parameter("min_std", &leaf_group::min_std, "a group whose std is below this gets advantage 0",
+                                rules::in_range{.low = 0, .high = 1})};
   }
 };
 

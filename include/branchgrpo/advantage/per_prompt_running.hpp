@@ -128,7 +128,8 @@ struct per_prompt_running {
   static constexpr auto parameters() {
     return std::tuple{
         parameter("history", &per_prompt_running::history, "leaf rewards buffered per prompt", rules::at_least{1}),
-        parameter("epsilon", &per_prompt_running::epsilon, "added to the std before dividing", rules::positive{}),
+        parameter("epsilon", &per_prompt_running::epsilon, "added to the std before dividing",
+                  rules::in_range{.low = 1e-30, .high = 1}),
         parameter("global_std", &per_prompt_running::global_std,
                   "divide by the std of the whole call instead of the prompt's buffer", rules::any{})};
   }

@@ -6,8 +6,8 @@
 //
 //   xxh64_digest(bytes, seed)       one call over a whole buffer
 //   xxh64 h(seed); h.update(a); h.update(b); h.digest()     the same value over a + b, in pieces of any size
-//   file_digest(path)               the size and xxh64 of a whole file, read in 1 MiB chunks
 //   hex_digest(value)               16 lower-case hex digits
+// (A file's digest, read through the one input-file path: file_digest in <branchgrpo/files/input_file.hpp>.)
 //
 // Known values (the reference implementation agrees; tests/unit/test_hash.cpp checks each):
 //   xxh64_digest("", 0)    == 0xef46db3751d8e999
@@ -19,13 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <string_view>
-#include <vector>
-
-#include "branchgrpo/core/error.hpp"
 
 namespace branchgrpo {
 
@@ -145,33 +140,6 @@ inline std::string hex_digest(std::uint64_t value) {
   std::string text(16, '0');
   for (int i = 15; i >= 0; --i, value >>= 4) text[static_cast<std::size_t>(i)] = digits[value & 0xF];
   return text;
-}
-
-/// The size and XXH64 (seed 0) of a whole file.
-struct file_digest_result {
-  std::uint64_t size = 0;
-  std::uint64_t xxh64 = 0;
-  friend bool operator==(const file_digest_result&, const file_digest_result&) = default;
-};
-
-/// Reads `path` in 1 MiB chunks and returns its size and XXH64. Example: a file holding "abc" gives
-/// {.size = 3, .xxh64 = 0x44bc2cf5ad770999}.
-/// @pre path names a readable file (else invalid_input "<path>: cannot read for its checksum").
-inline file_digest_result file_digest(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  require(static_cast<bool>(in), path.string(), ": cannot read for its checksum");
-  xxh64 h;
-  std::vector<char> chunk(std::size_t{1} << 20);
-  file_digest_result out;
-  while (in) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    const auto got = static_cast<std::size_t>(in.gcount());
-    h.update(chunk.data(), got);
-    out.size += got;
-  }
-  require(in.eof(), path.string(), ": read error while computing its checksum");
-  out.xxh64 = h.digest();
-  return out;
 }
 
 }  // namespace branchgrpo

@@ -2,6 +2,7 @@
 // The one path from text to numbers: command-line flags, config values and checkpoint metadata all go through
 // parse_integer / parse_number, which accept only what the target type represents exactly and name the key in a
 // one-line error. No silent saturation ("--seed -1" is not 2^64 - 1), no 300-digit echoes of the input.
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <concepts>
@@ -21,6 +22,17 @@ inline std::string echo_text(std::string_view text) {
   constexpr std::size_t most = 32;
   if (text.size() <= most) return std::string(text);
   return std::string(text.substr(0, most - 3)) + "...";
+}
+
+/// Long text (a path, a device string, a list) as a message shows it: at most `most` characters, a longer text cut
+/// in the middle with "..." so that its start and its end (a path's file name) stay.
+/// Example: echo_middle("abcdefghij", 7) == "ab...ij"; echo_middle("abc", 7) == "abc".
+/// @pre most >= 5
+inline std::string echo_middle(std::string_view text, std::size_t most) {
+  if (text.size() <= most) return std::string(text);
+  const std::size_t head = (most - 3) / 2;
+  const std::size_t tail = most - 3 - head;
+  return std::string(text.substr(0, head)) + "..." + std::string(text.substr(text.size() - tail));
 }
 
 namespace detail {
@@ -53,17 +65,45 @@ requires(!std::same_as<T, bool>) T
   return *value;
 }
 
+/// A range's bound as a message or `--help` shows it: the shortest text that reads back exactly, in plain digits
+/// from 0.0001 to 10 million, with an exponent beyond.
+/// Example: number_bound_text(0.0001) == "0.0001", number_bound_text(1e6) == "1000000",
+///   number_bound_text(1e-6) == "1e-6", number_bound_text(1e300) == "1e300", number_bound_text(-1e3) == "-1000".
+inline std::string number_bound_text(double value) {
+  char text[64];
+  const double magnitude = std::fabs(value);
+  const bool plain = value == 0 || (magnitude >= 1e-4 && magnitude < 1e7);
+  const auto [end, error] =
+      std::to_chars(text, text + sizeof text, value, plain ? std::chars_format::fixed : std::chars_format::scientific);
+  if (error != std::errc()) return "?";
+  std::string out(text, end);
+  // "1e-06" -> "1e-6", "1e+300" -> "1e300": the exponent as a person writes it.
+  if (const std::size_t e = out.find('e'); e != std::string::npos) {
+    std::size_t digits = e + 1;
+    if (out[digits] == '+') out.erase(digits, 1);
+    if (out[digits] == '-') ++digits;
+    while (digits + 1 < out.size() && out[digits] == '0') out.erase(digits, 1);
+  }
+  return out;
+}
+
 /// Parses the whole of `text` as a finite double (decimal or exponent form, e.g. "0.5", "1e-4", "-3"; no "nan",
-/// "inf", hex or spaces). Throws invalid_input "<key> = <text>: must be a finite number".
+/// "inf", hex or spaces) in [low, high]. Throws invalid_input "<key> = <text>: must be a finite number", or
+/// "<key> = <text>: must be a number in [low, high]" when it is finite but outside the bounds.
 /// Example: parse_number("1e-4", "--lr") == 1e-4; parse_number("1e999", "--lr") throws
-///   "--lr = 1e999: must be a finite number".
-inline double parse_number(std::string_view text, std::string_view key) {
+///   "--lr = 1e999: must be a finite number"; parse_number("5e-324", "--lr", 1e-12, 1) throws
+///   "--lr = 5e-324: must be a number in [1e-12, 1]".
+/// @post low <= value <= high, value finite.
+inline double parse_number(std::string_view text, std::string_view key, double low = -DBL_MAX, double high = DBL_MAX) {
   double value = 0;
   const char* first = text.data();
   const char* last = first + text.size();
   const auto [end, error] = std::from_chars(first, last, value, std::chars_format::general);
   if (text.empty() || error != std::errc() || end != last || !std::isfinite(value))
     fail(key, " = ", echo_text(text), ": must be a finite number");
+  if (value < low || value > high)
+    fail(key, " = ", echo_text(text), ": must be a number in [", number_bound_text(low), ", ", number_bound_text(high),
+         "]");
   return value;
 }
 

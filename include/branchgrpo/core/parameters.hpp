@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 
 namespace branchgrpo {
 
@@ -130,6 +131,20 @@ struct at_least {
     const std::string text = value_text(low);
     return text.ends_with(".0") ? text.substr(0, text.size() - 2) : text;
   }
+};
+
+/// A finite number in [low, high]. The bounds keep a value where the arithmetic stays meaningful: a learning rate
+/// of 1e300 or an eta of 5e-324 is refused by key here, not met later as a NaN that names nothing.
+/// Example: in_range{.low = 1e-12, .high = 1}.why(1e300) == "must be in [1e-12, 1]"; .why(NaN) is the same.
+struct in_range {
+  double low = 0;
+  double high = 0;
+  template <class V>
+  std::string why(V value) const {
+    const auto v = static_cast<double>(value);
+    return v >= low && v <= high ? "" : "must be in " + text();
+  }
+  std::string text() const { return "[" + number_bound_text(low) + ", " + number_bound_text(high) + "]"; }
 };
 
 /// A number in [0, 1] (closed_right) or [0, 1).

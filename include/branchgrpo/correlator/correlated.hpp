@@ -56,7 +56,7 @@ struct correlated {
   static constexpr auto parameters() {
     return std::tuple{parameter("s", &correlated::s,
                                 "weight of each child's own draw against the shared one (paper Eq. 2)",
-                                rules::non_negative{})};
+                                rules::in_range{.low = 0, .high = 1e3})};
   }
 };
 

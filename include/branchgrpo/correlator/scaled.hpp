@@ -40,7 +40,8 @@ struct scaled {
                                     summary = "own draws times scale, correctly scored (the official code's option)";
   static constexpr auto parameters() {
     return std::tuple{parameter("scale", &scaled::scale,
-                                "std multiplier of split children (official split_noise_scale)", rules::positive{})};
+                                "std multiplier of split children (official split_noise_scale)",
+                                rules::in_range{.low = 1e-3, .high = 1e3})};
   }
 };
 

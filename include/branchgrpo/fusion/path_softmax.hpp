@@ -115,7 +115,7 @@ struct path_softmax {
   static constexpr auto parameters() {
     return std::tuple{parameter("beta", &path_softmax::beta,
                                 "inverse temperature of the path log-probabilities (paper Eq. 3; 0 = uniform)",
-                                rules::finite{})};
+                                rules::in_range{.low = -1e3, .high = 1e3})};
   }
 };
 

@@ -73,7 +73,8 @@ struct split_softmax {
                                     summary = "softmax over each split's child edges (the official code's)";
   static constexpr auto parameters() {
     return std::tuple{parameter("alpha", &split_softmax::alpha,
-                                "inverse temperature of each split's child-edge softmax", rules::finite{})};
+                                "inverse temperature of each split's child-edge softmax",
+                                rules::in_range{.low = -1e3, .high = 1e3})};
   }
 };
 

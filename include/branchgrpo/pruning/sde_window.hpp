@@ -38,7 +38,7 @@ struct step_window {
 /// Tree {steps 4, splits {0, 2}, K 2} shaped by sde_window{.width = 1, .start = 1} at iteration 0: kinds
 /// {sde, sde, sde, ode}; nodes 0 | 1 2 | 3 4 | 5 6 7 8 | 9 10 11 12 (edge depth = depth - 1):
 ///   mask {0, 1,1, 1,1, 1,1,1,1, 0,0,0,0}; with .train_splits = false -> {0, 0,0, 1,1, 0,0,0,0, 0,0,0,0}.
-/// @pre 1 <= width <= steps, every >= 1, stride >= 0, 0 <= start, iteration >= 0.
+/// @pre 1 <= width <= steps, every >= 1, stride >= 0, 0 <= start <= steps - width, iteration >= 0.
 /// @post shape keeps steps, roots and branching; mask[n] == 1 only for a non-root SDE edge.
 struct sde_window {
   int width = 4;
@@ -53,6 +53,9 @@ struct sde_window {
     require(every >= 1, "sde_window every ", every, " is below 1");
     require(stride >= 0, "sde_window stride ", stride, " is negative");
     require(start >= 0, "sde_window start ", start, " is negative");
+    // The window slides towards the last steps and stays there; a start past them is a typo, not a window.
+    require(start <= steps - width, "sde_window start ", start, " leaves no room for width ", width, " in ", steps,
+            " steps (at most ", steps - width, ")");
     require(iteration >= 0, "sde_window iteration ", iteration, " is negative");
     // 64-bit: stride * (iteration / every) may exceed int.
     const std::int64_t first =

@@ -66,7 +66,8 @@ struct dance_sde {
   // (core/policy_list.hpp, core/parameters.hpp).
   static constexpr std::string_view name = "dance_sde", summary = "DanceGRPO's SDE (eta); BranchGRPO's default";
   static constexpr auto parameters() {
-    return std::tuple{parameter("eta", &dance_sde::eta, "SDE noise scale (DanceGRPO eta)", rules::positive{})};
+    return std::tuple{
+        parameter("eta", &dance_sde::eta, "SDE noise scale (DanceGRPO eta)", rules::in_range{.low = 1e-4, .high = 10})};
   }
 };
 
@@ -98,8 +99,8 @@ struct flow_grpo_sde {
   // (core/policy_list.hpp, core/parameters.hpp).
   static constexpr std::string_view name = "flow_grpo_sde", summary = "Flow-GRPO's SDE (noise level a)";
   static constexpr auto parameters() {
-    return std::tuple{
-        parameter("noise_level", &flow_grpo_sde::noise_level, "SDE noise level (Flow-GRPO a)", rules::positive{})};
+    return std::tuple{parameter("noise_level", &flow_grpo_sde::noise_level, "SDE noise level (Flow-GRPO a)",
+                                rules::in_range{.low = 1e-4, .high = 10})};
   }
 };
 

@@ -42,10 +42,10 @@ struct adam {
 
   static constexpr auto parameters() {
     return std::tuple{
-        parameter("lr", &adam::lr, "learning rate", rules::positive{}),
+        parameter("lr", &adam::lr, "learning rate", rules::in_range{.low = 1e-12, .high = 1}),
         parameter("beta1", &adam::beta1, "first-moment decay", rules::unit_interval{.closed_right = false}),
         parameter("beta2", &adam::beta2, "second-moment decay", rules::unit_interval{.closed_right = false}),
-        parameter("eps", &adam::eps, "added to the second moment's root", rules::positive{})};
+        parameter("eps", &adam::eps, "added to the second moment's root", rules::in_range{.low = 1e-30, .high = 1})};
   }
 
   void operator()(adam_state& state, std::span<double> parameters, std::span<const double> gradient) const {

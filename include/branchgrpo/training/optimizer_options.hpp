@@ -23,15 +23,17 @@ struct optimizer_options {
 
   static constexpr auto parameters() {
     return std::tuple{
-        parameter("lr", &optimizer_options::lr, "learning rate", rules::positive{}),
+        parameter("lr", &optimizer_options::lr, "learning rate", rules::in_range{.low = 1e-12, .high = 1}),
         parameter("beta1", &optimizer_options::beta1, "first-moment decay",
                   rules::unit_interval{.closed_right = false}),
         parameter("beta2", &optimizer_options::beta2, "second-moment decay",
                   rules::unit_interval{.closed_right = false}),
-        parameter("eps", &optimizer_options::eps, "added to the second moment's root", rules::positive{}),
-        parameter("weight_decay", &optimizer_options::weight_decay, "decoupled weight decay", rules::non_negative{}),
+        parameter("eps", &optimizer_options::eps, "added to the second moment's root",
+                  rules::in_range{.low = 1e-30, .high = 1}),
+        parameter("weight_decay", &optimizer_options::weight_decay, "decoupled weight decay",
+                  rules::in_range{.low = 0, .high = 100}),
         parameter("max_grad_norm", &optimizer_options::max_grad_norm, "gradient-norm clip; 0 = none",
-                  rules::non_negative{}),
+                  rules::in_range{.low = 0, .high = 1e6}),
         parameter("ema_decay", &optimizer_options::ema_decay, "EMA of the weights; 0 = none",
                   rules::unit_interval{.closed_right = false})};
   }

@@ -11,6 +11,12 @@
 #              the stop, which verifies; --resume finishes with weights and optimizer state byte-identical to an
 #              uninterrupted run's
 #   full       metrics.jsonl a symlink to /dev/full: exit non-zero naming it and "No space left on device"
+#   files      what the run reads from its directory is bounded and never blocks: a FIFO or a 9 GB sparse file as
+#              the newest checkpoint's manifest.txt and a link loop as the newest checkpoint are skipped with a
+#              warning (--resume falls back); a FIFO manifest for `sample`, a FIFO or a 1 GB metrics file on
+#              resume, a FIFO metrics.jsonl in a fresh run are one line; a file or a dangling link where the
+#              checkpoints go fails at the start with exit 2; under `ulimit -f` the write fails naming "File too
+#              large" instead of SIGXFSZ (exit 153). Every command under `timeout 60`.
 # Each run: the shipped model, a 4-step tree, LoRA rank 2, one prompt per iteration, no grids (about 1 s).
 set -u
 mode=$1 tool=$2 model=$3 work=$4
@@ -129,6 +135,64 @@ full)
   [ "$(wc -l < "$work/err")" = 1 ] || fail "not one line: $(cat "$work/err")"
   grep -q "^branchgrpo: $work/out/metrics.jsonl: cannot write: No space left on device$" "$work/err" ||
     fail "$(cat "$work/err")"
+  ;;
+files)
+  every=1 config run 2 && every=1 config run3 3
+  run() { timeout 60 "$tool" "$@" > /dev/null 2> "$work/err"; }
+  run train --config "$work/run.toml" --quiet || fail "first run: $(cat "$work/err")"
+  ckpt=$work/out/checkpoints
+  cp -a "$work/out" "$work/pristine"
+  restore() { rm -rf "$work/out" && cp -a "$work/pristine" "$work/out"; }
+  # expect_skip REASON: --resume warns about iter-000002 (REASON, a regex) and resumes from iter-000001.
+  expect_skip() {
+    run train --config "$work/run.toml" --resume --quiet || fail "resume past a damaged manifest: $(cat "$work/err")"
+    grep -q "^warning: skipping checkpoint $ckpt/iter-000002: $ckpt/iter-000002/manifest.txt: $1$" "$work/err" ||
+      fail "no warning for $1: $(cat "$work/err")"
+    grep -q "^resuming from $ckpt/iter-000001 (iteration 1)$" "$work/err" || fail "no fallback: $(cat "$work/err")"
+  }
+  restore && rm "$ckpt/iter-000002/manifest.txt" && mkfifo "$ckpt/iter-000002/manifest.txt"
+  expect_skip "is a FIFO, not a checkpoint manifest"
+  restore && truncate -s 9G "$ckpt/iter-000002/manifest.txt"
+  expect_skip "9.66 GB is over the limit of 1.05 MB for a checkpoint manifest"
+  restore && ln -s iter-000003 "$ckpt/iter-000003"  # a link to itself, the newest checkpoint
+  run train --config "$work/run3.toml" --resume --quiet || fail "resume past a link loop: $(cat "$work/err")"
+  grep -q "^warning: skipping checkpoint $ckpt/iter-000003: .*Too many levels of symbolic links" "$work/err" ||
+    fail "link loop: $(cat "$work/err")"
+  grep -q "^resuming from $ckpt/iter-000002 (iteration 2)$" "$work/err" || fail "no fallback: $(cat "$work/err")"
+  # expect_error STATUS REGEX COMMAND...: exit STATUS with one error line, the last on stderr, matching REGEX (a
+  # resume's own lines, "resuming from ...", may come before it).
+  expect_error() {
+    local want=$1 regex=$2
+    shift 2
+    run "$@"
+    local status=$?
+    [ $status = "$want" ] || fail "exit $status, not $want: $* : $(cat "$work/err")"
+    [ "$(grep -c '^branchgrpo: ' "$work/err")" = 1 ] || fail "not one error line: $(cat "$work/err")"
+    tail -n 1 "$work/err" | grep -q "$regex" || fail "$(cat "$work/err")"
+  }
+  restore && rm "$ckpt/iter-000002/manifest.txt" && mkfifo "$ckpt/iter-000002/manifest.txt"
+  expect_error 2 "^branchgrpo: $ckpt/iter-000002/manifest.txt: is a FIFO, not a checkpoint manifest$" \
+    sample --config "$work/run.toml" --checkpoint "$ckpt/iter-000002" --out "$work/grid.png"
+  restore && rm "$work/out/metrics.jsonl" && mkfifo "$work/out/metrics.jsonl"
+  expect_error 2 "^branchgrpo: $work/out/metrics.jsonl: is a FIFO, not a metrics file$" \
+    train --config "$work/run3.toml" --resume --quiet
+  restore && truncate -s 1G "$work/out/metrics.csv"
+  expect_error 2 "^branchgrpo: $work/out/metrics.csv: 1.07 GB is over the limit of 268 MB for a metrics file$" \
+    train --config "$work/run3.toml" --resume --quiet
+  # A fresh run: a FIFO metrics.jsonl, a file where the checkpoints go, a dangling link as a checkpoint.
+  rm -rf "$work/out" && mkdir "$work/out" && mkfifo "$work/out/metrics.jsonl"
+  expect_error 2 "^branchgrpo: $work/out/metrics.jsonl: is a FIFO, not a metrics file$" train --config "$work/run.toml" --quiet
+  rm -rf "$work/out" && mkdir "$work/out" && touch "$work/out/checkpoints"
+  expect_error 2 "^branchgrpo: $work/out/checkpoints: is a file, not a directory$" train --config "$work/run.toml" --quiet
+  [ ! -e "$work/out/metrics.jsonl" ] || fail "a run with no place for checkpoints trained"
+  rm -rf "$work/out" && mkdir -p "$work/out/checkpoints" && ln -s "$work/nowhere" "$ckpt/iter-000001"
+  expect_error 2 "already holds checkpoint iter-000001: pass --resume" train --config "$work/run.toml" --quiet
+  # Over the file-size limit: the first write past 16 kB fails with its reason, no SIGXFSZ.
+  rm -rf "$work/out"
+  (ulimit -f 16 && exec timeout 60 "$tool" train --config "$work/run.toml" --quiet > /dev/null 2> "$work/err")
+  status=$?
+  [ $status = 1 ] || fail "exit $status under ulimit -f: $(cat "$work/err")"
+  grep -q "^branchgrpo: .*: File too large$" "$work/err" || fail "$(cat "$work/err")"
   ;;
 *) fail "unknown mode" ;;
 esac

@@ -52,6 +52,7 @@
 #include "branchgrpo/core/hash.hpp"
 #include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/files/input_file.hpp"
 
 namespace branchgrpo {
 
@@ -130,8 +131,6 @@ std::string inline_policy(const AnyPolicy& any) {
 
 // "1857704 bytes, xxh64 3f1c..." of a file, or why it has none.
 inline std::string input_identity(const std::filesystem::path& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) return "not a readable file";
   try {
     const file_digest_result digest = file_digest(path);
     return std::to_string(digest.size) + " bytes, xxh64 " + hex_digest(digest.xxh64);

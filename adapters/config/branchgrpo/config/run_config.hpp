@@ -25,10 +25,8 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -39,8 +37,8 @@
 #include "branchgrpo/advantage/catalog.hpp"
 #include "branchgrpo/config/toml_reader.hpp"
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/core/input_file.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
+#include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/pruning/catalog.hpp"
@@ -199,11 +197,8 @@ using config::table_reader;
 inline auto at_least(double low) {
   return [low](auto value) { return rules::at_least{low}.why(value); };
 }
-inline auto positive() {
-  return [](auto value) { return rules::positive{}.why(value); };
-}
-inline auto non_negative() {
-  return [](auto value) { return rules::non_negative{}.why(value); };
+inline auto in_range(double low, double high) {
+  return [low, high](auto value) { return rules::in_range{.low = low, .high = high}.why(value); };
 }
 
 inline void read_model(table_reader r, model_section& m) {
@@ -218,7 +213,7 @@ inline void read_model(table_reader r, model_section& m) {
         (v.rfind("cuda:", 0) == 0 && v.size() > 5 && v.find_first_not_of("0123456789", 5) == std::string::npos);
     return ok ? "" : "must be cpu, cuda or cuda:N";
   });
-  r.read("guidance", m.guidance, [](double v) { return std::isfinite(v) ? "" : "must be finite"; });
+  r.read("guidance", m.guidance, in_range(0, 100));  // FLUX.1-dev's embedded guidance is 3.5
   // 4096 latent rows are 32768 pixels: far beyond FLUX's resolutions, and a typo like 1000000 is refused here
   // instead of as an allocation failure.
   const auto latent_size = [](std::int64_t v) { return v < 0 || v > 4096 ? "must be in [0, 4096]" : ""; };
@@ -267,7 +262,7 @@ inline void read_topology(table_reader r, any_topology& topology) {
 
 inline void read_rollout(table_reader r, rollout_section& rollout, any_stepper& stepper) {
   r.read("steps", rollout.steps, at_least(1));
-  r.read("shift", rollout.shift, positive());
+  r.read("shift", rollout.shift, in_range(1e-3, 1e3));  // FLUX 3, Wan 5 to 12
   r.read("max_batch", rollout.max_batch, at_least(1));
   read_policy(r, "stepper", stepper);
   r.finish();
@@ -296,8 +291,8 @@ inline void read_pruning(table_reader r, any_pruner& pruner) {
 
 inline void read_loss(table_reader r, ppo_options& loss) {
   r.read("clip_range", loss.clip_range, [](double v) { return v > 0 && v < 1 ? "" : "must be in (0, 1)"; });
-  r.read("advantage_clip", loss.advantage_clip, [](double v) { return v > 0 ? "" : "must be positive"; });
-  r.read("kl_beta", loss.kl_beta, non_negative());
+  r.read("advantage_clip", loss.advantage_clip, in_range(1e-3, 1e3));  // DanceGRPO clips at 5
+  r.read("kl_beta", loss.kl_beta, in_range(0, 1e3));
   r.finish();
 }
 
@@ -309,7 +304,7 @@ inline void read_optimizer(table_reader r, optimizer_options& o) {
 inline void read_lora(table_reader r, lora_section& l) {
   r.read("enabled", l.enabled);
   r.read("rank", l.rank, at_least(1));
-  r.read("alpha", l.alpha, positive());
+  r.read("alpha", l.alpha, in_range(1e-6, 1e6));
   r.read("targets", l.targets, [](const std::vector<std::string>& v) {
     if (v.empty()) return std::string("must name at least one of attention, mlp, modulation, embedding");
     for (const std::string& t : v)
@@ -332,7 +327,7 @@ inline reward_entry read_reward(table_reader r) {
           return list;
         }(),
         ")");
-  r.read("weight", entry.weight, [](double v) { return std::isfinite(v) ? "" : "must be finite"; });
+  r.read("weight", entry.weight, in_range(-1e6, 1e6));
   table_reader params = r.table("params");
   if (params.raw() != nullptr)
     for (const auto& [key, node] : *params.raw()) {
@@ -347,7 +342,7 @@ inline reward_entry read_reward(table_reader r) {
         entry.params[name] = v;
       } else if (node.is_number()) {
         double v = 0;
-        params.read(name, v);
+        params.read(name, v, [](double x) { return rules::finite{}.why(x); });
         entry.params[name] = v;
       } else {
         params.bad(name, "must be a number, a string or a boolean");
@@ -437,17 +432,14 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
   return config;
 }
 
-/// Reads and validates `path` (parse_run_config with the file's name and directory).
-/// @post throws invalid_input "<path>: cannot read the config file" when the file cannot be opened, and
-///       "<path>: is a directory, not a config file" (or a FIFO, ...) without opening it.
+/// Reads (read_input_file: a regular file of at most 4 MiB, never a blocking open) and validates `path`
+/// (parse_run_config with the file's name and directory).
+/// @post throws invalid_input "<path>: cannot open the config file: No such file or directory" when the file cannot
+///       be opened, and "<path>: is a directory, not a config file" (or a FIFO, a device, ...) before reading.
 inline run_config load_run_config(const std::filesystem::path& path) {
-  require_regular_file(path, "config file");
-  std::ifstream in(path, std::ios::binary);
-  require(static_cast<bool>(in), path.string(), ": cannot read the config file");
-  std::ostringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(path, input_kinds::config);
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  return parse_run_config(text.str(), path.string(), dir);
+  return parse_run_config(text, path_text(path), dir);
 }
 
 }  // namespace branchgrpo

@@ -25,19 +25,32 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/core/policy_list.hpp"
 
 namespace branchgrpo::config {
 
-/// A TOML value on one line, as written in TOML (strings quoted, floats in their shortest exact form).
+/// The most elements a list key holds ([[rewards]], [[pruning.pruners]], topology.branching, lora.targets...): far
+/// above any real run (a tree has at most 255 steps), and a bound on what a pasted or generated file can make the
+/// reader build.
+inline constexpr std::size_t max_list_length = 256;
+
+/// A TOML value on one line, as written in TOML (strings quoted, floats in their shortest exact form), cut in the
+/// middle at 80 characters: a 50 MB string or a million-element array is echoed as its start and its end.
+/// Example: node_text of 0.5 is "0.5"; of a 1000-character string '"aaaa...aaa"' (80 characters).
 inline std::string node_text(const toml::node& node) {
-  std::ostringstream out;
+  constexpr std::size_t most = 80;
   if (const auto* number = node.as_floating_point()) return value_text(number->get());
+  if (const auto* array = node.as_array(); array != nullptr && array->size() > max_list_length)
+    return "[... " + std::to_string(array->size()) + " elements]";  // never printed whole, even into a buffer
+  if (const auto* string = node.as_string(); string != nullptr && string->get().size() > most)
+    return "\"" + echo_middle(string->get(), most - 2) + "\"";
+  std::ostringstream out;
   node.visit([&](const auto& value) { out << value; });
   std::string text = out.str();
   std::replace(text.begin(), text.end(), '\n', ' ');
-  return text;
+  return echo_middle(text, most);
 }
 
 /// Reads one table, remembering the keys it consumed so that the rest can be rejected as unknown.
@@ -99,6 +112,8 @@ class table_reader {
     if (node == nullptr) return out;
     if (!node->is_array()) bad(key, "must be an array of tables ([[" + key_path(key) + "]])");
     const toml::array& array = *node->as_array();
+    if (array.size() > max_list_length)
+      fail(file_, ": ", key_path(key), ": ", array.size(), " entries, at most ", max_list_length, " are supported");
     for (std::size_t i = 0; i < array.size(); ++i) {
       const std::string where = key_path(key) + "[" + std::to_string(i) + "]";
       if (!array[i].is_table()) fail(file_, ": ", where, " = ", node_text(array[i]), ": must be a table");
@@ -114,7 +129,7 @@ class table_reader {
       if (known_.contains(std::string(key.str()))) continue;
       std::string names;
       for (const std::string& k : order_or_known()) names += (names.empty() ? "" : ", ") + k;
-      fail(file_, ": unknown key ", key_path(key.str()),
+      fail(file_, ": unknown key ", echo_middle(key_path(key.str()), 80),
            path_.empty() ? " (sections: " + names + ")" : " (" + path_ + " has: " + names + ")");
     }
   }
@@ -144,7 +159,9 @@ class table_reader {
       if constexpr (std::is_unsigned_v<T>) {
         if (value < 0) bad(key, "must be non-negative");
       } else {
-        if (value < std::numeric_limits<T>::min() || value > std::numeric_limits<T>::max()) bad(key, "is out of range");
+        if (value < std::numeric_limits<T>::min() || value > std::numeric_limits<T>::max())
+          bad(key, "must be an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                       std::to_string(std::numeric_limits<T>::max()) + "]");
       }
       return static_cast<T>(value);
     } else if constexpr (NamedEnum<T>) {
@@ -159,6 +176,7 @@ class table_reader {
       bad(key, "must be " + name_list(names));
     } else if constexpr (std::is_same_v<T, std::vector<int>>) {
       if (!node.is_array()) bad(key, "must be an array of integers");
+      check_length(key, *node.as_array());
       std::vector<int> out;
       for (const toml::node& item : *node.as_array()) {
         if (!item.is_integer() || item.as_integer()->get() < std::numeric_limits<int>::min() ||
@@ -170,6 +188,7 @@ class table_reader {
     } else {
       static_assert(std::is_same_v<T, std::vector<std::string>>);
       if (!node.is_array()) bad(key, "must be an array of strings");
+      check_length(key, *node.as_array());
       std::vector<std::string> out;
       for (const toml::node& item : *node.as_array()) {
         if (!item.is_string()) bad(key, "must be an array of strings");
@@ -177,6 +196,12 @@ class table_reader {
       }
       return out;
     }
+  }
+
+  void check_length(std::string_view key, const toml::array& array) const {
+    if (array.size() > max_list_length)
+      bad(key, "holds " + std::to_string(array.size()) + " elements, at most " + std::to_string(max_list_length) +
+                   " are supported");
   }
 
   std::string file_, path_;

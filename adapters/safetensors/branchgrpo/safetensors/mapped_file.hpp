@@ -2,17 +2,13 @@
 // Files on disk: safetensors_file maps one file read-only (POSIX mmap) and validates it with parse_safetensors;
 // safetensors_checkpoint opens a single file, or a sharded checkpoint's *.index.json and each of its shards once,
 // as one view sorted by name. Tensor data point into the mappings, so opening reads only the headers.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <span>
 #include <string>
@@ -21,7 +17,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/core/input_file.hpp"
+#include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/safetensors/header.hpp"
 #include "branchgrpo/safetensors/tensor.hpp"
 #include "branchgrpo/safetensors/text.hpp"
@@ -35,23 +31,12 @@ class safetensors_file {
  public:
   explicit safetensors_file(const std::filesystem::path& path) : path_(path) {
     const std::string name = path.string();
-    // O_NONBLOCK: opening a FIFO returns at once (the check below refuses it); no effect on a regular file.
-    const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail(name, ": cannot open: ", std::strerror(errno));
-    struct ::stat status {};
-    if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
-      ::close(fd);
-      fail(name, ": not a regular file");
-    }
-    size_ = static_cast<std::size_t>(status.st_size);
+    const input_file file = open_input_file(path, input_kinds::safetensors);
+    size_ = static_cast<std::size_t>(file.size());
     if (size_ > 0) {
-      void* mapping = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      const int mmap_errno = errno;
-      ::close(fd);
-      if (mapping == MAP_FAILED) fail(name, ": cannot map: ", std::strerror(mmap_errno));
+      void* mapping = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.descriptor(), 0);
+      if (mapping == MAP_FAILED) fail(path_text(path), ": cannot map: ", std::strerror(errno));
       mapping_ = mapping;
-    } else {
-      ::close(fd);
     }
     try {
       contents_ = parse_safetensors(bytes(), name);
@@ -185,18 +170,7 @@ class safetensors_checkpoint {
 
  private:
   static std::string read_index(const std::filesystem::path& path) {
-    require_regular_file(path, "safetensors index");
-    std::ifstream in(path, std::ios::binary);
-    require(static_cast<bool>(in), path.string(), ": cannot open: ", std::strerror(errno));
-    std::string text;
-    char chunk[65536];
-    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
-      text.append(chunk, static_cast<std::size_t>(in.gcount()));
-      require(text.size() <= safetensors_max_header_bytes, path.string(), ": index exceeds ",
-              safetensors_max_header_bytes, " bytes");
-    }
-    require(!in.bad(), path.string(), ": cannot read");
-    return text;
+    return read_input_file(path, input_kinds::safetensors_index);
   }
 
   std::filesystem::path path_;

@@ -41,7 +41,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -55,6 +54,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/hash.hpp"
 #include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 
@@ -119,16 +119,6 @@ inline void sync_directory(const std::filesystem::path& dir) {
   if (error != 0) throw std::system_error(error, std::generic_category(), dir.string() + ": cannot sync");
 }
 
-// The whole of a small text file, or nullopt when it cannot be read.
-inline std::optional<std::string> read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return text.str();
-}
-
 // The parsed manifest.txt of a checkpoint directory.
 struct manifest {
   std::string format;
@@ -155,10 +145,10 @@ inline std::string manifest_text(const manifest& m) {
 // Reads and checks <dir>/manifest.txt (its own checksum, format, fields); throws invalid_input naming the problem.
 inline manifest read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / checkpoint_manifest;
-  const std::optional<std::string> text = read_text(path);
-  if (!text) {
+  std::error_code error;
+  if (std::filesystem::symlink_status(path, error).type() == std::filesystem::file_type::not_found) {
     // A checkpoint of the first format (no manifest) is named as such; anything else is no checkpoint at all.
-    if (std::filesystem::is_regular_file(dir / "state.safetensors")) {
+    if (std::filesystem::is_regular_file(dir / "state.safetensors", error)) {
       std::string format;
       try {
         const safetensors_checkpoint state(dir / "state.safetensors");
@@ -172,11 +162,13 @@ inline manifest read_manifest(const std::filesystem::path& dir) {
     }
     fail(dir.string(), ": not a valid checkpoint (no ", checkpoint_manifest, ")");
   }
-  const std::string::size_type tail = text->rfind("manifest ");
-  require(tail != std::string::npos && (tail == 0 || (*text)[tail - 1] == '\n'), path.string(),
+  // A FIFO, a device, a link loop or a huge file in its place is one line here, never a hang or a 9 GB read.
+  const std::string text = read_input_file(path, input_kinds::manifest);
+  const std::string::size_type tail = text.rfind("manifest ");
+  require(tail != std::string::npos && (tail == 0 || text[tail - 1] == '\n'), path.string(),
           ": not a valid checkpoint manifest (no checksum line)");
-  const std::string body = text->substr(0, tail);
-  std::string stated = text->substr(tail + 9);
+  const std::string body = text.substr(0, tail);
+  std::string stated = text.substr(tail + 9);
   if (!stated.empty() && stated.back() == '\n') stated.pop_back();
   const std::string actual = hex_digest(xxh64_digest(body));
   require(stated == actual, path.string(), ": checksum mismatch (xxh64 ", actual, ", the manifest says ",
@@ -296,7 +288,7 @@ inline void commit_checkpoint(const std::filesystem::path& staging, const std::f
   std::filesystem::path aside = dir;
   aside += ".old";
   std::filesystem::remove_all(aside, error);
-  if (std::filesystem::exists(dir)) {
+  if (std::filesystem::exists(std::filesystem::symlink_status(dir, error))) {
     std::filesystem::rename(dir, aside, error);
     require(!error, dir.string(), ": cannot move the previous checkpoint aside: ", error.message());
   }
@@ -322,9 +314,7 @@ inline checkpoint_contents read_checkpoint(const std::filesystem::path& dir) {
   out.state = load_safetensors(dir / "state.safetensors");
   out.weights = load_safetensors(dir / "weights.safetensors");
   if (std::any_of(m.files.begin(), m.files.end(), [](const auto& f) { return f.name == "config.toml"; })) {
-    const std::optional<std::string> text = detail::read_text(dir / "config.toml");
-    require(text.has_value(), (dir / "config.toml").string(), ": cannot read");
-    out.config_text = *text;
+    out.config_text = read_input_file(dir / "config.toml", input_kinds::config);
   }
   return out;
 }
@@ -341,7 +331,10 @@ inline std::vector<checkpoint_entry> list_checkpoints(const std::filesystem::pat
   std::error_code error;
   if (!std::filesystem::is_directory(root, error)) return out;
   for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
-    if (!entry.is_directory()) continue;
+    // A link counts whatever it points to (nothing, itself, a file): verifying it names the problem, so that a
+    // link loop as the newest checkpoint is skipped with a warning like any damaged one.
+    std::error_code type_error;
+    if (!entry.is_directory(type_error) && !entry.is_symlink(type_error)) continue;
     if (const auto iteration = detail::checkpoint_name_iteration(entry.path()))
       out.push_back({.iteration = *iteration, .dir = entry.path()});
   }
@@ -390,9 +383,10 @@ inline void delete_checkpoint_dir(const std::filesystem::path& dir) {
 // Whether "iter-N" is what a crash or a half-finished deletion left: no manifest, and not both files of the old
 // format (those are kept, and refused with their format's name).
 inline bool checkpoint_incomplete(const std::filesystem::path& dir) {
-  if (std::filesystem::exists(dir / checkpoint_manifest)) return false;
-  return !(std::filesystem::is_regular_file(dir / "weights.safetensors") &&
-           std::filesystem::is_regular_file(dir / "state.safetensors"));
+  std::error_code error;
+  if (std::filesystem::exists(std::filesystem::symlink_status(dir / checkpoint_manifest, error))) return false;
+  return !(std::filesystem::is_regular_file(dir / "weights.safetensors", error) &&
+           std::filesystem::is_regular_file(dir / "state.safetensors", error));
 }
 }  // namespace detail
 
@@ -415,14 +409,14 @@ inline std::vector<std::string> recover_checkpoints(const std::filesystem::path&
       done.push_back("removed the interrupted " + path.string());
     } else if (name.ends_with(".old")) {
       const std::filesystem::path committed = path.parent_path() / name.substr(0, name.size() - 4);
-      if (std::filesystem::exists(committed)) {
+      if (std::filesystem::exists(committed, error)) {
         std::filesystem::remove_all(path, error);
         done.push_back("removed the replaced " + path.string());
       } else {
         std::filesystem::rename(path, committed, error);
         done.push_back("restored " + committed.string() + " from " + path.string());
       }
-    } else if (detail::checkpoint_name_iteration(path) && std::filesystem::is_directory(path) &&
+    } else if (detail::checkpoint_name_iteration(path) && std::filesystem::is_directory(path, error) &&
                detail::checkpoint_incomplete(path)) {
       detail::delete_checkpoint_dir(path);
       done.push_back("removed the incomplete " + path.string());

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/torch/compat.hpp"
 
 #pragma push_macro("CHECK")  // LibTorch's CHECK must not replace a test framework's (compat.hpp)
@@ -57,10 +58,12 @@ inline std::string torch_error_line(const c10::Error& e) {
 }  // namespace detail
 
 /// A TorchScript module from `path` on `device`, in eval mode, with a forward method.
-/// Example: load_torchscript("missing.pt") throws "TorchScript file 'missing.pt' does not exist"; a file
+/// Example: load_torchscript("missing.pt") throws "missing.pt: cannot open the TorchScript file: No such file or
+///   directory"; a FIFO "x.pt: is a FIFO, not a TorchScript file"; a file
 ///   that is not a TorchScript archive throws "cannot load TorchScript file 'bad.pt': " + LibTorch's first line.
 inline torch::jit::Module load_torchscript(const std::filesystem::path& path, torch::Device device = torch::kCPU) {
-  require(std::filesystem::is_regular_file(path), "TorchScript file '", path.string(), "' does not exist");
+  // The one input-file check first: a FIFO or a directory is one line here, never a blocked or confused load.
+  (void)open_input_file(path, {.what = "TorchScript file"});
   torch::jit::Module module;
   try {
     module = torch::jit::load(path.string(), device);
