@@ -11,24 +11,16 @@
 
 #include "branchgrpo/files/input_file.hpp"
 #include "error_text.hpp"
+#include "scratch_dir.hpp"
 
 namespace bg = branchgrpo;
 using branchgrpo::testing::error_of;
+using branchgrpo::testing::scratch_dir;
 
-namespace {
-struct scratch_dir {
-  std::filesystem::path path = std::filesystem::temp_directory_path() / "branchgrpo_input_file_test";
-  scratch_dir() {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~scratch_dir() { std::filesystem::remove_all(path); }
-};
-}  // namespace
 
 TEST_CASE("open_input_file refuses what is not a regular file, in one line, without blocking",
           "[input_file][reliability]") {
-  const scratch_dir dir;
+  const scratch_dir dir("input_file", "kinds");
   std::ofstream(dir.path / "run.toml") << "[run]\n";
   REQUIRE(::mkfifo((dir.path / "pipe.toml").c_str(), 0600) == 0);
   std::filesystem::create_symlink("/dev/zero", dir.path / "zero.toml");
@@ -51,7 +43,7 @@ TEST_CASE("open_input_file refuses what is not a regular file, in one line, with
 }
 
 TEST_CASE("open_input_file refuses a file over its kind's limit before reading it", "[input_file][reliability]") {
-  const scratch_dir dir;
+  const scratch_dir dir("input_file", "limit");
   const std::filesystem::path huge = dir.path / "manifest.txt";
   std::ofstream(huge).put('x');
   std::filesystem::resize_file(huge, std::uint64_t{9} << 30);  // sparse: 9 GiB on no disk
@@ -75,7 +67,7 @@ TEST_CASE("path_text cuts a long path in the middle", "[input_file][reliability]
 }
 
 TEST_CASE("file_digest streams a whole file through the same open", "[input_file][hash][reliability]") {
-  const scratch_dir dir;
+  const scratch_dir dir("input_file", "digest");
   std::ofstream(dir.path / "abc.bin", std::ios::binary) << "abc";
   std::string big((std::size_t{1} << 20) + 77, '\0');  // more than one 1 MiB chunk
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i & 0xFF);

@@ -19,7 +19,9 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/safetensors.hpp"
+#include "safetensors_bytes.hpp"
 #include "safetensors_fuzz_input.hpp"
+#include "scratch_dir.hpp"
 
 namespace {
 
@@ -32,24 +34,14 @@ std::vector<std::byte> to_bytes(std::string_view text) {
   return out;
 }
 
-// A file from a header text (not padded) and `data_bytes` zero bytes of data.
+// A file from a header text (not padded) and `data_bytes` zero bytes of data (tests/support/safetensors_bytes.hpp).
 std::vector<std::byte> make_file(std::string_view header, std::size_t data_bytes = 0) {
-  std::vector<std::byte> out;
-  std::uint64_t length = header.size();
-  for (int i = 0; i < 8; ++i, length >>= 8) out.push_back(static_cast<std::byte>(length & 0xFF));
-  for (char c : header) out.push_back(static_cast<std::byte>(c));
-  out.resize(out.size() + data_bytes, std::byte{0});
-  return out;
+  return branchgrpo::testing::safetensors_bytes(header, data_bytes);
 }
 
 // The message parse_safetensors rejects `bytes` with ("" when it accepts them).
 std::string rejection(const std::vector<std::byte>& bytes, std::string_view source = "model.safetensors") {
-  try {
-    parse_safetensors(bytes, source);
-  } catch (const invalid_input& error) {
-    return error.what();
-  }
-  return "";
+  return branchgrpo::testing::safetensors_rejection(bytes, source);
 }
 
 std::string index_rejection(std::string_view text) {
@@ -61,16 +53,7 @@ std::string index_rejection(std::string_view text) {
   return "";
 }
 
-// A fresh empty directory under the system's temporary directory, removed at the end of the scope.
-struct scratch_dir {
-  fs::path path;
-  explicit scratch_dir(const std::string& name)
-      : path(fs::temp_directory_path() / ("branchgrpo_test_safetensors_" + std::to_string(::getpid()) + "_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~scratch_dir() { fs::remove_all(path); }
-};
+using branchgrpo::testing::scratch_dir;  // tests/support/scratch_dir.hpp
 
 void write_text(const fs::path& path, std::string_view text) { std::ofstream(path, std::ios::binary) << text; }
 
@@ -186,7 +169,7 @@ TEST_CASE("round trip of every dtype, scalars, empty tensors and metadata, in me
   const safetensors_contents contents = parse_safetensors(file);
   check_contents(contents.tensors, contents.metadata);
 
-  scratch_dir dir("round_trip");
+  scratch_dir dir("safetensors", "round_trip");
   const fs::path path = dir.path / "all.safetensors";
   write_text(path, "an older file, replaced atomically");
   write_safetensors(path, entries, metadata);
@@ -229,7 +212,7 @@ TEST_CASE("write_safetensors rejects invalid entries") {
         "<memory>: tensor 'w': shape [-4] has a negative extent");
   CHECK(message({{.name = "bad\xff", .shape = {4}, .bytes = bytes_of(four)}}) ==
         "<memory>: tensor 'bad\xff': name is not valid UTF-8");
-  scratch_dir dir("writer_errors");
+  scratch_dir dir("safetensors", "writer_errors");
   CHECK_THROWS_AS(
       write_safetensors(dir.path / "missing_dir" / "x.safetensors",
                         std::vector<safetensors_entry>{{.name = "w", .shape = {4}, .bytes = bytes_of(four)}}),
@@ -476,7 +459,7 @@ TEST_CASE("shard index parsing") {
 }
 
 TEST_CASE("sharded checkpoints: one merged view and errors naming the index and the shard") {
-  scratch_dir dir("sharded");
+  scratch_dir dir("safetensors", "sharded");
   const std::vector<float> a = {1, 2}, b = {3}, c = {4, 5, 6};
   write_safetensors(dir.path / "m-1.safetensors",
                     std::vector<safetensors_entry>{{.name = "a", .shape = {2}, .bytes = bytes_of(a)},
@@ -530,7 +513,7 @@ TEST_CASE("sharded checkpoints: one merged view and errors naming the index and 
 }
 
 TEST_CASE("opening files that are not there or are not safetensors") {
-  scratch_dir dir("open_errors");
+  scratch_dir dir("safetensors", "open_errors");
   CHECK_THROWS_WITH(safetensors_file(dir.path / "absent.safetensors"),
                     (dir.path / "absent.safetensors").string() +
                         ": cannot open the safetensors file: No such file or directory");
