@@ -13,6 +13,10 @@
 //                    iterations; rank 0 also trains alone and compares: parameters within 1e-9 (relative), equal
 //                    on every rank; prints "rank 0: toy: max relative difference X"
 //   join             joins from the environment and leaves (the environment errors, one line)
+//   exposure         rank 0 checks, after the join on MASTER_ADDR=127.0.0.1, that every socket it listens on (the
+//                    store's, Gloo's) accepts only this host: bound to a loopback address or to the loopback
+//                    interface, read back from /proc/net/tcp{,6} (exposure.hpp), and that the store refuses
+//                    connections through every other address of this host while accepting 127.0.0.1
 //   compare A B TOL  one process: the tensors of two safetensors files agree within the relative tolerance TOL
 //                    (||a - b|| / ||a|| over all of them); prints "compare: N tensors, relative difference X ..."
 //   environment      one process: read_launch_environment's checks over made-up environments
@@ -33,6 +37,7 @@
 #include "branchgrpo/torch/distributed.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/toy.hpp"
+#include "exposure.hpp"
 
 namespace {
 
@@ -117,6 +122,26 @@ void collectives(bg::c10d_communicator& comm) {
          "parameter mismatch: " + mismatch);
   comm.barrier();
   expect(comm.collectives() == 12, "12 collectives, got " + std::to_string(comm.collectives()));
+}
+
+// The `exposure` scenario's checks on rank 0 (see the header comment).
+void check_exposure(int store_port) {
+  const std::string loopback = exposure::loopback_interface();
+  bool store_found = false;
+  for (const exposure::listener& l : exposure::own_listeners()) {
+    const std::string where =
+        l.address + " port " + std::to_string(l.port) + (l.device.empty() ? "" : " on interface " + l.device);
+    store_found = store_found || l.port == store_port;
+    std::cout << "rank 0: listens on " << where << (l.port == store_port ? " (the store)" : "") << '\n';
+    expect(l.loopback || l.device == loopback, "rank 0 listens on " + where + ": other hosts can connect");
+  }
+  expect(store_found, "no socket of rank 0 listens on MASTER_PORT " + std::to_string(store_port));
+  expect(exposure::connects("127.0.0.1", store_port), "the store refuses a connection to 127.0.0.1");
+  const std::vector<std::string> others = exposure::host_addresses();
+  for (const std::string& address : others)
+    expect(!exposure::connects(address, store_port),
+           "the store accepts a connection at " + address + " port " + std::to_string(store_port));
+  std::cout << "rank 0: the store refuses this host's " << others.size() << " other addresses\n";
 }
 
 int environment_checks() {
@@ -259,6 +284,10 @@ int run(const std::string& scenario, double timeout) {
       std::cout << "rank 0: toy: max relative difference " << worst << '\n';
       expect(worst < 1e-9, "the toy's parameters differ from one process's by " + std::to_string(worst));
     }
+  } else if (scenario == "exposure") {
+    comm->barrier();  // every rank joined: the sockets are all there
+    if (rank == 0) check_exposure(environment->master_port);
+    comm->barrier();
   } else if (scenario == "config_mismatch") {
     bg::check_same_everywhere(*comm, bg::xxh64_digest("config of rank " + std::to_string(rank)), "configs");
     expect(false, "the configs differ, yet check_same_everywhere returned");

@@ -20,6 +20,22 @@
 // is the option's timeout less the grace, so a survivor throws within timeout_seconds. The cost is one store write
 // (a loopback or LAN round trip to rank 0) per collective; the trainer runs a few per iteration.
 //
+// Exposure. Rank 0's store listens where MASTER_ADDR says (detail::store_bind_address): on exactly that address
+// when it is numeric ("127.0.0.1", "10.0.0.1", "::1") or localhost, on every interface for any other host name
+// (a name can resolve on rank 0 to another address than the other hosts reach it at: Debian's /etc/hosts maps the
+// host's own name to 127.0.1.1). LibTorch 2.1+ takes over a socket we bind (TCPStoreOptions::masterListenFd);
+// LibTorch 1.13 binds every interface itself, so there a loopback MASTER_ADDR binds its socket to the loopback
+// interface instead (SO_BINDTODEVICE: no other host can connect), and a non-loopback one stays on every
+// interface. The store has no authentication: docs/distributed.md, "Exposure".
+//
+// Joining, in one line. Before TCPStore connects, a rank waits for MASTER_ADDR to resolve and (but rank 0) for the
+// store to accept a connection (detail::wait_for_store), so a rank that cannot join ends within the timeout with
+// one line saying why ("... MASTER_ADDR = 'x' ...: the name does not resolve (...)"). TCPStore's own retries would
+// log a line each ("[W socket.cpp:601] [c10d] The IPv6 network addresses of (x, 29500) cannot be retrieved", one
+// a second, so their number grows with the timeout) and, on LibTorch 2.x, start over after the timeout.
+// detail::quiet_torch_log hides LibTorch's c10d lines while a rank joins and while a fault is diagnosed
+// (docs/distributed.md, "Distributed output").
+//
 // Which process groups exist is decided by CMake alone (adapters/CMakeLists.txt): USE_C10D_GLOO when Gloo's
 // headers are found (Debian: libgloo-dev), USE_C10D_NCCL on a CUDA LibTorch with NCCL. Without Gloo this header
 // is unusable.
@@ -39,12 +55,25 @@
 #endif
 #pragma pop_macro("CHECK")
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -52,6 +81,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -143,6 +173,264 @@ inline std::optional<launch_environment> launch_environment_from_process() {
   return read_launch_environment([](const char* name) { return std::getenv(name); });
 }
 
+namespace detail {
+
+/// While alive, LibTorch's c10d log lines are not printed: TCPStore's line per connection retry ("[W
+/// socket.cpp:601] [c10d] The IPv6 network addresses of (x, 29500) cannot be retrieved (gai error: -2 - Name or
+/// service not known).", one a second for the whole timeout), its final "[E socket.cpp:860] ... timed out", its
+/// lines when it cannot listen ("[W socket.cpp:426] The server socket has failed to bind to [::]:29500 (errno: 98
+/// - Address already in use).") and glog's "WARNING: Logging before InitGoogleLogging()". The error the
+/// communicator throws says what failed, in one line. Setting TORCH_CPP_LOG_LEVEL (LibTorch's own variable, e.g.
+/// TORCH_CPP_LOG_LEVEL=INFO to debug a rendezvous) leaves the logging as it is. Example: { quiet_torch_log quiet; store
+/// = TCPStore(...); }  // nothing on stderr while it retries
+///
+/// Why this flag: every c10d line passes `c10d::detail::isLogLevelEnabled`, which compares it with
+/// FLAGS_caffe2_log_level, in LibTorch 1.13 and 2.x alike and whichever logger prints it (glog in Debian's 1.13,
+/// c10's own in pip's 2.x). A c10::WarningHandler sees only TORCH_WARN, which c10d's lines are not; glog's
+/// FLAGS_minloglevel exists only in glog builds; redirecting fd 2 would also swallow what other threads print and
+/// anything printed by a crash meanwhile. The flag is a plain int that LibTorch's own threads read (rank 0's store
+/// daemon): while the guard is alive their c10d lines are hidden too, which is what it is for; c10 writes the
+/// flag the same way (c10::ShowLogInfoToStderr). Nests: each guard restores the level it found.
+class quiet_torch_log {
+ public:
+  quiet_torch_log() : active_(std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr), previous_(FLAGS_caffe2_log_level) {
+    if (active_) FLAGS_caffe2_log_level = std::max(previous_, fatal);
+  }
+  ~quiet_torch_log() {
+    if (active_) FLAGS_caffe2_log_level = previous_;
+  }
+  quiet_torch_log(const quiet_torch_log&) = delete;
+  quiet_torch_log& operator=(const quiet_torch_log&) = delete;
+
+ private:
+  using level = std::remove_cvref_t<decltype(FLAGS_caffe2_log_level)>;
+  static constexpr level fatal = 3;  // c10's levels: INFO 0, WARNING 1, ERROR 2, FATAL 3
+  bool active_;
+  level previous_;
+};
+
+/// A file descriptor, closed with its owner.
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) : fd_(fd) {}
+  unique_fd(unique_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  [[nodiscard]] int get() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// An IPv4 or IPv6 socket address.
+struct socket_address {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+
+  [[nodiscard]] int family() const { return storage.ss_family; }
+  /// 127.0.0.0/8, ::1 or an IPv4-mapped 127.x (::ffff:127.0.0.1).
+  [[nodiscard]] bool loopback() const {
+    if (family() == AF_INET) {
+      const auto& ip = reinterpret_cast<const sockaddr_in&>(storage);  // NOLINT: the sockets API's idiom
+      return (ntohl(ip.sin_addr.s_addr) >> 24) == 127;
+    }
+    const auto& ip = reinterpret_cast<const sockaddr_in6&>(storage);  // NOLINT
+    return IN6_IS_ADDR_LOOPBACK(&ip.sin6_addr) ||
+           (IN6_IS_ADDR_V4MAPPED(&ip.sin6_addr) && ip.sin6_addr.s6_addr[12] == 127);
+  }
+};
+
+/// Why the store at `host`:`port` could not be reached by `deadline`: whether the name resolved, and the last
+/// failure (gai_strerror, strerror).
+struct store_unreachable {
+  bool resolved = false;
+  std::string reason;
+};
+
+// One TCP connection attempt to `address`, given up after `wait_ms`: "" when accepted (then closed again), else
+// why not ("Connection refused", "timed out").
+inline std::string try_connect(const addrinfo& address, int wait_ms) {
+  const unique_fd probe(::socket(address.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (probe.get() < 0) return std::strerror(errno);
+  if (::connect(probe.get(), address.ai_addr, address.ai_addrlen) == 0) return "";
+  if (errno != EINPROGRESS) return std::strerror(errno);
+  pollfd wait{.fd = probe.get(), .events = POLLOUT, .revents = 0};
+  if (::poll(&wait, 1, wait_ms) != 1) return "timed out";
+  int error = 0;
+  socklen_t size = sizeof error;
+  if (::getsockopt(probe.get(), SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = errno;
+  return error == 0 ? "" : std::strerror(error);
+}
+
+/// Waits until `host` resolves and, when `connect`, until a TCP connection to one of its addresses on `port` is
+/// accepted (and closed again: TCPStore opens its own); nullopt then, else why not once `deadline` passed. Tries
+/// every 250 ms, since rank 0 may start last and a cluster's DNS may learn rank 0's name late.
+/// Why not TCPStore's own retries alone: they log a line each, and LibTorch 2.x's constructor starts over once its
+/// timeout passed (measured on 2.8: 5.3 s for a timeout of 3 s), so a rank would overrun the timeout it was given;
+/// once this returns, TCPStore connects at the first try.
+/// Example: nothing listening on 127.0.0.1:29513 -> {.resolved = true, .reason = "Connection refused"} at the
+///   deadline; "no-such-host.invalid" -> {.resolved = false, .reason = "Name or service not known"}.
+inline std::optional<store_unreachable> wait_for_store(const std::string& host, int port, bool connect,
+                                                       std::chrono::steady_clock::time_point deadline) {
+  using clock = std::chrono::steady_clock;
+  const std::string service = std::to_string(port);
+  store_unreachable last;
+  while (true) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (const int status = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); status != 0) {
+      last = {.resolved = false, .reason = ::gai_strerror(status)};
+    } else {
+      last = {.resolved = true, .reason = ""};
+      for (const addrinfo* address = found; connect && address != nullptr; address = address->ai_next) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+        last.reason = try_connect(*address, static_cast<int>(std::clamp<std::int64_t>(left, 1, 1000)));
+        if (last.reason.empty()) break;
+      }
+      ::freeaddrinfo(found);
+      if (last.reason.empty()) return std::nullopt;
+    }
+    const auto now = clock::now();
+    if (now >= deadline) return last;
+    std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::milliseconds(250), deadline - now));
+  }
+}
+
+/// The address rank 0's store listens on for MASTER_ADDR `host`: the address itself when numeric, localhost's
+/// first address (as /etc/hosts lists it) for "localhost", nullopt (every interface) for any other host name,
+/// because a name can resolve on rank 0 to another address than the one the other hosts reach it at (Debian's
+/// /etc/hosts maps the host's own name to 127.0.1.1: binding that would lock every other host out).
+/// Example: "127.0.0.1" -> 127.0.0.1 (loopback); "10.0.0.1" -> 10.0.0.1; "::1" -> ::1; "localhost" -> ::1 or
+///   127.0.0.1; "node01" -> nullopt.
+inline std::optional<socket_address> store_bind_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = host == "localhost" ? 0 : AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return std::nullopt;
+  socket_address address;
+  address.length = found->ai_addrlen;
+  std::memcpy(&address.storage, found->ai_addr, found->ai_addrlen);
+  ::freeaddrinfo(found);
+  return address;
+}
+
+/// MASTER_ADDR that names this host's loopback interface: a numeric loopback address or "localhost" (every rank is
+/// then on this host).
+/// Example: is_loopback_master("127.0.0.1") and is_loopback_master("localhost"); not "10.0.0.1", not "node01".
+inline bool is_loopback_master(const std::string& host) {
+  const std::optional<socket_address> address = store_bind_address(host);
+  return address && address->loopback();
+}
+
+/// A TCP socket listening on `address`:`port` (SO_REUSEADDR, like TCPStore's own, so that a run restarted at once
+/// finds the port free of the last one's TIME_WAIT connections; close-on-exec). Throws distributed_error
+/// "rank 0 cannot host the store at 10.0.0.9:29500: bind: Cannot assign requested address (MASTER_ADDR is not an
+/// address of this host)".
+inline unique_fd listen_on(socket_address address, int port, const std::string& where) {
+  const auto step_failed = [&](const char* step) {
+    const int error = errno;
+    std::string text = "rank 0 cannot host the store at " + where + ": " + step + ": " + std::strerror(error);
+    if (error == EADDRNOTAVAIL) text += " (MASTER_ADDR is not an address of this host)";
+    return distributed_error(text);
+  };
+  if (address.family() == AF_INET)
+    reinterpret_cast<sockaddr_in&>(address.storage).sin_port = htons(static_cast<std::uint16_t>(port));  // NOLINT
+  else
+    reinterpret_cast<sockaddr_in6&>(address.storage).sin6_port = htons(static_cast<std::uint16_t>(port));  // NOLINT
+  unique_fd listener(::socket(address.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (listener.get() < 0) throw step_failed("socket");
+  // Unchecked: without it only a restart within TIME_WAIT fails, and then the bind says so.
+  const int on = 1;
+  ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address.storage), address.length) != 0)  // NOLINT
+    throw step_failed("bind");
+  if (::listen(listener.get(), SOMAXCONN) != 0) throw step_failed("listen");
+  return listener;
+}
+
+/// Hands `fd`, a listening socket, to TCPStore (LibTorch 2.1+: TCPStoreOptions::masterListenFd; it closes the fd
+/// when the store ends). LibTorch 2.4 - 2.7's default libuv server cannot serve a handed socket (it never listened
+/// on it: fixed in 2.8 by pytorch#150215), so there the store runs on the classic server. A template, so that 1.13,
+/// whose options have neither member, compiles the empty branch only.
+template <class Options>
+void hand_over_listener(Options& options, int fd) {
+  if constexpr (torch_at_least(2, 1)) {
+    options.masterListenFd = fd;
+    if constexpr (!torch_at_least(2, 8)) options.useLibUV = false;
+  }
+}
+
+/// The name of this host's loopback interface ("lo" on Linux).
+inline std::string loopback_interface() {
+  ifaddrs* interfaces = nullptr;
+  std::string name = "lo";
+  if (::getifaddrs(&interfaces) != 0) return name;
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next)
+    if ((i->ifa_flags & IFF_LOOPBACK) != 0) {
+      name = i->ifa_name;
+      break;
+    }
+  ::freeifaddrs(interfaces);
+  return name;
+}
+
+/// This process's TCP sockets that listen on `port` (any address): found through /proc/self/fd.
+inline std::vector<int> listening_sockets(int port) {
+  std::vector<int> found;
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int fd = std::stoi(name);
+    int listening = 0, protocol = 0;
+    socklen_t size = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || listening == 0) continue;
+    size = sizeof protocol;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &size) != 0 || protocol != IPPROTO_TCP) continue;
+    socket_address local;
+    local.length = sizeof local.storage;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local.storage), &local.length) != 0) continue;  // NOLINT
+    const std::uint16_t bound = local.family() == AF_INET
+                                    ? reinterpret_cast<const sockaddr_in&>(local.storage).sin_port     // NOLINT
+                                    : reinterpret_cast<const sockaddr_in6&>(local.storage).sin6_port;  // NOLINT
+    if ((local.family() == AF_INET || local.family() == AF_INET6) && ntohs(bound) == port) found.push_back(fd);
+  }
+  return found;
+}
+
+/// LibTorch before 2.1 listens on every interface ([::]:port) and takes no socket of ours: this binds the store's
+/// socket to the loopback interface (SO_BINDTODEVICE; unprivileged since Linux 5.7), so that only this host can
+/// connect: what a loopback MASTER_ADDR promises. The socket is found by its port: the only TCP socket of the
+/// process listening on MASTER_PORT, which the store holds. Connections accepted between LibTorch's listen() and
+/// this call (microseconds) stay. Throws distributed_error when the socket is missing or the option refused.
+inline void restrict_to_loopback_interface(int port, const std::string& where) {
+  const std::string device = loopback_interface();
+  const std::vector<int> sockets = listening_sockets(port);
+  if (sockets.empty())
+    throw distributed_error("rank 0 found no socket listening on port " + std::to_string(port) +
+                            " to keep the store at " + where + " on the loopback interface");
+  for (const int fd : sockets)
+    if (::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, device.c_str(), static_cast<socklen_t>(device.size())) != 0)
+      throw distributed_error("rank 0 cannot keep the store at " + where + " on the loopback interface " + device +
+                              ": SO_BINDTODEVICE: " + std::strerror(errno) +
+                              " (LibTorch 1.13 listens on every interface; Linux 5.7+ allows this unprivileged)");
+}
+
+}  // namespace detail
+
 /// One rank of a group of processes over c10d: a Communicator (communicator.hpp) plus all_reduce_sum of tensors.
 /// Every collective must be called by every rank in the same order, from one thread.
 /// Example (2 ranks, started by torchrun or run_ranks.sh):
@@ -166,6 +454,7 @@ class c10d_communicator {
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_seconds * 1000));
     // The fault report's share of the timeout: a tenth, within [0.5 s, 5 s].
     grace_ = std::clamp(timeout_ / 10, std::chrono::milliseconds(500), std::chrono::milliseconds(5000));
+    const detail::quiet_torch_log quiet;  // the join's errors are our one line
     connect_store();
     wait_for_ranks();
     connect_groups(options);
@@ -266,6 +555,8 @@ class c10d_communicator {
                                     : "rank 0 (the store at " + store_address() + ")";
   }
 
+  // Rank 0 hosts the store on the address MASTER_ADDR names (the header comment's "Exposure"); every rank then
+  // connects to it.
   void connect_store() {
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(environment_.master_port);
@@ -273,16 +564,49 @@ class c10d_communicator {
     options.numWorkers = static_cast<std::size_t>(size());
     options.waitWorkers = false;  // wait_for_ranks names the missing ones
     options.timeout = timeout_;
+    // Rank 0 waits for its name to resolve (it starts the store itself), every other rank for the store to accept.
+    if (const std::optional<detail::store_unreachable> failure =
+            detail::wait_for_store(environment_.master_addr, environment_.master_port, !options.isServer,
+                                   std::chrono::steady_clock::now() + timeout_))
+      throw distributed_error(unreachable_text(*failure));
+    const std::optional<detail::socket_address> bind_address =
+        options.isServer ? detail::store_bind_address(environment_.master_addr) : std::nullopt;
+    constexpr bool takes_listener = torch_at_least(2, 1);
+    const std::string where = "MASTER_ADDR:MASTER_PORT = " + store_address();
+    detail::unique_fd listener;
+    if (takes_listener && bind_address) {
+      listener = detail::listen_on(*bind_address, environment_.master_port, where);
+      // TCPStore gets a copy to own and close; ours closes below whether or not TCPStore took its copy (when the
+      // constructor throws, that copy may leak: the process is ending with the error).
+      const int copy = ::fcntl(listener.get(), F_DUPFD_CLOEXEC, 0);
+      if (copy < 0) throw distributed_error("rank 0 cannot host the store at " + where + ": " + std::strerror(errno));
+      detail::hand_over_listener(options, copy);
+    }
     try {
       tcp_store_ = c10::make_intrusive<c10d::TCPStore>(environment_.master_addr, options);
     } catch (const std::exception& error) {
       if (options.isServer)
-        throw distributed_error("rank 0 cannot host the store at " + store_address() + ": " + first_line(error));
-      throw distributed_error("rank " + std::to_string(rank()) + " could not reach " + store_host() + " within " +
-                              seconds(timeout_) + ": " + first_line(error));
+        throw distributed_error("rank 0 cannot host the store at " + where + ": " + first_line(error));
+      throw distributed_error(unreachable_text({.resolved = true, .reason = first_line(error)}));
     }
+    listener.reset();
+    if (!takes_listener && bind_address && bind_address->loopback())
+      detail::restrict_to_loopback_interface(environment_.master_port, where);
     store_ = c10::make_intrusive<c10d::PrefixStore>("branchgrpo/attempt_" + std::to_string(environment_.restart_count),
                                                     tcp_store_);
+  }
+
+  // Why this rank could not reach the store, in one line that names MASTER_ADDR.
+  // Example: "rank 1 could not reach the store at MASTER_ADDR = 'no-such-host.invalid' within 5 s: the name does
+  //   not resolve (Name or service not known)"; "rank 1 could not reach rank 0's store at MASTER_ADDR:MASTER_PORT =
+  //   127.0.0.1:29500 within 5 s: Connection refused".
+  [[nodiscard]] std::string unreachable_text(const detail::store_unreachable& failure) const {
+    const std::string who = "rank " + std::to_string(rank());
+    if (!failure.resolved)
+      return who + " could not reach the store at MASTER_ADDR = '" + echo_text(environment_.master_addr) + "' within " +
+             seconds(timeout_) + ": the name does not resolve (" + failure.reason + ")";
+    return who + " could not reach " + (environment_.agent_store ? "torchrun's agent store" : "rank 0's store") +
+           " at MASTER_ADDR:MASTER_PORT = " + store_address() + " within " + seconds(timeout_) + ": " + failure.reason;
   }
 
   // Every rank announces itself, then waits for all: a missing rank is named, not reported as a Gloo timeout.
@@ -314,7 +638,7 @@ class c10d_communicator {
     if (interface.empty())
       if (const char* variable = std::getenv("GLOO_SOCKET_IFNAME")) interface = variable;
     const std::string& address = environment_.master_addr;
-    const bool loopback = address == "localhost" || address.starts_with("127.") || address == "::1";
+    const bool loopback = detail::is_loopback_master(address);
     try {
       gloo_options->devices.push_back(!interface.empty() ? c10d::ProcessGroupGloo::createDeviceForInterface(interface)
                                       : loopback         ? c10d::ProcessGroupGloo::createDeviceForHostname(address)
@@ -405,6 +729,7 @@ class c10d_communicator {
   std::string diagnose(std::int64_t number, std::string_view what, const std::string& cause) {
     const std::string collective_text =
         "collective " + std::to_string(number) + " (" + std::string(what) + ", timeout " + seconds(timeout_) + ")";
+    const detail::quiet_torch_log quiet;  // store calls to a dead host: our line says so
     try {
       store_->set(key("failed", rank()), bytes_of(number));
       const auto deadline = std::chrono::steady_clock::now() + grace_;
