@@ -71,7 +71,7 @@ if(TARGET branchgrpo_cli)
                             --split-steps 0 --sigmas 1,0.5,0.7)
   branchgrpo_cli_error_test(sigmas_nan "--sigmas\\[1\\] = nan: must be a finite number" tree --steps 2 --split-steps 0 --sigmas 1,nan,0)
   branchgrpo_cli_error_test(sigmas_size "--sigmas has 3 values for 20 steps" tree --sigmas 1,0.5,0)
-  branchgrpo_cli_error_test(shift_negative "time shift must be positive and finite, got -1" tree --shift -1)
+  branchgrpo_cli_error_test(shift_negative "--shift = -1: must be a number in \\[0.001, 1000\\]" tree --shift -1)
   branchgrpo_cli_error_test(unknown_option "--frobnicate" tree --frobnicate)
   branchgrpo_cli_error_test(unknown_subcommand "bogus" bogus)
   branchgrpo_cli_error_test(no_subcommand "a subcommand is required")
@@ -510,7 +510,7 @@ if(TARGET branchgrpo_cli)
                               train --config ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_steps.toml)
     branchgrpo_cli_error_test(train_unknown_key "bad_key.toml: unknown key rollout.stepz \\(rollout has: "
                               train --config ${CMAKE_CURRENT_BINARY_DIR}/train_cli/bad_key.toml)
-    branchgrpo_cli_error_test(train_missing_config "absent.toml: cannot read the config file"
+    branchgrpo_cli_error_test(train_missing_config "absent.toml: cannot open the config file: No such file or directory"
                               train --config ${CMAKE_CURRENT_BINARY_DIR}/absent.toml)
     branchgrpo_cli_test(demo_help "--quick" demo --help)
     branchgrpo_cli_error_test(demo_unknown_method "unknown method 'grpo'" demo --methods dance,grpo)

@@ -354,7 +354,7 @@ TEST_CASE("policy: invalid options and inputs are one-line invalid_input errors"
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.ema_decay = 1.0}}),
                     "optimizer.ema_decay = 1.0: must be in [0, 1)");
   CHECK_THROWS_WITH(autograd_policy(plain, backend, {.optimizer = {.max_grad_norm = -2.0}}),
-                    "optimizer.max_grad_norm = -2.0: must be non-negative");
+                    "optimizer.max_grad_norm = -2.0: must be in [0, 1000000]");
   plain_model frozen;
   frozen.weight.set_requires_grad(false);
   CHECK_THROWS_WITH(autograd_policy(frozen, backend), "trainable parameter 0 is not a leaf tensor that requires grad");

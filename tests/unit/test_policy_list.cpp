@@ -37,6 +37,10 @@ TEST_CASE("rules say why a value is refused, in the words configs use") {
   CHECK(bg::rules::positive{}.why(0.0) == "must be positive");
   CHECK(bg::rules::positive{}.why(std::nan("")) == "must be positive");
   CHECK(bg::rules::positive{}.why(1e-9).empty());
+  CHECK(bg::rules::in_range{.low = 1e-12, .high = 1}.why(1e300) == "must be in [1e-12, 1]");
+  CHECK(bg::rules::in_range{.low = 1e-12, .high = 1}.why(std::nan("")) == "must be in [1e-12, 1]");
+  CHECK(bg::rules::in_range{.low = 1e-12, .high = 1}.why(1.0).empty());
+  CHECK(bg::rules::in_range{.low = 0.0001, .high = 10}.text() == "[0.0001, 10]");
   CHECK(bg::rules::at_least{1}.why(0) == "must be at least 1");
   CHECK(bg::rules::at_least{-1}.why(-2) == "must be at least -1");
   CHECK(bg::rules::at_least{1}.text() == ">= 1");
@@ -51,7 +55,7 @@ TEST_CASE("rules say why a value is refused, in the words configs use") {
 TEST_CASE("validate_parameters names the first parameter that breaks its rule") {
   CHECK_NOTHROW(bg::validate_parameters(bg::depth_window{}, "pruner"));
   CHECK(error_of([] { bg::validate_parameters(bg::optimizer_options{.lr = 0}, "optimizer"); }) ==
-        "optimizer.lr = 0.0: must be positive");
+        "optimizer.lr = 0.0: must be in [1e-12, 1]");
   CHECK(error_of([] { bg::validate_parameters(bg::depth_window{.direction = 2}, "pruner"); }) ==
         "pruner.direction = 2: must be 1 or -1");
   CHECK(error_of([] {
