@@ -74,6 +74,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -415,18 +416,29 @@ inline std::vector<int> listening_sockets(int port) {
 /// socket to the loopback interface (SO_BINDTODEVICE; unprivileged since Linux 5.7), so that only this host can
 /// connect: what a loopback MASTER_ADDR promises. The socket is found by its port: the only TCP socket of the
 /// process listening on MASTER_PORT, which the store holds. Connections accepted between LibTorch's listen() and
-/// this call (microseconds) stay. Throws distributed_error when the socket is missing or the option refused.
-inline void restrict_to_loopback_interface(int port, const std::string& where) {
+/// this call (microseconds) stay. Throws distributed_error when the socket is missing or the option refused for
+/// another reason than a kernel before 5.7 (EPERM for an unprivileged process): there the run goes on with the
+/// store on every interface, as LibTorch 1.13 leaves it, after one warning line on `log`, since refusing would
+/// end every single-host run on such a kernel (RHEL 8's 4.18, say) for an exposure it had always had.
+inline void restrict_to_loopback_interface(int port, const std::string& where, std::ostream& log = std::cerr) {
   const std::string device = loopback_interface();
   const std::vector<int> sockets = listening_sockets(port);
   if (sockets.empty())
     throw distributed_error("rank 0 found no socket listening on port " + std::to_string(port) +
                             " to keep the store at " + where + " on the loopback interface");
-  for (const int fd : sockets)
-    if (::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, device.c_str(), static_cast<socklen_t>(device.size())) != 0)
+  for (const int fd : sockets) {
+    if (::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, device.c_str(), static_cast<socklen_t>(device.size())) == 0)
+      continue;
+    const int error = errno;
+    const std::string why = "SO_BINDTODEVICE: " + std::string(std::strerror(error)) +
+                            " (LibTorch 1.13 listens on every interface; Linux 5.7+ allows this unprivileged)";
+    if (error != EPERM)
       throw distributed_error("rank 0 cannot keep the store at " + where + " on the loopback interface " + device +
-                              ": SO_BINDTODEVICE: " + std::strerror(errno) +
-                              " (LibTorch 1.13 listens on every interface; Linux 5.7+ allows this unprivileged)");
+                              ": " + why);
+    log << "warning: rank 0's store at " << where << " listens on every interface: " << why
+        << "; keep port " << port << " behind a firewall\n";
+    return;
+  }
 }
 
 }  // namespace detail
