@@ -435,8 +435,8 @@ inline void restrict_to_loopback_interface(int port, const std::string& where, s
     if (error != EPERM)
       throw distributed_error("rank 0 cannot keep the store at " + where + " on the loopback interface " + device +
                               ": " + why);
-    log << "warning: rank 0's store at " << where << " listens on every interface: " << why
-        << "; keep port " << port << " behind a firewall\n";
+    log << "warning: rank 0's store at " << where << " listens on every interface: " << why << "; keep port " << port
+        << " behind a firewall\n";
     return;
   }
 }
