@@ -17,7 +17,6 @@ namespace bg = branchgrpo;
 using branchgrpo::testing::error_of;
 using branchgrpo::testing::scratch_dir;
 
-
 TEST_CASE("open_input_file refuses what is not a regular file, in one line, without blocking",
           "[input_file][reliability]") {
   const scratch_dir dir("input_file", "kinds");

@@ -514,9 +514,9 @@ TEST_CASE("sharded checkpoints: one merged view and errors naming the index and 
 
 TEST_CASE("opening files that are not there or are not safetensors") {
   scratch_dir dir("safetensors", "open_errors");
-  CHECK_THROWS_WITH(safetensors_file(dir.path / "absent.safetensors"),
-                    (dir.path / "absent.safetensors").string() +
-                        ": cannot open the safetensors file: No such file or directory");
+  CHECK_THROWS_WITH(
+      safetensors_file(dir.path / "absent.safetensors"),
+      (dir.path / "absent.safetensors").string() + ": cannot open the safetensors file: No such file or directory");
   CHECK_THROWS_WITH(safetensors_file(dir.path), dir.path.string() + ": is a directory, not a safetensors file");
   write_text(dir.path / "empty.safetensors", "");
   CHECK_THROWS_WITH(

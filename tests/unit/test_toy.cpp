@@ -171,7 +171,8 @@ TEST_CASE("adam steps a quadratic as computed by hand", "[toy][adam]") {
   CHECK(q == std::vector<double>{1.0, 2.0});  // rejected before anything changed
   CHECK_THROWS_WITH(optimizer(state, q, std::vector<double>{1.0, 1.0}), "adam state holds 1 moments for 2 parameters");
   adam_state fresh;
-  CHECK_THROWS_WITH((adam{.lr = -1.0}(fresh, q, std::vector<double>{1.0, 1.0})), "adam.lr = -1.0: must be in [1e-12, 1]");
+  CHECK_THROWS_WITH((adam{.lr = -1.0}(fresh, q, std::vector<double>{1.0, 1.0})),
+                    "adam.lr = -1.0: must be in [1e-12, 1]");
   CHECK_THROWS_WITH((adam{.beta2 = 1.0}(fresh, q, std::vector<double>{1.0, 1.0})),
                     "adam.beta2 = 1.0: must be in [0, 1)");
 }
