@@ -18,7 +18,7 @@ The file takes about L * 4096 * 4 bytes per prompt (8 MiB at L = 512).
 
 Usage:
   pip install torch transformers safetensors sentencepiece
-  python3 export_prompt_embeddings.py --prompts prompts.txt --out prompts.safetensors \\
+  python3 scripts/export_prompt_embeddings.py --prompts prompts.txt --out prompts.safetensors \\
       [--model black-forest-labs/FLUX.1-dev] [--max-length 512] [--device cuda] [--batch 8]
 prompts.txt holds one prompt per line (blank lines are skipped).
 """
