@@ -42,6 +42,7 @@ Usage:
 """
 import argparse
 import html
+import importlib.util
 import json
 import os
 import re
@@ -267,6 +268,10 @@ def main(argv=None):
     prompts, own_negatives = read_prompts(args.prompts)
     negatives = resolve_negatives(own_negatives, args.negative_prompt)
 
+    missing = [name for name in ("torch", "transformers", "safetensors") if importlib.util.find_spec(name) is None]
+    if missing:
+        fail("%s lacks %s (pip install torch transformers safetensors sentencepiece ftfy)"
+             % (sys.executable, ", ".join(missing)))
     import torch
     from safetensors.torch import save_file
 
