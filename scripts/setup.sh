@@ -27,3 +27,13 @@ if ! python3 -c 'import numpy' 2>/dev/null; then
   echo "setup.sh: installing numpy for $(command -v python3)"
   python3 -m pip install --quiet numpy
 fi
+
+# scripts/export_prompt_embeddings.py and its test run on Debian's python3, the one python3-torch (1.13) is
+# installed for. transformers 4.46.3 has UMT5 and still supports torch 1.13; it brings tokenizers, safetensors and
+# huggingface-hub. ftfy cleans Wan prompts as Wan2.1 does. pip puts them in /usr/local (Debian marks its python3
+# as externally managed, hence --break-system-packages; Debian's own packages are left as they are).
+if ! /usr/bin/python3 -c 'import ftfy; from transformers import UMT5EncoderModel' 2>/dev/null; then
+  echo "setup.sh: installing transformers and ftfy for /usr/bin/python3"
+  "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --root-user-action=ignore --break-system-packages \
+    'transformers==4.46.3' 'ftfy==6.3.1'
+fi

@@ -1,7 +1,7 @@
 // The native FLUX autoencoder decoder (config, ae.safetensors names and shapes, agreement with the independent
 // numpy reference tests/reference/ae_reference.py, safetensors round trip, key reports) and the TorchScript
 // decoder / reward (modules scripted here from TorchScript source, saved, loaded back). Also syntax-checks
-// docs/export_prompt_embeddings.py.
+// scripts/export_prompt_embeddings.py.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -428,8 +428,8 @@ def forward(self, z: Tensor) -> Tensor:
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("docs/export_prompt_embeddings.py is valid Python") {
-  const auto script = source_root() / "docs" / "export_prompt_embeddings.py";
+TEST_CASE("scripts/export_prompt_embeddings.py is valid Python") {
+  const auto script = source_root() / "scripts" / "export_prompt_embeddings.py";
   REQUIRE(std::filesystem::exists(script));
   const auto dir = fresh_dir("py_compile");
   const std::string command =
