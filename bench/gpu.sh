@@ -8,7 +8,8 @@
 # and writes into $OUT (else ./out/gpu): bench_flux_dev.txt (the table), bench_flux_dev.json (one object keyed by
 # variant: seconds_per_iter, time_ratio_vs_dance, overhead_fraction, batching_speedup, peak_memory_bytes,
 # bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log; then the same harness on a
-# Wan2.1-T2V-1.3B-size video transformer (random weights, bf16; bench_wan.txt, bench_wan.json); on a machine with two
+# Wan2.1-T2V-1.3B-size video transformer (random weights, bf16; bench_wan.txt, bench_wan.json); the shipped video
+# model trained with float32 masters, all-bf16 and classifier-free guidance (cfg_precision.txt); on a machine with two
 # GPUs or more also distributed.txt (the NCCL variant: data-parallel training on every GPU against one, via torchrun).
 #
 # Usage, on the GPU machine from the repository root:
@@ -121,6 +122,79 @@ echo "running: branchgrpo ${wan_args[*]} ${wan_extra[*]}"
 "$build/bin/branchgrpo" "${wan_args[@]}" "${wan_extra[@]}" 2>&1 | tee "$out/bench_wan.txt"
 echo "wrote $out/bench_wan.txt and $out/bench_wan.json"
 
+# Classifier-free guidance and precision (docs/wan.md, docs/torch.md "Precision"): the shipped moving-shapes model
+# trained on the GPU in bfloat16 three ways, 6 iterations each: float32 master weights (the default, autocast and
+# TF32 on), all-bf16 (model.master_weights = false), and masters under classifier-free guidance (scale 3, the
+# empty prompt as the negative: zeros in the shapes word-vector space). Writes cfg_precision.txt: seconds per
+# iteration after the first, each variant's last reward, and the guidance run's time against the unguided one.
+precision=$out/cfg_precision
+rm -rf "$precision" && mkdir -p "$precision"
+python3 - "$repo/models/moving-shapes-tiny/prompts.safetensors" "$precision/prompts_cfg.safetensors" <<'PY'
+import json, struct, sys
+source, target = sys.argv[1], sys.argv[2]
+with open(source, "rb") as f:
+    (size,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(size))
+    data = f.read()
+context = header["context"]
+assert context["dtype"] == "F32", context["dtype"]
+begin, end = context["data_offsets"]
+_, tokens, width = context["shape"]
+zeros = bytes(4 * tokens * width)
+metadata = dict(header.get("__metadata__", {}), negative_prompts="", family="wan", encoder="shapes")
+out = {"__metadata__": metadata,
+       "context": {"dtype": "F32", "shape": context["shape"], "data_offsets": [0, end - begin]},
+       "negative_context": {"dtype": "F32", "shape": [1, tokens, width],
+                            "data_offsets": [end - begin, end - begin + len(zeros)]}}
+text = json.dumps(out).encode()
+text += b" " * (-len(text) % 8)
+with open(target, "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + data[begin:end] + zeros)
+PY
+# train_config FILE MODEL_DIR TREES OUTPUT_DIR [MODEL_KEYS] [DATA_KEYS]: a short run (6 iterations, LoRA rank 8, no
+# checkpoints or grids) of a shipped model on CUDA.
+train_config() {
+  cat > "$1" <<TOML
+[model]
+dir = "$2"
+device = "cuda"
+${5:-}
+[data]
+prompts_per_iteration = $3
+${6:-}
+[lora]
+rank = 8
+[run]
+iterations = 6
+checkpoint_every = 0
+grid_every = 0
+output_dir = "$4"
+TOML
+}
+precision_config() {  # NAME MODEL_KEYS DATA_KEYS
+  train_config "$precision/$1.toml" "$repo/models/moving-shapes-tiny" 8 "$precision/$1" "dtype = \"bfloat16\"
+$2" "$3"
+}
+precision_config masters "" ""
+precision_config all_bf16 "master_weights = false" ""
+precision_config cfg_masters "guidance_scale = 3.0" "embeddings = \"$precision/prompts_cfg.safetensors\""
+for variant in masters all_bf16 cfg_masters; do
+  "$build/bin/branchgrpo" train --config "$precision/$variant.toml" --quiet > "$precision/$variant.log" 2>&1 ||
+    { tail -5 "$precision/$variant.log" >&2; echo "bench/gpu.sh: the $variant run failed" >&2; exit 1; }
+done
+python3 - "$precision" <<'PY' | tee "$out/cfg_precision.txt"
+import json, os, sys
+root = sys.argv[1]
+print("moving-shapes-tiny on CUDA, bfloat16, LoRA rank 8, 8 trees per iteration, 6 iterations")
+seconds = {}
+for variant in ("masters", "all_bf16", "cfg_masters"):
+    rows = [json.loads(line) for line in open(os.path.join(root, variant, "metrics.jsonl"))]
+    seconds[variant] = sum(r["seconds"] for r in rows[1:]) / len(rows[1:])
+    print(f"{variant}: {seconds[variant]:.3f} s / iteration, last reward_mean {rows[-1]['reward_mean']:.4f}")
+print(f"guidance costs {seconds['cfg_masters'] / seconds['masters']:.2f}x the unguided iteration "
+      f"(one call of 2 rows per row); masters cost {seconds['masters'] / seconds['all_bf16']:.2f}x all-bf16")
+PY
+
 # The NCCL variant (docs/distributed.md), on a machine with two GPUs or more: the shipped shapes model trained on
 # one GPU, then on every GPU (torchrun, one rank per GPU: NCCL for the gradients when LibTorch has it, else Gloo
 # through host copies, as the build log's "c10d" line says); both runs train 8 trees per GPU per iteration. Writes
@@ -134,22 +208,7 @@ grep -E "c10d" "$out/build.log" | head -3 | tee "$out/distributed.txt" || true
 dist=$out/distributed
 rm -rf "$dist" && mkdir -p "$dist"
 # config NAME TREES -> $dist/NAME.toml
-config() {
-  cat > "$dist/$1.toml" <<TOML
-[model]
-dir = "$repo/models/shapes-tiny"
-device = "cuda"
-[data]
-prompts_per_iteration = $2
-[lora]
-rank = 8
-[run]
-iterations = 6
-checkpoint_every = 0
-grid_every = 0
-output_dir = "$dist/$1"
-TOML
-}
+config() { train_config "$dist/$1.toml" "$repo/models/shapes-tiny" "$2" "$dist/$1"; }
 seconds() {  # mean seconds per iteration after the first, from a run's metrics.jsonl
   python3 -c 'import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])][1:]

@@ -227,3 +227,90 @@ TEST_CASE("the shipped video model loads and its ODE samples align with their pr
   CHECK(mean > 0.3);
   CHECK(mean < 0.9);  // room for alignment to improve
 }
+
+TEST_CASE("Wan under classifier-free guidance on the shipped model: guided velocity by hand, ratio 1, samples",
+          "[moving_shapes][guidance]") {
+  const std::filesystem::path root =
+      std::filesystem::path(std::source_location::current().file_name()).parent_path().parent_path().parent_path();
+  const std::filesystem::path model_dir = root / "models" / "moving-shapes-tiny";
+  const auto dir = std::filesystem::temp_directory_path() / "branchgrpo_test_moving_shapes_cfg";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // The shipped prompts with one shared negative: the empty prompt, whose word vectors are zeros.
+  prompt_file prompts = load_prompt_file(model_dir / "prompts.safetensors");
+  const torch::Tensor& context = prompts.embeddings.context;
+  prompts.negative_embeddings.context = torch::zeros({1, context.size(1), context.size(2)});
+  prompts.negative_prompts = {""};
+  prompts.negative_index.assign(prompts.prompts.size(), 0);
+  prompts.family = "wan";
+  prompts.encoder = "shapes";
+  save_prompt_file(dir / "prompts.safetensors", prompts);
+
+  run_config config = parse_run_config("[model]\ndir = \"" + model_dir.string() +
+                                           "\"\nguidance_scale = 3.0\n"
+                                           "[data]\nembeddings = \"" +
+                                           (dir / "prompts.safetensors").string() +
+                                           "\"\nprompts_per_iteration = 1\n"
+                                           "[topology]\nsplit_steps = [0, 2]\nbranching = [2]\n"
+                                           "[rollout]\nsteps = 4\nmax_batch = 8\n"
+                                           "[lora]\nrank = 2\n"
+                                           "[[rewards]]\nname = \"alignment\"\n"
+                                           "[run]\niterations = 1\noutput_dir = \"" +
+                                           (dir / "out").string() + "\"\n",
+                                       "run.toml");
+  CHECK(config.model.guidance_scale == 3.0);
+  run_model model = load_run_model(config);
+  REQUIRE(model.negative_index.size() == model.prompts.size());
+  weighted_sum reward = make_run_reward(config, model);
+  training_run run(config, std::move(model), std::move(reward));
+
+  // The guided velocity is v_u + 3 (v_c - v_u) of the unguided model's two passes (table row N: the negative).
+  run_velocity_model& guided = run.policy().model();
+  REQUIRE(guided.enabled());
+  const std::int64_t n = static_cast<std::int64_t>(run.model().prompts.size());
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({2, 3, 8, 16, 16});
+  const std::vector<std::int64_t> rows{0, 5}, negative_rows{n, n};
+  const std::vector<std::uint32_t> trees{0, 1};
+  torch::NoGradGuard no_grad;
+  const torch::Tensor v = guided(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = rows});
+  const torch::Tensor v_c = guided.model()(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = rows});
+  const torch::Tensor v_u = guided.model()(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = negative_rows});
+  CHECK_FALSE(torch::allclose(v_c, v_u));
+  CHECK(torch::allclose(v, v_u + 3.0 * (v_c - v_u), 1e-5, 1e-5));
+
+  const iteration_stats stats = run.step();
+  CHECK(stats.clip_fraction == 0.0);  // ratio exactly 1 in the first update
+  CHECK(stats.first_update_log_prob_gap < 1e-6);
+  CHECK(stats.edges_trained > 0);
+  CHECK(std::isfinite(stats.reward_mean));
+  const torch::Tensor samples = run.sample(std::vector<std::int64_t>{0, 1}, 3);
+  CHECK(samples.sizes() == torch::IntArrayRef{2, 8, 3, 16, 16});
+  CHECK(torch::isfinite(samples).all().item<bool>());
+
+  // One line each: guidance without negatives, a negative prompt the file lacks, one without guidance.
+  run_config plain = config;
+  plain.data.embeddings = "";
+  CHECK(error_of([&] { (void)load_run_model(plain); }) ==
+        "run.toml: model.guidance_scale = 3 needs negative prompts: give data.embeddings a file with them "
+        "(model.dir = \"" +
+            model_dir.string() + "\" has none)");
+  run_config unknown = config;
+  unknown.model.negative_prompt = "blurry";
+  CHECK(error_of([&] { (void)load_run_model(unknown); }) ==
+        "run.toml: model.negative_prompt = \"blurry\" is none of the 1 negative prompts of " +
+            (dir / "prompts.safetensors").string());
+  CHECK(error_of([&] { (void)parse_run_config("[model]\nnegative_prompt = \"blurry\"\n", "run.toml"); }) ==
+        "run.toml: model.negative_prompt = \"blurry\": needs classifier-free guidance: model.guidance_scale is "
+        "1 (off)");
+  CHECK(error_of([&] { (void)parse_run_config("[model]\nguidance_scale = 0\n", "run.toml"); }) ==
+        "run.toml: model.guidance_scale = 0.0: must be in (0, 100] (1 = no classifier-free guidance)");
+  CHECK(error_of([&] { (void)parse_run_config("[model]\nguidance_scale = nan\n", "run.toml"); }) ==
+        "run.toml: model.guidance_scale = nan: must be in (0, 100] (1 = no classifier-free guidance)");
+  // Wan2.1's released shapes default to its guidance scale 5.
+  CHECK(parse_run_config("[model]\ndir = \"\"\nconfig = \"wan-t2v-1.3b\"\nweights = \"w.safetensors\"\n"
+                         "latent_height = 60\nlatent_width = 104\nlatent_frames = 21\n[data]\nembeddings = \"p\"\n",
+                         "run.toml")
+            .model.guidance_scale == 5.0);
+  std::filesystem::remove_all(dir);
+}

@@ -276,9 +276,15 @@ TEST_CASE("prompt file: every rejection names the file") {
                     name + ": 1 prompt strings for 2 embedding rows");
   CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}}, {}),
                     name + ": no __metadata__ key 'prompts' (the prompt strings)");
-  CHECK_THROWS_WITH(write_and_load({{"context", e.context}}, metadata), name + ": tensor 'pooled' is missing");
+  // A file without pooled vectors loads (Wan's); a FLUX model refuses it.
+  CHECK_THROWS_WITH(check_prompt_file(write_and_load({{"context", e.context}}, metadata),
+                                      flux_config{.vec_in = 4, .context_in = 8}, name),
+                    name + ": tensor 'pooled' is missing (FLUX needs pooled vectors)");
+  CHECK_THROWS_WITH(write_and_load({{"pooled", e.pooled}}, metadata), name + ": tensor 'context' is missing");
   CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}, {"extra", e.pooled}}, metadata),
-                    name + ": unexpected tensor 'extra' (a prompt file holds 'context' and 'pooled')");
+                    name +
+                        ": unexpected tensor 'extra' (a prompt file holds context, pooled, negative_context, "
+                        "negative_pooled, negative_index)");
   CHECK_THROWS_WITH(write_and_load({{"context", e.context[0]}, {"pooled", e.pooled}}, metadata),
                     name + ": tensor 'context' has shape [3, 8], expected [N, L, context_in]");
   CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled[0]}}, metadata),
@@ -296,7 +302,7 @@ TEST_CASE("prompt file: every rejection names the file") {
   std::map<std::string, std::string> wrong_width = metadata;
   wrong_width["context_in"] = "4096";
   CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}}, wrong_width),
-                    name + ": __metadata__ context_in '4096' does not match the tensor width 8");
+                    name + ": __metadata__ context_in '4096' does not match the tensor's 8");
   std::filesystem::remove(path);
   CHECK_THROWS_WITH(load_prompt_file(path), Contains(name));
 
@@ -305,6 +311,107 @@ TEST_CASE("prompt file: every rejection names the file") {
   CHECK_THROWS_WITH(save_prompt_file(out, e, newline), out.string() + ": prompt 0 holds a newline");
   const std::vector<std::string> one = {"a red circle"};
   CHECK_THROWS_WITH(save_prompt_file(out, e, one), out.string() + ": 1 prompt strings for 2 embedding rows");
+}
+
+TEST_CASE("prompt file: negative prompts, family and encoder") {
+  const std::vector<std::string> prompts = {"a red circle", "a blue square", "a green star"};
+  const std::vector<std::string> negatives = {"blurry", ""};
+  const prompt_embeddings e = shapes_word_embeddings(prompts, 8, 4);
+  const std::vector<std::string> negative_words = {"a red square", "a blue circle"};
+  const prompt_embeddings n = shapes_word_embeddings(negative_words, 8, 4);
+  const prompt_file file{.embeddings = e,
+                         .prompts = prompts,
+                         .negative_embeddings = n,
+                         .negative_prompts = negatives,
+                         .negative_index = {1, 0, 1},
+                         .family = "flux",
+                         .encoder = "t5+clip"};
+  const auto path = scratch("negatives.safetensors");
+  const std::string name = path.string();
+  save_prompt_file(path, file);
+  const prompt_file loaded = load_prompt_file(path);
+  CHECK(loaded.has_negatives());
+  CHECK(loaded.negative_prompts == negatives);
+  CHECK(loaded.negative_index == std::vector<std::int64_t>{1, 0, 1});
+  CHECK(torch::equal(loaded.negative_embeddings.context, n.context));
+  CHECK(torch::equal(loaded.negative_embeddings.pooled, n.pooled));
+  CHECK(loaded.family == "flux");
+  CHECK(loaded.encoder == "t5+clip");
+  const safetensors_file raw(path);
+  CHECK(raw.metadata().at("negative_prompts") == "blurry\n");
+  CHECK(raw.metadata().at("text_len") == "3");
+  CHECK(raw.at("negative_index").dtype == safetensors_dtype::i64);
+
+  // The family and encoder a model needs: one line each.
+  check_prompt_source(loaded, "flux", "t5+clip", name);
+  check_prompt_source(loaded, "flux", "", name);  // test shapes take any encoder
+  CHECK_THROWS_WITH(check_prompt_source(loaded, "wan", "umt5", name),
+                    name + ": made for flux models (metadata family = 'flux'); the model is wan");
+  prompt_file t5_for_wan = loaded;
+  t5_for_wan.family = "";
+  CHECK_THROWS_WITH(check_prompt_source(t5_for_wan, "wan", "umt5", name),
+                    name +
+                        ": features of encoder 't5+clip'; the model needs umt5 features "
+                        "(scripts/export_prompt_embeddings.py --model wan)");
+  t5_for_wan.encoder = "";
+  CHECK_THROWS_WITH(check_prompt_source(t5_for_wan, "wan", "umt5", name),
+                    name +
+                        ": no 'encoder' metadata: the model needs umt5 features (write them with "
+                        "scripts/export_prompt_embeddings.py --model wan)");
+  check_prompt_source(t5_for_wan, "flux", "t5+clip", name);  // files of the T5 + CLIP exporter before the key
+
+  // One negative for all needs no index; several do.
+  const auto write_and_load = [&](const std::map<std::string, torch::Tensor>& tensors,
+                                  const std::map<std::string, std::string>& meta) {
+    save_safetensors(path, tensors, meta);
+    return load_prompt_file(path);
+  };
+  const std::map<std::string, std::string> metadata = {{"prompts", "a red circle\na blue square\na green star"},
+                                                       {"negative_prompts", "blurry"}};
+  const prompt_file shared = write_and_load({{"context", e.context},
+                                             {"pooled", e.pooled},
+                                             {"negative_context", n.context.slice(0, 0, 1)},
+                                             {"negative_pooled", n.pooled.slice(0, 0, 1)}},
+                                            metadata);
+  CHECK(shared.negative_index == std::vector<std::int64_t>{0, 0, 0});
+  std::map<std::string, std::string> two = metadata;
+  two["negative_prompts"] = "blurry\nugly";
+  CHECK_THROWS_WITH(write_and_load({{"context", e.context},
+                                    {"pooled", e.pooled},
+                                    {"negative_context", n.context},
+                                    {"negative_pooled", n.pooled}},
+                                   two),
+                    name + ": 2 negative prompts need tensor 'negative_index' (which prompt takes which)");
+  CHECK_THROWS_WITH(write_and_load({{"context", e.context},
+                                    {"pooled", e.pooled},
+                                    {"negative_context", n.context},
+                                    {"negative_pooled", n.pooled},
+                                    {"negative_index", torch::tensor({0, 2, 1}, torch::kInt64)}},
+                                   two),
+                    name + ": negative_index[1] = 2 is not a negative row in [0, 2)");
+  CHECK_THROWS_WITH(write_and_load({{"context", e.context},
+                                    {"pooled", e.pooled},
+                                    {"negative_context", n.context.slice(1, 0, 2)},
+                                    {"negative_pooled", n.pooled},
+                                    {"negative_index", torch::tensor({0, 1, 1}, torch::kInt64)}},
+                                   two),
+                    name +
+                        ": tensor 'negative_context' has shape [2, 2, 8]: its tokens and width must be context's "
+                        "[3, 8]");
+  CHECK_THROWS_WITH(
+      write_and_load({{"context", e.context}, {"pooled", e.pooled}, {"negative_context", n.context.slice(0, 0, 1)}},
+                     metadata),
+      name + ": tensor 'negative_pooled' is missing beside 'pooled'");
+  CHECK_THROWS_WITH(write_and_load({{"context", e.context},
+                                    {"pooled", e.pooled},
+                                    {"negative_context", n.context.slice(0, 0, 1)},
+                                    {"negative_pooled", n.pooled.slice(0, 0, 1)}},
+                                   {{"prompts", metadata.at("prompts")}}),
+                    name + ": no __metadata__ key 'negative_prompts' beside tensor 'negative_context'");
+  std::map<std::string, std::string> other_family = metadata;
+  other_family["family"] = "sd3";
+  CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}}, other_family),
+                    name + ": __metadata__ family 'sd3' is not flux or wan");
 }
 
 // ---- JPEG rewards ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // The autograd policy (adapters/torch/branchgrpo/torch/policy.hpp), its optimizer pieces (optim.hpp) and the
 // compatibility header (compat.hpp), on a tiny MLP velocity model written here: v(x) = W2 tanh(W1 x + b1 +
 // sigma + prompt / 4 + B A x) + b2, with a LoRA-like pair (A, B) as the only trainable weights.
+#include <branchgrpo/torch/guidance.hpp>
 #include <branchgrpo/torch/policy.hpp>  // before Catch2 on purpose: compat.hpp keeps Catch2's CHECK either way
 #include <catch2/catch.hpp>
 
@@ -404,4 +405,149 @@ TEST_CASE("policy: all_reduce_gradients sums the ranks' gradients and rows, so e
     CHECK(torch::equal(models[0].lora_a, model.lora_a));
     CHECK(torch::equal(models[1].lora_b, model.lora_b));
   }
+}
+
+namespace {
+
+/// v(x | p) = weight[p] x, counting its calls and remembering the last batch's prompts.
+struct per_prompt_scale_model {
+  torch::Tensor weight;
+  int calls = 0;
+  std::vector<std::int64_t> last_prompts = {};
+  torch::Tensor velocity(const torch::Tensor& x, const denoise_batch& batch) {
+    ++calls;
+    last_prompts.assign(batch.prompts.begin(), batch.prompts.end());
+    const torch::Tensor index = torch::tensor(last_prompts, torch::kInt64);
+    std::vector<std::int64_t> shape(static_cast<std::size_t>(x.dim()), 1);
+    shape[0] = x.size(0);
+    return weight.index_select(0, index).view(shape) * x;
+  }
+  std::vector<torch::Tensor> trainable_parameters() { return {weight}; }
+};
+
+}  // namespace
+
+TEST_CASE("guidance: the doc example, one batched call, v_u + s (v_c - v_u)", "[torch][guidance]") {
+  per_prompt_scale_model inner{.weight = torch::tensor({1.0, 2.0, 3.0}, torch::kFloat64).set_requires_grad(true)};
+  classifier_free_guidance guided(inner, {.scale = 5.0, .negative_rows = {2, 2}});
+  const torch::Tensor x = torch::ones({2, 1}, torch::kFloat64);
+  const std::vector<std::int64_t> prompts{0, 1};
+  const std::vector<std::uint32_t> trees{0, 1};
+  const denoise_batch batch{.step = 0, .sigma = 0.5, .trees = trees, .prompts = prompts};
+  const torch::Tensor v = guided.velocity(x, batch);
+  CHECK(guided.model().calls == 1);
+  CHECK(guided.model().last_prompts == std::vector<std::int64_t>{0, 1, 2, 2});
+  CHECK(v.scalar_type() == torch::kFloat64);
+  CHECK(v.flatten()[0].item<double>() == -7.0);
+  CHECK(v.flatten()[1].item<double>() == -2.0);
+
+  // Gradients reach both branches: v = (1 - s) w[neg] x + s w[p] x, so d(sum v)/dw = {5, 5, 2 (1 - 5)}.
+  v.sum().backward();
+  const torch::Tensor grad = guided.model().weight.grad();
+  CHECK(grad[0].item<double>() == 5.0);
+  CHECK(grad[1].item<double>() == 5.0);
+  CHECK(grad[2].item<double>() == -8.0);
+
+  // Scale 1 is the wrapped model: one pass over the rows as given, no negatives needed.
+  classifier_free_guidance off(per_prompt_scale_model{.weight = torch::tensor({1.0, 2.0}, torch::kFloat64)},
+                               {.scale = 1.0, .negative_rows = {}});
+  CHECK(torch::equal(off.velocity(x, batch), torch::tensor({1.0, 2.0}, torch::kFloat64).view({2, 1})));
+  CHECK(off.model().calls == 1);
+  CHECK(off.model().last_prompts == prompts);
+
+  // bfloat16 rows come back in bfloat16 (combined in float32 in between): 3 + 5 (1.5 - 3) = -4.5.
+  classifier_free_guidance half(per_prompt_scale_model{.weight = torch::tensor({1.5, 3.0}, torch::kBFloat16)},
+                                {.scale = 5.0, .negative_rows = {1}});
+  const std::vector<std::int64_t> one{0};
+  const std::vector<std::uint32_t> tree{0};
+  const torch::Tensor h =
+      half.velocity(torch::ones({1, 1}, torch::kBFloat16), {.step = 0, .sigma = 0.5, .trees = tree, .prompts = one});
+  CHECK(h.scalar_type() == torch::kBFloat16);
+  CHECK(h.item<double>() == -4.5);
+}
+
+TEST_CASE("guidance: bad scales and missing negatives are one-line errors", "[torch][guidance]") {
+  const auto make = [](double scale, std::vector<std::int64_t> negatives) {
+    return classifier_free_guidance(per_prompt_scale_model{.weight = torch::ones({3}, torch::kFloat64)},
+                                    {.scale = scale, .negative_rows = std::move(negatives)});
+  };
+  using Catch::Matchers::Equals;
+  CHECK_THROWS_WITH(make(0.0, {2}), Equals("guidance scale must be positive and finite, got 0"));
+  CHECK_THROWS_WITH(make(std::nan(""), {2}), Equals("guidance scale must be positive and finite, got nan"));
+  CHECK_THROWS_WITH(make(5.0, {}), Equals("guidance scale 5 needs negative prompts (no negative rows were given)"));
+  auto guided = make(5.0, {2});
+  const std::vector<std::int64_t> prompts{0, 1};
+  const std::vector<std::uint32_t> trees{0, 1};
+  CHECK_THROWS_WITH(guided.velocity(torch::ones({2, 1}, torch::kFloat64),
+                                    {.step = 0, .sigma = 0.5, .trees = trees, .prompts = prompts}),
+                    Equals("row 1 has prompt 1, which has no negative prompt (1 prompts have one)"));
+}
+
+TEST_CASE("guidance: a BranchGRPO iteration under CFG keeps the first update's ratio exactly 1",
+          "[torch][guidance][trainer]") {
+  torch_backend backend;
+  // Prompts 0 and 1; the model's table row 2 stands for the shared negative prompt.
+  classifier_free_guidance guided(tiny_velocity_model::make(4, 8, 2, torch::kFloat32, true, 3),
+                                  {.scale = 4.0, .negative_rows = {2, 2}});
+  autograd_policy policy(guided, backend, {.optimizer = {.lr = 1e-2}});
+  target_reward reward{backend};
+  auto recipe = branch_method();
+  const training_options options{
+      .max_batch = 16, .seed = 9, .updates_per_iteration = 1, .total_iterations = 1, .loss = {.kl_beta = 0.5}};
+  const iteration_stats first = train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20),
+                                                latent_shape{{4}}, std::vector<std::int64_t>{0, 1}, 0, options);
+  CHECK(first.first_update_log_prob_gap == 0.0);  // batch-invariant rows stay so when doubled
+  CHECK(first.clip_fraction == 0.0);
+  CHECK(first.kl == Approx(0.0).margin(1e-12));
+  CHECK(policy.last_update().grad_norm > 0.0);
+  CHECK(policy.kl_divergence(make_edges(backend, 4)) > 0.0);
+}
+
+TEST_CASE("policy: float32 master weights keep updates that bfloat16 weights lose", "[torch][policy][precision]") {
+  torch_backend backend{.device = torch::kCPU, .dtype = torch::kBFloat16};
+  const auto edges = make_edges(backend, 4);
+  const auto unit = [](std::span<const double> lp) { return std::vector<double>(lp.size(), 1.0); };
+  // lr 1e-5 with Adam's unit-sized first steps: far below half a bfloat16 ulp (2^-9 relative) of weights ~0.3.
+  const optimizer_options tiny_steps{.lr = 1e-5, .weight_decay = 0, .max_grad_norm = 0, .ema_decay = 0.9};
+
+  auto plain = tiny_velocity_model::make(4, 8, 2, torch::kBFloat16, false, 4);
+  const std::vector<torch::Tensor> plain_before = snapshot(plain.trainable_parameters());
+  autograd_policy all_bf16(plain, backend, {.optimizer = tiny_steps, .master_weights = false});
+  CHECK_FALSE(all_bf16.has_master_copies());
+  for (int step = 0; step < 3; ++step) {
+    all_bf16.accumulate(edges, unit);
+    all_bf16.apply_update();
+  }
+  // Every update rounded away (weights away from 0, where a bfloat16 ulp is far above 1e-5).
+  const torch::Tensor large = plain_before[1].abs() > 0.02;
+  REQUIRE(large.sum().item<std::int64_t>() > 8);
+  CHECK(torch::equal(plain.lora_b.detach().masked_select(large), plain_before[1].masked_select(large)));
+  CHECK(all_bf16.ema_parameters()[1].scalar_type() == torch::kBFloat16);
+
+  auto mixed = tiny_velocity_model::make(4, 8, 2, torch::kBFloat16, false, 4);
+  autograd_policy masters(mixed, backend, {.optimizer = tiny_steps, .master_weights = true});
+  REQUIRE(masters.has_master_copies());
+  const torch::Tensor master = masters.master_parameters()[1];
+  CHECK(master.scalar_type() == torch::kFloat32);
+  CHECK(torch::equal(master.to(torch::kBFloat16), mixed.lora_b.detach()));
+  masters.accumulate(edges, unit);
+  CHECK_FALSE(mixed.lora_b.grad().defined());  // moved to the master's float32 sum
+  CHECK(master.grad().scalar_type() == torch::kFloat32);
+  masters.accumulate(edges, unit);  // two batches: the master's gradient is their float32 sum
+  masters.apply_update();
+  for (int step = 0; step < 2; ++step) {
+    masters.accumulate(edges, unit);
+    masters.apply_update();
+  }
+  const torch::Tensor moved = (master - plain_before[1].to(torch::kFloat32)).abs();
+  CHECK(moved.max().item<double>() > 2e-5);  // three steps of ~lr each
+  CHECK(moved.max().item<double>() < 1e-4);
+  CHECK(torch::equal(mixed.lora_b.detach(), master.to(torch::kBFloat16)));  // the model holds the rounded master
+  CHECK(masters.ema_parameters()[1].scalar_type() == torch::kFloat32);
+  masters.swap_ema();
+  CHECK(torch::equal(mixed.lora_b.detach(), masters.master_parameters()[1].to(torch::kBFloat16)));
+  masters.swap_ema();
+  masters.load_weights(plain_before);
+  CHECK(torch::equal(mixed.lora_b.detach(), plain_before[1]));
+  CHECK(torch::equal(masters.master_parameters()[1], plain_before[1].to(torch::kFloat32)));
 }

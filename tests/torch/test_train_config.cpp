@@ -239,3 +239,72 @@ TEST_CASE("adamw_state_tensors round-trips through load_adamw_state") {
   CHECK_THROWS_WITH(bg::load_adamw_state(*fresh, {{"w", torch::zeros({3}).requires_grad_(true)}}, saved),
                     Catch::Contains("optimizer state of 'w' has shape [2], the parameter [3]"));
 }
+
+TEST_CASE("sample after train: the EMA's weights by default, the trained ones with use_ema = false") {
+  const auto model = make_model_dir();
+  const auto out = scratch("ema_sample");
+  const bg::run_config config = config_for(model, out, 2);  // optimizer.ema_decay = 0.5
+  std::filesystem::path checkpoint;
+  torch::Tensor ema_images, trained_images;
+  std::vector<std::pair<std::string, torch::Tensor>> ema_weights, trained_weights;
+  const std::vector<std::int64_t> prompts{0, 3};
+  {
+    auto run = make_run(config);
+    while (!run->done()) (void)run->step();
+    checkpoint = run->save_checkpoint();
+    ema_images = run->sample(prompts, 7);  // swaps the EMA in and out
+    trained_images = run->sample(prompts, 7, /*first=*/0, /*use_ema=*/false);
+    for (const auto& [name, t] : run->named_masters()) trained_weights.emplace_back(name, t.detach().clone());
+    for (std::size_t i = 0; i < trained_weights.size(); ++i)
+      ema_weights.emplace_back(trained_weights[i].first, run->policy().ema_parameters()[i].detach().clone());
+  }
+  CHECK_FALSE(torch::equal(ema_images, trained_images));
+
+  auto sampler = make_run(config_for(model, scratch("ema_sample_2"), 2));
+  CHECK(sampler->load_weights(checkpoint));  // default: the EMA's
+  for (std::size_t i = 0; i < ema_weights.size(); ++i)
+    CHECK(torch::equal(sampler->named_masters()[i].second, ema_weights[i].second));
+  CHECK(torch::equal(sampler->sample(prompts, 7), ema_images));
+
+  CHECK_FALSE(sampler->load_weights(checkpoint, /*use_ema=*/false));
+  for (std::size_t i = 0; i < trained_weights.size(); ++i)
+    CHECK(torch::equal(sampler->named_masters()[i].second, trained_weights[i].second));
+  CHECK(torch::equal(sampler->sample(prompts, 7, 0, false), trained_images));
+
+  // A checkpoint of a run without EMA under a config with EMA: one line naming the checkpoint.
+  bg::checkpoint_contents contents = bg::read_checkpoint(checkpoint);
+  std::erase_if(contents.state, [](const auto& item) { return item.first.starts_with("ema."); });
+  const auto stripped = out / "checkpoints" / "iter-000009";
+  bg::write_checkpoint(stripped, contents);
+  const std::string first = sampler->trainable().front().first;
+  CHECK_THROWS_WITH(sampler->load_weights(stripped),
+                    stripped.string() + ": no EMA of '" + first +
+                        "' (was it written with optimizer.ema_decay = 0? sample with --no-ema)");
+  std::filesystem::remove_all(out);
+}
+
+TEST_CASE("bfloat16 runs keep float32 masters in checkpoints and resume bit-identically") {
+  const auto model = make_model_dir();
+  const auto straight_dir = scratch("bf16_straight"), resumed_dir = scratch("bf16_resumed");
+  const auto bf16 = [&](const std::filesystem::path& out) {
+    std::string toml = run_toml(model, out, 2);
+    toml.replace(toml.find("[data]"), 6, "dtype = \"bfloat16\"\n[data]");
+    return bg::parse_run_config(toml, "run.toml");
+  };
+  auto straight = make_run(bf16(straight_dir));
+  while (!straight->done()) (void)straight->step();
+  REQUIRE(straight->policy().has_master_copies());
+  for (const auto& [name, t] : straight->named_masters()) CHECK(t.scalar_type() == torch::kFloat32);
+  for (const auto& [name, t] : straight->trainable()) CHECK(t.scalar_type() == torch::kBFloat16);
+
+  auto first = make_run(bf16(resumed_dir));
+  (void)first->step();
+  const bg::checkpoint_contents saved = bg::read_checkpoint(first->save_checkpoint());
+  for (const auto& [name, t] : saved.weights) CHECK(t.scalar_type() == torch::kFloat32);
+  auto resumed = make_run(bf16(resumed_dir));
+  REQUIRE(resumed->resume().has_value());
+  (void)resumed->step();
+  const auto a = straight->named_masters(), b = resumed->named_masters();
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].second, b[i].second));
+  CHECK(same_weights(*straight, *resumed));
+}

@@ -302,12 +302,13 @@ struct sample_options {
   int samples = 4;
   std::uint64_t seed = 0;
   std::string out = "grid.png";
+  bool no_ema = false;  // the trained weights even when the run keeps an EMA
 };
 
 void run_sample(const sample_options& options) {
   const run_config config = load_run_config(options.config);
   auto run = make_run(config);
-  run->load_weights(options.checkpoint);
+  const bool ema = run->load_weights(options.checkpoint, !options.no_ema);
   const std::vector<std::string>& table = run->model().prompts;
   std::vector<std::int64_t> rows;
   if (options.prompts.empty()) {
@@ -328,14 +329,15 @@ void run_sample(const sample_options& options) {
   }
   std::vector<std::int64_t> prompts;
   for (const std::int64_t row : rows) prompts.insert(prompts.end(), static_cast<std::size_t>(options.samples), row);
-  const torch::Tensor images = run->sample(prompts, options.seed);
+  const torch::Tensor images = run->sample(prompts, options.seed, 0, ema);
   const std::vector<double> scores = run->score_images(images, prompts);
-  image_grid grid{.title = "SAMPLES OF " + std::filesystem::path(options.checkpoint).filename().string(),
-                  .columns = options.samples,
-                  .scale = images.size(-2) <= 32 ? 4 : 1,
-                  .row_labels = {},
-                  .column_labels = {},
-                  .cells = to_cells(images)};
+  image_grid grid{
+      .title = "SAMPLES OF " + std::filesystem::path(options.checkpoint).filename().string() + (ema ? " (EMA)" : ""),
+      .columns = options.samples,
+      .scale = images.size(-2) <= 32 ? 4 : 1,
+      .row_labels = {},
+      .column_labels = {},
+      .cells = to_cells(images)};
   for (const std::int64_t row : rows) grid.row_labels.push_back(table[static_cast<std::size_t>(row)]);
   write_png(options.out, render(grid));
   for (std::size_t r = 0; r < rows.size(); ++r) {
@@ -344,7 +346,8 @@ void run_sample(const sample_options& options) {
     std::cout << std::left << std::setw(24) << table[static_cast<std::size_t>(rows[r])] << std::right << " reward "
               << std::fixed << std::setprecision(4) << sum / options.samples << '\n';
   }
-  std::cout << "wrote " << options.out << '\n';
+  std::cout << "weights: " << (ema ? "the EMA's (optimizer.ema_decay > 0; --no-ema for the trained ones)" : "trained")
+            << "\nwrote " << options.out << '\n';
 }
 
 }  // namespace
@@ -380,6 +383,8 @@ void add_sample_command(CLI::App& app) {
       ->type_name("S")
       ->capture_default_str();
   sample->add_option("--out", options->out, "The PNG to write")->type_name("FILE")->capture_default_str();
+  sample->add_flag("--no-ema", options->no_ema,
+                   "Sample the trained weights, not their EMA (the default when optimizer.ema_decay > 0)");
   sample->callback([options] { run_sample(*options); });
 }
 

@@ -29,7 +29,8 @@
 // What may change on resume (resume_may_change): the run's length and bookkeeping, and what changes speed or
 // memory but not the experiment:
 //   run.iterations, run.grid_every, run.checkpoint_every, run.keep_checkpoints, run.output_dir
-//   rollout.max_batch, model.gradient_checkpointing, model.device (the results agree up to floating-point
+//   rollout.max_batch, rollout.decode_batch, model.gradient_checkpointing, model.device (the results agree up to
+//   floating-point
 //     rounding: a resumed run stays bit-identical to an uninterrupted one only when these are unchanged)
 //   model.dir, model.weights, model.decoder, data.embeddings (paths: a moved file may be named anew; its
 //     content is compared through its "# input" line, which is an experiment key)
@@ -140,18 +141,11 @@ inline std::string input_identity(const std::filesystem::path& path) {
 }
 
 // The keys resume may change (see the file comment).
-inline constexpr std::array<std::string_view, 12> resumable = {"run.iterations",
-                                                               "run.grid_every",
-                                                               "run.checkpoint_every",
-                                                               "run.keep_checkpoints",
-                                                               "run.output_dir",
-                                                               "rollout.max_batch",
-                                                               "model.gradient_checkpointing",
-                                                               "model.device",
-                                                               "model.dir",
-                                                               "model.weights",
-                                                               "model.decoder",
-                                                               "data.embeddings"};
+inline constexpr std::array<std::string_view, 13> resumable = {
+    "run.iterations", "run.grid_every",    "run.checkpoint_every", "run.keep_checkpoints",
+    "run.output_dir", "rollout.max_batch", "rollout.decode_batch", "model.gradient_checkpointing",
+    "model.device",   "model.dir",         "model.weights",        "model.decoder",
+    "data.embeddings"};
 
 }  // namespace config_text_detail
 
@@ -195,6 +189,11 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("model.dtype", toml_string(m.dtype));
   line("model.device", toml_string(m.device));
   line("model.guidance", toml_value(m.guidance));
+  line("model.guidance_scale", toml_value(m.guidance_scale));
+  line("model.negative_prompt", toml_string(m.negative_prompt));
+  line("model.master_weights", toml_value(m.master_weights));
+  line("model.autocast", toml_value(m.autocast));
+  line("model.tf32", toml_value(m.tf32));
   line("model.latent_height", toml_value(m.latent_height));
   line("model.latent_width", toml_value(m.latent_width));
   line("model.latent_frames", toml_value(m.latent_frames));
@@ -205,6 +204,7 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("rollout.steps", toml_value(config.rollout.steps));
   line("rollout.shift", toml_value(config.rollout.shift));
   line("rollout.max_batch", toml_value(config.rollout.max_batch));
+  line("rollout.decode_batch", toml_value(config.rollout.decode_batch));
   add_policy(out, "rollout.", "stepper", config.recipe.stepper);
   add_policy(out, "correlator.", "kind", config.recipe.correlator);
   add_policy(out, "fusion.", "kind", config.recipe.fusion);

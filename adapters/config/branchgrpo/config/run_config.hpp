@@ -94,8 +94,15 @@ struct model_section {
   std::string decoder = "pixels";  ///< "pixels" (latents are RGB in [-1, 1]) or a decoder file
   std::string dtype = "float32";   ///< float32, bfloat16, float16
   std::string device = "cpu";      ///< cpu, cuda, cuda:N
-  double guidance = 3.5;
-  std::int64_t latent_height = 0;  ///< 0: the model directory's (16 for shapes-tiny)
+  double guidance = 3.5;           ///< FLUX.1-dev's embedded (distilled) guidance, not classifier-free guidance
+  /// Classifier-free guidance: v = v_u + guidance_scale (v_c - v_u) with the embeddings file's negative prompts;
+  /// 1 = off (one conditional pass). Default: 5 for wan-t2v-* configs (Wan2.1's sample_guide_scale), else 1.
+  double guidance_scale = 1.0;
+  std::string negative_prompt = "";  ///< "" = each prompt's own negative in the file; else one of the file's
+  bool master_weights = true;        ///< bfloat16 / float16 models: float32 master copies of the trainable weights
+  bool autocast = true;              ///< CUDA, bfloat16 / float16 models: the forward under autocast in model.dtype
+  bool tf32 = true;                  ///< CUDA: float32 matmuls and convolutions may use TF32 tensor cores
+  std::int64_t latent_height = 0;    ///< 0: the model directory's (16 for shapes-tiny)
   std::int64_t latent_width = 0;
   std::int64_t latent_frames = 0;  ///< video models: 0 = the model directory's (8 for moving-shapes-tiny)
   bool gradient_checkpointing = false;
@@ -114,6 +121,7 @@ struct rollout_section {
   int steps = 20;
   double shift = 3.0;
   std::int64_t max_batch = 64;
+  std::int64_t decode_batch = 16;  ///< leaves decoded (and scored) per call: bounds the decoder's memory
   friend bool operator==(const rollout_section&, const rollout_section&) = default;
 };
 
@@ -214,6 +222,17 @@ inline void read_model(table_reader r, model_section& m) {
     return ok ? "" : "must be cpu, cuda or cuda:N";
   });
   r.read("guidance", m.guidance, in_range(0, 100));  // FLUX.1-dev's embedded guidance is 3.5
+  // Wan2.1's pipelines sample with classifier-free guidance at 5 (its sample_guide_scale); FLUX.1-dev's guidance
+  // is distilled into `guidance`, and the shipped shapes models were pretrained without an unconditional branch.
+  if (m.config.starts_with("wan-t2v-")) m.guidance_scale = 5.0;
+  r.read("guidance_scale", m.guidance_scale,
+         [](double v) { return v > 0 && v <= 100 ? "" : "must be in (0, 100] (1 = no classifier-free guidance)"; });
+  r.read("negative_prompt", m.negative_prompt);
+  if (!m.negative_prompt.empty() && m.guidance_scale == 1.0)
+    r.bad("negative_prompt", "needs classifier-free guidance: model.guidance_scale is 1 (off)");
+  r.read("master_weights", m.master_weights);
+  r.read("autocast", m.autocast);
+  r.read("tf32", m.tf32);
   // 4096 latent rows are 32768 pixels: far beyond FLUX's resolutions, and a typo like 1000000 is refused here
   // instead of as an allocation failure.
   const auto latent_size = [](std::int64_t v) { return v < 0 || v > 4096 ? "must be in [0, 4096]" : ""; };
@@ -264,6 +283,7 @@ inline void read_rollout(table_reader r, rollout_section& rollout, any_stepper& 
   r.read("steps", rollout.steps, at_least(1));
   r.read("shift", rollout.shift, in_range(1e-3, 1e3));  // FLUX 3, Wan 5 to 12
   r.read("max_batch", rollout.max_batch, at_least(1));
+  r.read("decode_batch", rollout.decode_batch, at_least(1));
   read_policy(r, "stepper", stepper);
   r.finish();
 }

@@ -8,6 +8,7 @@
 //   autocast_guard          2.4+: at::autocast::set_autocast_enabled / set_autocast_dtype(device, ...)
 //                           (the per-device API; the old names are deprecated there).
 //                           1.13 - 2.3: at::autocast::set_enabled / set_autocast_gpu_dtype (CUDA only).
+//   allow_tf32(bool)        at::globalContext().setAllowTF32CuBLAS / setAllowTF32CuDNN (every version here).
 //   float8_e4m3fn_dtype()   2.1+: at::kFloat8_e4m3fn exists; before, no float8 dtype (std::nullopt): callers
 //                           decode F8_E4M3 on the host into a wider dtype.
 //
@@ -50,6 +51,30 @@ inline torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, c
       low_precision ? torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type()) : torch::softmax(scores, -1);
   return torch::matmul(weights, v);
 #endif
+}
+
+/// Scoped default dtype of LibTorch's factory functions (torch::empty, torch::randn, a module's parameters): a
+/// model built inside one is created in `dtype` directly, so FLUX.1-dev (12 B parameters) takes 24 GB in bfloat16
+/// while it is built instead of 48 GB in float32 before a cast. Restores the previous default on destruction.
+class default_dtype_guard {
+ public:
+  explicit default_dtype_guard(torch::Dtype dtype) : previous_(torch::get_default_dtype()) {
+    torch::set_default_dtype(c10::scalarTypeToTypeMeta(dtype));
+  }
+  ~default_dtype_guard() { torch::set_default_dtype(previous_); }
+  default_dtype_guard(const default_dtype_guard&) = delete;
+  default_dtype_guard& operator=(const default_dtype_guard&) = delete;
+
+ private:
+  caffe2::TypeMeta previous_;
+};
+
+/// Lets CUDA float32 matrix products (cuBLAS) and convolutions (cuDNN) use TF32 tensor cores, or forbids it:
+/// PyTorch's torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 (10 mantissa bits in the
+/// products, float32 sums). Process-wide; no effect on CPU work.
+inline void allow_tf32(bool allowed) {
+  at::globalContext().setAllowTF32CuBLAS(allowed);
+  at::globalContext().setAllowTF32CuDNN(allowed);
 }
 
 /// Scoped automatic mixed precision on CUDA: while alive, eligible ops on CUDA tensors (matmul, linear,

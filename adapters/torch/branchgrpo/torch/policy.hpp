@@ -10,7 +10,8 @@
 //               logp_r = backend.row_log_prob_tensor(next, mean, std)   (the rollout's function, float64)
 //               w = grad_fn(logp)                                       (the trainer's PPO weights)
 //               grad += d/dtheta sum_r w_r logp_r                       (backward; accumulates over batches)
-//             apply_update(): grad-norm clipping, AdamW step, zero grads, EMA.
+//             apply_update(): grad-norm clipping, AdamW step, zero grads, EMA (on float32 masters of 16-bit
+//             trainable tensors, copied into the model after each step: master_weights).
 //   reference reference_velocity(x, batch): the frozen base (adapters off, no gradient) for models with
 //             set_adapters_enabled (LoRA): the policy is then a ReferencePolicy, and train_iteration applies the
 //             loss's KL term (ppo_options::kl_beta) through accumulate, as for every other policy.
@@ -57,7 +58,14 @@ concept AdapterSwitch = requires(M& m, bool enabled) {
 /// DanceGRPO's FLUX recipe; gradient-norm clip 1.0; no EMA). The KL weight is the loss's (ppo_options::kl_beta).
 struct autograd_policy_options {
   optimizer_options optimizer = {};  ///< AdamW, gradient clipping and EMA; a config's [optimizer]
-  bool bf16_autocast = false;        ///< CUDA only: matmuls and attention in bfloat16 (no-op on CPU)
+  bool bf16_autocast = false;        ///< CUDA only: matmuls and attention in autocast_dtype (no-op on CPU)
+  /// Trainable tensors stored in a 16-bit dtype get float32 master copies: AdamW's step, its moments, the
+  /// gradient sum over the update's batches and the EMA are float32, and each step rounds the masters into the
+  /// model's tensors (DanceGRPO's, MixGRPO's and BranchGRPO's setup: bf16 compute, fp32 weights). Off: everything
+  /// in the model's dtype, where an update below half a bf16 ulp of a weight is lost. No effect on float32 and float64
+  /// tensors.
+  bool master_weights = true;
+  torch::Dtype autocast_dtype = torch::kBFloat16;  ///< the 16-bit dtype of bf16_autocast (bfloat16 or float16)
 
   friend bool operator==(const autograd_policy_options&, const autograd_policy_options&) = default;
 };
@@ -88,22 +96,31 @@ class autograd_policy {
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       require(parameters_[i].defined() && parameters_[i].is_leaf() && parameters_[i].requires_grad(),
               "trainable parameter ", i, " is not a leaf tensor that requires grad");
-    optimizer_ = make_adamw(parameters_, options.optimizer);
+    masters_ = parameters_;
+    if (options.master_weights) {
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& master : masters_)
+        if (master.scalar_type() == torch::kBFloat16 || master.scalar_type() == torch::kHalf) {
+          master = master.detach().to(torch::kFloat32).clone();
+          master.set_requires_grad(true);
+        }
+    }
+    optimizer_ = make_adamw(masters_, options.optimizer);
     ema_.decay = options.optimizer.ema_decay;
-    if (options.optimizer.ema_decay > 0) ema_.reset(parameters_);
+    if (options.optimizer.ema_decay > 0) ema_.reset(masters_);
   }
 
   /// The rollout's velocity, without autograd.
   torch::Tensor operator()(const torch::Tensor& x, const denoise_batch& batch) {
     torch::NoGradGuard no_grad;
-    const autocast_guard autocast(options_.bf16_autocast, backend_.device);
+    const autocast_guard autocast(options_.bf16_autocast, backend_.device, options_.autocast_dtype);
     return model_->velocity(x, batch);
   }
 
   /// The frozen base's velocity (adapters off), without autograd: the reference of the loss's KL term.
   torch::Tensor reference_velocity(const torch::Tensor& x, const denoise_batch& batch) requires AdapterSwitch<Model> {
     torch::NoGradGuard no_grad;
-    const autocast_guard autocast(options_.bf16_autocast, backend_.device);
+    const autocast_guard autocast(options_.bf16_autocast, backend_.device, options_.autocast_dtype);
     adapters_off off(*model_);
     return model_->velocity(x, batch);
   }
@@ -122,7 +139,7 @@ class autograd_policy {
     const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
     torch::Tensor mean, log_probs;
     {
-      const autocast_guard autocast(options_.bf16_autocast, backend_.device);
+      const autocast_guard autocast(options_.bf16_autocast, backend_.device, options_.autocast_dtype);
       // affine checks that the velocity has the shape of x.
       const torch::Tensor velocity = model_->velocity(edges.x, batch);
       mean = backend_.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, velocity);
@@ -140,6 +157,7 @@ class autograd_policy {
     const torch::Tensor w =
         torch::tensor(weights, torch::TensorOptions().dtype(torch::kFloat64)).to(log_probs.device());
     (w * log_probs).sum().backward();
+    move_gradients_to_masters();
     rows_ += rows;
     return values;
   }
@@ -153,7 +171,7 @@ class autograd_policy {
     communicator.all_reduce_sum(std::span<double>(&rows, 1));
     rows_ = static_cast<std::int64_t>(rows);
     std::vector<torch::Tensor> gradients;
-    for (torch::Tensor& parameter : parameters_) {
+    for (torch::Tensor& parameter : masters_) {
       if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
       gradients.push_back(parameter.grad());
     }
@@ -178,14 +196,15 @@ class autograd_policy {
   policy_update_report apply_update() {
     policy_update_report report{.rows = rows_, .grad_norm = 0, .steps = steps_};
     if (rows_ == 0) return report;
-    report.grad_norm = clip_gradient_norm(parameters_, options_.optimizer.max_grad_norm);
+    report.grad_norm = clip_gradient_norm(masters_, options_.optimizer.max_grad_norm);
     const bool finite = std::isfinite(report.grad_norm);
     if (finite) optimizer_->step();
     optimizer_->zero_grad();
     rows_ = 0;
     require(finite, "gradient norm is ", report.grad_norm, " after ", report.rows,
             " rows; the update was skipped (a non-finite loss weight or model output?)");
-    if (options_.optimizer.ema_decay > 0) ema_.update(parameters_);
+    copy_masters_to_model();
+    if (options_.optimizer.ema_decay > 0) ema_.update(masters_);
     report.steps = ++steps_;
     last_update_ = report;
     return report;
@@ -209,11 +228,35 @@ class autograd_policy {
   /// @pre ema_decay > 0 (else invalid_input).
   void swap_ema() {
     require(options_.optimizer.ema_decay > 0, "swap_ema needs optimizer.ema_decay > 0");
-    ema_.swap(parameters_);
+    ema_.swap(masters_);
+    copy_masters_to_model();
+  }
+
+  /// Sets the trainable weights (masters and model tensors) to `values`, in trainable_parameters() order.
+  /// @pre one tensor of each trainable tensor's shape (else invalid_input naming the index).
+  void load_weights(std::span<const torch::Tensor> values) {
+    require(values.size() == masters_.size(), "load_weights got ", values.size(), " tensors for ", masters_.size(),
+            " trainable");
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < masters_.size(); ++i) {
+      require(values[i].sizes() == masters_[i].sizes(), "load_weights: tensor ", i, " has shape ", values[i].sizes(),
+              ", the trainable tensor ", masters_[i].sizes());
+      masters_[i].copy_(values[i]);
+    }
+    copy_masters_to_model();
   }
 
   [[nodiscard]] const std::vector<torch::Tensor>& ema_parameters() const { return ema_.shadow; }
+  /// The model's trainable tensors (in its dtype).
   [[nodiscard]] const std::vector<torch::Tensor>& parameters() const { return parameters_; }
+  /// What the optimizer updates: the float32 masters of 16-bit trainable tensors (master_weights), the model's own
+  /// tensors otherwise; the optimizer state and the EMA belong to these.
+  [[nodiscard]] const std::vector<torch::Tensor>& master_parameters() const { return masters_; }
+  [[nodiscard]] bool has_master_copies() const {
+    for (std::size_t i = 0; i < masters_.size(); ++i)
+      if (!masters_[i].is_same(parameters_[i])) return true;
+    return false;
+  }
   [[nodiscard]] const autograd_policy_options& options() const { return options_; }
   [[nodiscard]] const torch_backend& backend() const { return backend_; }
   [[nodiscard]] const policy_update_report& last_update() const { return last_update_; }
@@ -230,10 +273,32 @@ class autograd_policy {
     adapters_off& operator=(const adapters_off&) = delete;
   };
 
+  // The backward pass left gradients on the model's 16-bit tensors: add them to the masters' float32 sums, so that
+  // the sum over an update's batches does not round at 8 bits.
+  void move_gradients_to_masters() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < masters_.size(); ++i) {
+      if (masters_[i].is_same(parameters_[i]) || !parameters_[i].grad().defined()) continue;
+      const torch::Tensor gradient = parameters_[i].grad().to(torch::kFloat32);
+      if (masters_[i].grad().defined())
+        masters_[i].mutable_grad().add_(gradient);
+      else
+        masters_[i].mutable_grad() = gradient.clone();
+      parameters_[i].mutable_grad() = torch::Tensor();
+    }
+  }
+
+  void copy_masters_to_model() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < masters_.size(); ++i)
+      if (!masters_[i].is_same(parameters_[i])) parameters_[i].copy_(masters_[i]);
+  }
+
   Model* model_;
   torch_backend backend_;
   autograd_policy_options options_;
   std::vector<torch::Tensor> parameters_;
+  std::vector<torch::Tensor> masters_;  // parameters_[i] itself, or its float32 master copy
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   ema_weights ema_;
   std::int64_t rows_ = 0;

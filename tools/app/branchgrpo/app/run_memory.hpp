@@ -106,7 +106,7 @@ struct run_memory_estimate {
   double weights = 0;      ///< every transformer parameter in model.dtype
   double training = 0;     ///< the trainable tensors' gradient, two AdamW moments and EMA shadow
   double rollout = 0;      ///< the latents of every node of every tree of one iteration (the rollout keeps them)
-  double activations = 0;  ///< one model call of rollout.max_batch rows with autograd (rough)
+  double activations = 0;  ///< one model call of rollout.max_batch rows (2x under guidance) with autograd (rough)
   std::int64_t nodes_per_tree = 0;
   [[nodiscard]] double total() const { return weights + training + rollout + activations; }
 };
@@ -180,7 +180,9 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const r
   const double rows =
       std::min(static_cast<double>(config.rollout.max_batch),
                static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.leaf_count()));
-  out.activations = rows * per_row;
+  // Classifier-free guidance runs the conditional and unconditional rows in one call: twice the rows.
+  const double passes = config.model.guidance_scale == 1.0 ? 1 : 2;
+  out.activations = passes * rows * per_row;
   return out;
 }
 inline run_memory_estimate estimate_run_memory(const run_config& config, const flux_config& flux,
@@ -207,7 +209,8 @@ inline void check_run_memory(const run_config& config, const run_transformer& mo
                               ", each [" + dims + "] in model.dtype = " + config.model.dtype + ")";
   const std::string activations =
       "activations " + byte_text(e.activations) + " (rollout.max_batch = " + std::to_string(config.rollout.max_batch) +
-      " rows, model.gradient_checkpointing = " + (config.model.gradient_checkpointing ? "true" : "false") + ")";
+      " rows" + (config.model.guidance_scale == 1.0 ? "" : ", twice under model.guidance_scale") +
+      ", model.gradient_checkpointing = " + (config.model.gradient_checkpointing ? "true" : "false") + ")";
   const std::string weights =
       "weights " + byte_text(e.weights) + " (the model in model.dtype = " + config.model.dtype + ")";
   const std::string training =

@@ -59,6 +59,7 @@
 #include "branchgrpo/torch/flux/denoiser.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "branchgrpo/torch/flux/transformer.hpp"
+#include "branchgrpo/torch/guidance.hpp"
 #include "branchgrpo/torch/lora.hpp"
 #include "branchgrpo/torch/policy.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
@@ -86,6 +87,10 @@ struct run_model {
   std::vector<std::string> prompts;
   latent_shape shape;
   latent_decoder_fn decode;
+  /// Classifier-free guidance (model.guidance_scale != 1): the negative prompts' table (rows like embeddings') and
+  /// each prompt's negative row in it; empty without guidance.
+  prompt_embeddings negative_embeddings = {};
+  std::vector<std::int64_t> negative_index = {};
 
   [[nodiscard]] bool is_video() const { return video_transformer != nullptr; }
   /// The transformer as a module (LoRA, parameters, device moves).
@@ -108,6 +113,47 @@ inline torch::Device run_device(const run_config& config) {
 }
 
 namespace detail {
+
+/// The negatives of `file` that the config's guidance uses, into `out` (nothing when model.guidance_scale is 1):
+/// every prompt's own negative, or the one model.negative_prompt names. One line naming the key or the file
+/// otherwise.
+inline void take_negative_prompts(const run_config& config, prompt_file& file, const std::string& source,
+                                  run_model& out) {
+  const model_section& m = config.model;
+  if (m.guidance_scale == 1.0) return;
+  require(file.has_negatives(), source, ": model.guidance_scale = ", m.guidance_scale,
+          " needs negative prompts, and the file has none (write them with scripts/export_prompt_embeddings.py "
+          "--negative-prompt, or set model.guidance_scale = 1)");
+  out.negative_embeddings = std::move(file.negative_embeddings);
+  out.negative_index = std::move(file.negative_index);
+  if (m.negative_prompt.empty()) return;
+  const auto found = std::find(file.negative_prompts.begin(), file.negative_prompts.end(), m.negative_prompt);
+  require(found != file.negative_prompts.end(), config.source, ": model.negative_prompt = \"",
+          echo_middle(m.negative_prompt, 80), "\" is none of the ", file.negative_prompts.size(),
+          " negative prompts of ", source);
+  out.negative_index.assign(out.prompts.size(), found - file.negative_prompts.begin());
+}
+
+/// The text encoder a named config's released weights were trained with ("" for the test and shipped shapes).
+inline std::string expected_encoder(const model_section& m) {
+  if (m.config == "dev" || m.config == "schnell") return "t5+clip";
+  if (m.config.starts_with("wan-t2v-")) return "umt5";
+  return "";
+}
+
+/// A transformer of `shape` created in model.dtype and moved to model.device before any weights are loaded into
+/// it: a released checkpoint is then copied tensor by tensor into its place, and no float32 copy of the whole
+/// model ever exists on the host (FLUX.1-dev: 24 GB in bfloat16 instead of 48 GB).
+template <class Transformer, class Shape>
+std::shared_ptr<Transformer> make_in_place(const run_config& config, const Shape& shape) {
+  std::shared_ptr<Transformer> model;
+  {
+    const default_dtype_guard in_dtype(run_dtype(config));
+    model = std::make_shared<Transformer>(shape);
+  }
+  model->to(run_device(config));
+  return model;
+}
 
 /// model.weights' tensors in model.dtype: each refused unless of model_weight_dtypes and finite, naming the file.
 inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& config) {
@@ -135,20 +181,21 @@ inline run_model load_video_run_model(const run_config& config) {
   } else {
     wan = named_wan_config(m.config);
     torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (wan-tiny without weights)
-    out.video_transformer = std::make_shared<wan_transformer>(wan);
+    out.video_transformer = make_in_place<wan_transformer>(config, wan);
     if (!m.weights.empty()) load_wan_weights(*out.video_transformer, load_weights_file(config));
   }
   if (!config.data.embeddings.empty() || m.dir.empty()) {
     const std::filesystem::path path = config.input_path(config.data.embeddings);
     prompt_file file = load_prompt_file(path);
-    check_prompt_file(file, path.string());
-    const torch::Tensor& context = file.embeddings.context;
-    require(context.size(2) == wan.text_dim && context.size(1) <= wan.text_len, path.string(), ": text features [",
-            context.size(0), ", ", context.size(1), ", ", context.size(2), "] do not fit the model's text_dim ",
-            wan.text_dim, " and text_len ", wan.text_len);
+    check_prompt_file(file, wan, path.string());
+    check_prompt_source(file, "wan", expected_encoder(m), path.string());
     out.embeddings = std::move(file.embeddings);
     out.prompts = std::move(file.prompts);
+    take_negative_prompts(config, file, path.string(), out);
   }
+  require(m.guidance_scale == 1.0 || !out.negative_index.empty(), config.source,
+          ": model.guidance_scale = ", m.guidance_scale,
+          " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
   // The rollout adds the velocity to the latent: a Wan shape whose out_dim differs (the reference tests' tiny one)
   // can be loaded and checked, not sampled.
   require(wan.in_dim == wan.out_dim, config.source, ": the Wan model has in_dim ", wan.in_dim, " and out_dim ",
@@ -205,16 +252,21 @@ inline run_model load_run_model(const run_config& config) {
            : m.config == "schnell" ? flux_config::schnell()
                                    : flux_config::tiny();
     torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (tiny without weights)
-    out.transformer = std::make_shared<flux_transformer>(flux);
+    out.transformer = detail::make_in_place<flux_transformer>(config, flux);
     if (!m.weights.empty()) load_flux_weights(*out.transformer, detail::load_weights_file(config));
   }
   if (!config.data.embeddings.empty() || m.dir.empty()) {
     const std::filesystem::path path = config.input_path(config.data.embeddings);
     prompt_file file = load_prompt_file(path);
     check_prompt_file(file, flux, path.string());
+    check_prompt_source(file, "flux", detail::expected_encoder(m), path.string());
     out.embeddings = std::move(file.embeddings);
     out.prompts = std::move(file.prompts);
+    detail::take_negative_prompts(config, file, path.string(), out);
   }
+  require(m.guidance_scale == 1.0 || !out.negative_index.empty(), config.source,
+          ": model.guidance_scale = ", m.guidance_scale,
+          " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
   const std::int64_t h = m.latent_height > 0 ? m.latent_height : shapes_image_size;
   const std::int64_t w = m.latent_width > 0 ? m.latent_width : shapes_image_size;
   out.shape = latent_shape{{flux.latent_channels(), h, w}};
@@ -481,6 +533,9 @@ class run_denoiser {
   std::variant<flux_denoiser, wan_denoiser> denoiser_;
 };
 
+/// The run's velocity model: its denoiser under classifier-free guidance (model.guidance_scale; 1 = one pass).
+using run_velocity_model = classifier_free_guidance<run_denoiser>;
+
 /// The tree key of held-out (evaluation / sample) roots: far from the rollout's tree keys 0, 1, ... so that
 /// evaluation never reuses a training draw.
 inline constexpr std::uint32_t heldout_tree_key = 0xFFFE0000u;
@@ -508,17 +563,37 @@ class training_run {
     else
       model_.transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
     if (config_.lora.enabled) add_lora(model_.network(), run_lora_options(config_));
-    const auto like = torch::TensorOptions().device(backend_.device);
-    if (model_.is_video())
-      denoiser_ =
-          std::make_unique<run_denoiser>(wan_denoiser(model_.video_transformer, model_.embeddings.context.to(like)));
-    else
-      denoiser_ = std::make_unique<run_denoiser>(flux_denoiser(
-          model_.transformer,
-          prompt_embeddings{.context = model_.embeddings.context.to(like), .pooled = model_.embeddings.pooled.to(like)},
-          flux_denoiser_options{.guidance = config_.model.guidance}));
-    policy_ = std::make_unique<autograd_policy<run_denoiser>>(
-        *denoiser_, backend_, autograd_policy_options{.optimizer = config_.optimizer, .bf16_autocast = false});
+    if (backend_.device.is_cuda()) allow_tf32(config_.model.tf32);
+    // The prompt table stays on the host (pinned for CUDA copies): each call moves only its batch's rows, so the
+    // device holds no 8 MiB per FLUX prompt (docs/torch.md, "Memory").
+    const auto host_table = [&](const torch::Tensor& t) {
+      if (!t.defined()) return t;
+      const torch::Tensor host = t.to(torch::kCPU);
+      return backend_.device.is_cuda() ? host.pin_memory() : host;
+    };
+    prompt_embeddings table{.context = model_.embeddings.context, .pooled = model_.embeddings.pooled};
+    std::vector<std::int64_t> negative_rows;
+    if (!model_.negative_index.empty()) {  // negatives after the prompts: row N + j is negative j
+      const std::int64_t n = table.context.size(0);
+      table.context = torch::cat({table.context, model_.negative_embeddings.context});
+      if (table.pooled.defined()) table.pooled = torch::cat({table.pooled, model_.negative_embeddings.pooled});
+      for (const std::int64_t j : model_.negative_index) negative_rows.push_back(n + j);
+    }
+    table = prompt_embeddings{.context = host_table(table.context), .pooled = host_table(table.pooled)};
+    run_denoiser denoiser =
+        model_.is_video()
+            ? run_denoiser(wan_denoiser(model_.video_transformer, table.context))
+            : run_denoiser(flux_denoiser(model_.transformer, table, {.guidance = config_.model.guidance}));
+    denoiser_ = std::make_unique<run_velocity_model>(
+        std::move(denoiser),
+        classifier_free_guidance_options{.scale = config_.model.guidance_scale, .negative_rows = negative_rows});
+    policy_ = std::make_unique<autograd_policy<run_velocity_model>>(
+        *denoiser_, backend_,
+        autograd_policy_options{
+            .optimizer = config_.optimizer,
+            .bf16_autocast = config_.model.autocast && backend_.dtype != torch::kFloat32,
+            .master_weights = config_.model.master_weights,
+            .autocast_dtype = backend_.dtype == torch::kFloat16 ? torch::kFloat16 : torch::kBFloat16});
   }
   training_run(const training_run&) = delete;
   training_run& operator=(const training_run&) = delete;
@@ -583,9 +658,22 @@ class training_run {
   /// Deterministic Euler ODE samples under the current weights (the core's sample_ode): row r starts at the keyed
   /// normals
   /// {seed, iteration 0, tree heldout_tree_key + first + r, node 0, step 0, root_latent}. Returns decoded images
-  /// [rows, 3, H, W] or clips [rows, F, 3, H, W] in [-1, 1] on the CPU (float32).
-  torch::Tensor sample(std::span<const std::int64_t> prompts, std::uint64_t seed, std::uint32_t first = 0) {
+  /// [rows, 3, H, W] or clips [rows, F, 3, H, W] in [-1, 1] on the CPU (float32). With `use_ema` and a run that
+  /// keeps an EMA (optimizer.ema_decay > 0), under the EMA's weights (swapped in for the call, then back).
+  torch::Tensor sample(std::span<const std::int64_t> prompts, std::uint64_t seed, std::uint32_t first = 0,
+                       bool use_ema = true) {
     torch::NoGradGuard no_grad;
+    struct ema_swap {
+      autograd_policy<run_velocity_model>* policy;
+      explicit ema_swap(autograd_policy<run_velocity_model>* p) : policy(p) {
+        if (policy) policy->swap_ema();
+      }
+      ~ema_swap() {
+        if (policy) policy->swap_ema();
+      }
+      ema_swap(const ema_swap&) = delete;
+      ema_swap& operator=(const ema_swap&) = delete;
+    } const swapped(use_ema && config_.optimizer.ema_decay > 0 ? policy_.get() : nullptr);
     const auto root_key = [&](std::int64_t r) {
       return noise_key{.seed = seed,
                        .iteration = 0,
@@ -613,7 +701,7 @@ class training_run {
   [[nodiscard]] checkpoint_contents checkpoint() {
     checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
     out.ranks = ranks_;
-    const auto named = named_trainable(model_.network());
+    const auto named = named_masters();
     for (const auto& [name, tensor] : named) out.weights[name] = tensor.detach().clone();
     out.state = adamw_state_tensors(policy_->optimizer(), named);
     if (config_.optimizer.ema_decay > 0)
@@ -639,7 +727,7 @@ class training_run {
             ", the config has run.seed = ", config_.run.seed);
     require(contents.iteration >= 0 && contents.iteration <= config_.run.iterations, "the checkpoint is at iteration ",
             contents.iteration, ", the config has run.iterations = ", config_.run.iterations);
-    const auto named = named_trainable(model_.network());
+    const auto named = named_masters();
     {
       std::vector<std::string> problems;
       for (const auto& [name, tensor] : named) {
@@ -663,7 +751,9 @@ class training_run {
                     [](const auto& t) { return t.first.starts_with("adamw."); }))
       check_adamw_state(contents.state, named);
     torch::NoGradGuard no_grad;
-    for (const auto& [name, tensor] : named) tensor.copy_(contents.weights.at(name));
+    std::vector<torch::Tensor> weights;
+    for (const auto& item : named) weights.push_back(contents.weights.at(item.first));
+    policy_->load_weights(weights);
     load_adamw_state(policy_->optimizer(), named, contents.state);
     if (config_.optimizer.ema_decay > 0)
       for (std::size_t i = 0; i < named.size(); ++i) {
@@ -745,10 +835,24 @@ class training_run {
     if (!changes.allowed.empty()) log << "resume: changed " << config_changes_text(changes.allowed) << '\n';
   }
 
-  /// Loads trainable weights only (e.g. `branchgrpo sample --checkpoint DIR`).
-  void load_weights(const std::filesystem::path& checkpoint_dir) {
+  /// Loads a checkpoint's trainable weights for sampling (`branchgrpo sample --checkpoint DIR`): with `use_ema`
+  /// and a run that keeps an EMA (optimizer.ema_decay > 0), the EMA's weights, else the trained ones. Returns
+  /// whether the EMA's were loaded.
+  /// @pre the checkpoint matches this config's trainable weights (restore's check); with use_ema and EMA on, it
+  ///      holds every ema.<name> tensor (else invalid_input naming the first missing one).
+  bool load_weights(const std::filesystem::path& checkpoint_dir, bool use_ema = true) {
     checkpoint_contents contents = read_checkpoint(checkpoint_dir);
-    contents.state.clear();
+    const bool ema = use_ema && config_.optimizer.ema_decay > 0;
+    if (ema)
+      for (auto& [name, tensor] : contents.weights) {
+        const auto it = contents.state.find("ema." + name);
+        require(it != contents.state.end(), checkpoint_dir.string(), ": no EMA of '", name,
+                "' (was it written with optimizer.ema_decay = 0? sample with --no-ema)");
+        tensor = it->second;
+      }
+    // The EMA's own tensors stay (restore puts them into the shadows, which sample() swaps in); optimizer and
+    // normalizer state do not matter for sampling.
+    std::erase_if(contents.state, [](const auto& item) { return !item.first.starts_with("ema."); });
     const int iterations = config_.run.iterations;
     config_.run.iterations = std::max(iterations, contents.iteration);
     const std::uint64_t seed = config_.run.seed;
@@ -756,21 +860,37 @@ class training_run {
     restore(contents);
     config_.run.seed = seed;
     config_.run.iterations = iterations;
+    return ema;
   }
 
   [[nodiscard]] const run_config& config() const { return config_; }
   [[nodiscard]] const run_model& model() const { return model_; }
   [[nodiscard]] const sigma_schedule& schedule() const { return schedule_; }
-  [[nodiscard]] autograd_policy<run_denoiser>& policy() { return *policy_; }
+  [[nodiscard]] autograd_policy<run_velocity_model>& policy() { return *policy_; }
   [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> trainable() {
     return named_trainable(model_.network());
   }
+  /// The trainable tensors by name as the optimizer holds them: float32 masters of a 16-bit model's tensors
+  /// (model.master_weights), else the model's own (what checkpoints store).
+  [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> named_masters() {
+    auto named = named_trainable(model_.network());
+    const std::vector<torch::Tensor>& masters = policy_->master_parameters();
+    for (std::size_t i = 0; i < named.size(); ++i) named[i].second = masters[i];
+    return named;
+  }
 
-  /// Leaf latents -> images [rows, 3, H, W] or clips [rows, F, 3, H, W] in [-1, 1], float32 on the CPU.
+  /// Leaf latents -> images [rows, 3, H, W] or clips [rows, F, 3, H, W] in [-1, 1], float32 on the CPU, decoded
+  /// rollout.decode_batch leaves at a time (the decoder's activations grow with its batch: a Wan VAE decode of
+  /// 81 frames at 480p takes GBs per clip).
   torch::Tensor decode(const torch::Tensor& latents) const {
     torch::NoGradGuard no_grad;
-    const torch::Tensor images = model_.decode ? model_.decode(latents) : latents;
-    return images.to(torch::kCPU, torch::kFloat32);
+    if (!model_.decode) return latents.to(torch::kCPU, torch::kFloat32);
+    std::vector<torch::Tensor> chunks;
+    const std::int64_t rows = latents.size(0), chunk = config_.rollout.decode_batch;
+    for (std::int64_t at = 0; at < rows; at += chunk)
+      chunks.push_back(
+          model_.decode(latents.narrow(0, at, std::min(chunk, rows - at))).to(torch::kCPU, torch::kFloat32));
+    return chunks.empty() ? model_.decode(latents).to(torch::kCPU, torch::kFloat32) : torch::cat(chunks, 0);
   }
 
  private:
@@ -794,8 +914,8 @@ class training_run {
   sigma_schedule schedule_;
   torch_backend backend_;
   run_recipe recipe_;
-  std::unique_ptr<run_denoiser> denoiser_;
-  std::unique_ptr<autograd_policy<run_denoiser>> policy_;
+  std::unique_ptr<run_velocity_model> denoiser_;
+  std::unique_ptr<autograd_policy<run_velocity_model>> policy_;
   int iteration_ = 0;
   std::map<std::string, double> last_components_;
   std::int64_t last_leaf_count_ = 0, last_tree_count_ = 0;
