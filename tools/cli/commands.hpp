@@ -77,6 +77,12 @@ void add_train_command(CLI::App& app);
 ///   "a red circle,a blue square" --out grid.png`.
 void add_sample_command(CLI::App& app);
 
+/// Registers `export-lora`: a checkpoint's LoRA (or its EMA with --ema) in the keys of diffusers, kohya (FLUX) or
+/// ComfyUI, or with --merge the whole transformer W + (alpha / rank) B A in our layout (torch/lora_export.hpp).
+/// Example: `branchgrpo export-lora out/run/checkpoints/iter-000040 --format diffusers --output lora.safetensors`
+///   -> "wrote lora.safetensors: 16 LoRA layers of the FLUX transformer as diffusers (48 tensors, rank 8, alpha 8)".
+void add_export_lora_command(CLI::App& app);
+
 /// Registers `demo`. It writes DIR/report.md (per method: held-out reward before and after, gain, denoiser
 /// evaluations, edges, seconds per iteration and the ratio to dance), DIR/reward_vs_time.png (held-out reward
 /// against cumulative training time), DIR/before_after.png (held-out samples of the base model and of each

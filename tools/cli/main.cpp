@@ -70,10 +70,12 @@ int main(int argc, char** argv) {
   branchgrpo::cli::add_pretrain_command(app);
   branchgrpo::cli::add_train_command(app);
   branchgrpo::cli::add_sample_command(app);
+  branchgrpo::cli::add_export_lora_command(app);
   branchgrpo::cli::add_demo_command(app);
 #else
   add_unavailable_command(app, "train", "Align a model with the run a TOML config describes");
   add_unavailable_command(app, "sample", "Render a grid of a checkpoint's samples");
+  add_unavailable_command(app, "export-lora", "Write a checkpoint's LoRA for diffusers, kohya or ComfyUI");
   add_unavailable_command(app, "demo", "Align the shipped shapes model with every method; write a report");
 #endif
 

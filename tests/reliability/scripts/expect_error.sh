@@ -1,19 +1,22 @@
 #!/bin/sh
 # Runs a command that must fail with one line: a non-zero exit status that is not a signal, exactly one line on
 # stderr matching an extended regex, and nothing on stdout (unless -o sends stdout elsewhere, e.g. /dev/full).
-#   expect_error.sh [-o FILE] [-v KB] [-t SECONDS] REGEX COMMAND [ARGS...]
+#   expect_error.sh [-o FILE] [-v KB] [-t SECONDS] [-s STATUS] REGEX COMMAND [ARGS...]
 #     -o FILE      stdout goes to FILE (not checked)
 #     -v KB        run under `ulimit -v KB` (the address-space limit the memory checks must see)
 #     -t SECONDS   the command must end within SECONDS (timeout(1); default 25)
+#     -s STATUS    the exit status must be exactly STATUS (e.g. 2, the tool's invalid input)
 # Used by tests/reliability/cli_outputs.cmake and cli_limits.cmake.
 out_file=""
 limit=""
 seconds=25
+expected_status=""
 while :; do
   case "$1" in
     -o) out_file=$2; shift 2 ;;
     -v) limit=$2; shift 2 ;;
     -t) seconds=$2; shift 2 ;;
+    -s) expected_status=$2; shift 2 ;;
     *) break ;;
   esac
 done
@@ -44,6 +47,7 @@ fail() {
 [ "$status" -eq 124 ] && fail "did not end within $seconds s"
 [ "$status" -eq 0 ] && fail "expected a non-zero exit status"
 [ "$status" -ge 128 ] && fail "killed by a signal (exit status $status)"
+[ -n "$expected_status" ] && [ "$status" -ne "$expected_status" ] && fail "expected exit status $expected_status"
 [ -z "$out_file" ] && [ -s "$work/stdout" ] && fail "expected nothing on stdout"
 lines=$(wc -l <"$work/stderr")
 [ "$lines" -eq 1 ] || fail "expected exactly one line on stderr, got $lines"

@@ -1,0 +1,182 @@
+#pragma once
+// A trained LoRA in the key layouts other tools load (`branchgrpo export-lora`, docs/cli.md):
+//
+//   diffusers  "transformer.<diffusers module>.lora_A.weight" / ".lora_B.weight", the scale alpha / rank folded
+//              into B (PEFT loads a file without alphas with lora_alpha = rank, i.e. scale 1). FLUX's fused
+//              projections are split (flux/lora_export.hpp), Wan's modules renamed (wan/lora_export.hpp).
+//   kohya      FLUX only: "lora_unet_<bfl module, dots as _>.lora_down.weight" (A), ".lora_up.weight" (B) and
+//              ".alpha" (a scalar; the loader scales by alpha / rank), fused projections kept fused.
+//   comfyui    "diffusion_model.<our module>.lora_A.weight" / ".lora_B.weight" (bfl names for FLUX, official for
+//              Wan: the names ComfyUI's model state uses), the scale folded into B.
+//   merged     (merge_lora_tensors) the full transformer W + (alpha / rank) B A in our layout.
+//
+// Example: the FLUX adapter double_blocks.0.img_attn.qkv (A [8, 64], B [192, 8], alpha 16, rank 8) ->
+//   diffusers: transformer.transformer_blocks.0.attn.to_q.lora_A.weight = A, ...to_q.lora_B.weight = 2 B[0:64],
+//     to_k and to_v likewise with rows [64, 128) and [128, 192);
+//   kohya: lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight = A, .lora_up.weight = B, .alpha = 16;
+//   comfyui: diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight = A, .lora_B.weight = 2 B.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ranges>
+#include <string>
+#include <string_view>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/torch/compat.hpp"
+#include "branchgrpo/torch/flux/lora_export.hpp"
+#include "branchgrpo/torch/wan/lora_export.hpp"
+
+namespace branchgrpo {
+
+enum class lora_family { flux, wan };
+enum class lora_export_format { diffusers, kohya, comfyui };
+
+inline std::string_view lora_family_name(lora_family family) { return family == lora_family::flux ? "FLUX" : "Wan"; }
+inline std::string_view lora_export_format_name(lora_export_format format) {
+  return format == lora_export_format::diffusers ? "diffusers"
+         : format == lora_export_format::kohya   ? "kohya"
+                                                 : "comfyui";
+}
+
+/// Example: parse_lora_export_format("kohya") == kohya; "peft" -> invalid_input
+///   "--format peft: unknown format (expected diffusers, kohya or comfyui)".
+inline lora_export_format parse_lora_export_format(std::string_view name) {
+  if (name == "diffusers") return lora_export_format::diffusers;
+  if (name == "kohya") return lora_export_format::kohya;
+  if (name == "comfyui") return lora_export_format::comfyui;
+  fail("--format ", echo_text(name), ": unknown format (expected diffusers, kohya or comfyui)");
+}
+
+/// Throws invalid_input when `family` has no `format`: kohya's layout is FLUX's (BFL names).
+/// Example: (wan, kohya) -> "--format kohya: Wan models export as diffusers or comfyui".
+inline void check_lora_export_format(lora_family family, lora_export_format format) {
+  require(!(family == lora_family::wan && format == lora_export_format::kohya), "--format ",
+          lora_export_format_name(format), ": Wan models export as diffusers or comfyui");
+}
+
+/// One trained adapter: down = A [rank, in], up = B [out, rank].
+struct lora_adapter {
+  torch::Tensor down, up;
+};
+
+/// The adapters of a checkpoint's weights by layer ("<layer>.lora_A.weight" + "<layer>.lora_B.weight"); other
+/// names are ignored (none when the run trained every weight).
+/// Example: {"a.lora_A.weight", "a.lora_B.weight", "b.weight"} -> {"a": {A, B}}.
+/// @post throws invalid_input naming the layer when one factor lacks the other or their ranks differ.
+inline std::map<std::string, lora_adapter> lora_adapters_of(const std::map<std::string, torch::Tensor>& weights) {
+  constexpr std::string_view down_suffix = ".lora_A.weight", up_suffix = ".lora_B.weight";
+  std::map<std::string, lora_adapter> out;
+  for (const auto& [name, tensor] : weights) {
+    const bool down = name.ends_with(down_suffix), up = name.ends_with(up_suffix);
+    if (!down && !up) continue;
+    const std::string layer = name.substr(0, name.size() - down_suffix.size());
+    (down ? out[layer].down : out[layer].up) = tensor;
+  }
+  for (const auto& [layer, adapter] : out) {
+    require(adapter.down.defined() && adapter.up.defined(), "LoRA layer ", layer, " has ",
+            adapter.down.defined() ? "lora_A but no lora_B" : "lora_B but no lora_A");
+    require(adapter.down.dim() == 2 && adapter.up.dim() == 2 && adapter.down.size(0) == adapter.up.size(1),
+            "LoRA layer ", layer, ": lora_A ", adapter.down.sizes(), " and lora_B ", adapter.up.sizes(),
+            " are not [rank, in] and [out, rank]");
+  }
+  return out;
+}
+
+/// The family whose module names `layers` are: FLUX's bfl names or Wan's official ones (nullopt: neither).
+/// Example: {"double_blocks.0.img_attn.qkv"} -> flux; {"blocks.0.self_attn.q"} -> wan; {"unet.up"} -> nullopt.
+inline std::optional<lora_family> lora_family_of(const std::map<std::string, lora_adapter>& layers) {
+  constexpr std::string_view flux_roots[] = {"double_blocks.", "single_blocks.", "img_in",       "txt_in",
+                                             "time_in.",       "vector_in.",     "guidance_in.", "final_layer."};
+  std::int64_t flux = 0, wan = 0;
+  for (const auto& [layer, adapter] : layers) {
+    flux += std::ranges::any_of(flux_roots, [&](std::string_view root) { return layer.starts_with(root); });
+    try {
+      (void)wan_lora_diffusers_name(layer);
+      ++wan;
+    } catch (const invalid_input&) {
+    }
+  }
+  if (flux == wan) return std::nullopt;
+  return flux > wan ? lora_family::flux : lora_family::wan;
+}
+
+/// The adapters in `format`'s keys (see the file comment), each tensor converted to `dtype` (nullopt: as stored).
+/// B is scaled by alpha / rank in float64, then rounded to `dtype` once.
+/// Example: as in the file comment; a Wan adapter blocks.0.ffn.0 -> diffusers transformer.blocks.0.ffn.net.0.proj.*.
+/// @pre check_lora_export_format(family, format); every layer is one of `family`'s (else invalid_input naming it).
+inline std::map<std::string, torch::Tensor> export_lora_tensors(const std::map<std::string, lora_adapter>& adapters,
+                                                                lora_family family, lora_export_format format,
+                                                                double alpha, std::optional<torch::Dtype> dtype) {
+  check_lora_export_format(family, format);
+  std::map<std::string, torch::Tensor> out;
+  const auto store = [&](const std::string& key, const torch::Tensor& tensor) {
+    out[key] = tensor.to(dtype.value_or(tensor.scalar_type())).contiguous();
+  };
+  for (const auto& [layer, adapter] : adapters) {
+    const torch::Tensor down = adapter.down, up = adapter.up;
+    const double scale = alpha / static_cast<double>(down.size(0));
+    const auto folded = [&](const torch::Tensor& rows) {  // scale B in float64, then the stored or asked dtype
+      return (rows.to(torch::kFloat64) * scale).to(dtype.value_or(up.scalar_type()));
+    };
+    if (format == lora_export_format::kohya) {
+      std::string flat = layer;
+      std::replace(flat.begin(), flat.end(), '.', '_');
+      (void)flux_lora_diffusers_parts(layer, up.size(0), down.size(1));  // a FLUX layer, else named
+      store("lora_unet_" + flat + ".lora_down.weight", down);
+      store("lora_unet_" + flat + ".lora_up.weight", up);
+      store("lora_unet_" + flat + ".alpha", torch::tensor(alpha, torch::kFloat32).to(down.scalar_type()));
+    } else if (format == lora_export_format::comfyui) {
+      if (family == lora_family::flux)
+        (void)flux_lora_diffusers_parts(layer, up.size(0), down.size(1));
+      else
+        (void)wan_lora_diffusers_name(layer);
+      store("diffusion_model." + layer + ".lora_A.weight", down);
+      out["diffusion_model." + layer + ".lora_B.weight"] = folded(up).contiguous();
+    } else if (family == lora_family::wan) {
+      const std::string name = "transformer." + wan_lora_diffusers_name(layer);
+      store(name + ".lora_A.weight", down);
+      out[name + ".lora_B.weight"] = folded(up).contiguous();
+    } else {
+      // A FLUX layer's input width is the model's hidden size for every layer that is split (qkv, linear1).
+      for (const lora_key_part& part : flux_lora_diffusers_parts(layer, up.size(0), down.size(1))) {
+        torch::Tensor rows = up.narrow(0, part.row_offset, part.rows);
+        if (part.swap_halves) {
+          const auto halves = rows.chunk(2, 0);
+          rows = torch::cat({halves[1], halves[0]}, 0);
+        }
+        const std::string name = "transformer." + part.name;
+        store(name + ".lora_A.weight", down);
+        out[name + ".lora_B.weight"] = folded(rows).contiguous();
+      }
+    }
+  }
+  return out;
+}
+
+/// `base` (a whole transformer in our layout, "<layer>.weight" ...) with every adapter merged:
+/// W + (alpha / rank) B A, computed in float32, each tensor then converted to `dtype` (nullopt: the base's).
+/// Example: W = [[1, 2]], A = [[1, 1]], B = [[0.5]], alpha 2, rank 1 -> [[2, 3]] (lora.hpp's lora_linear example).
+/// @post throws invalid_input naming the layer whose "<layer>.weight" is absent or of another shape than B A.
+inline std::map<std::string, torch::Tensor> merge_lora_tensors(const std::map<std::string, torch::Tensor>& base,
+                                                               const std::map<std::string, lora_adapter>& adapters,
+                                                               double alpha, std::optional<torch::Dtype> dtype) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, tensor] : base) out[name] = tensor.to(dtype.value_or(tensor.scalar_type())).contiguous();
+  for (const auto& [layer, adapter] : adapters) {
+    const auto found = base.find(layer + ".weight");
+    require(found != base.end(), "LoRA layer ", layer, " has no base weight ", layer, ".weight");
+    const torch::Tensor& weight = found->second;
+    require(weight.dim() == 2 && weight.size(0) == adapter.up.size(0) && weight.size(1) == adapter.down.size(1),
+            "LoRA layer ", layer, ": B A is [", adapter.up.size(0), ", ", adapter.down.size(1), "], the base weight ",
+            weight.sizes());
+    const double scale = alpha / static_cast<double>(adapter.down.size(0));
+    const torch::Tensor delta = torch::matmul(adapter.up.to(torch::kFloat32), adapter.down.to(torch::kFloat32));
+    out[layer + ".weight"] =
+        (weight.to(torch::kFloat32) + scale * delta).to(dtype.value_or(weight.scalar_type())).contiguous();
+  }
+  return out;
+}
+
+}  // namespace branchgrpo

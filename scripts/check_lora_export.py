@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Checks `branchgrpo export-lora`'s files against diffusers.
+
+Modes:
+  keys --modules MODULES DIR
+      Standard library only (the ctest cli_export_lora_keys). DIR is test_lora_export's fixture directory with
+      DIR/exported/ written by tests/torch/export_lora_all.sh. Every diffusers-format key must name a linear module
+      of diffusers' tiny FluxTransformer2DModel / WanTransformer3DModel (MODULES: "family module out in" lines, as
+      `modules` writes them) with lora_A [rank, in] and lora_B [out, rank], and every linear module must be covered
+      (the fixture adapts every layer); the kohya and comfyui files must name the same layers as each other, and a
+      merged file must hold the base's tensors with their shapes.
+  modules MODULES
+      Needs diffusers (PyTorch 2): writes MODULES from diffusers' own tiny models (tests/torch/
+      lora_export_diffusers_modules.txt is this output).
+  verify DIR
+      Needs diffusers (PyTorch 2): builds the tiny diffusers models, loads the C++ side's base weights (bfl /
+      official names; Wan converted by diffusers' single-file converter, FLUX by flux_bfl_to_diffusers below), loads each exported LoRA as
+      pipe.load_lora_weights does (Pipeline.lora_state_dict + load_lora_into_transformer) and the merged files,
+      and compares diffusers' output with the C++ model's velocity on the same inputs (DIR/flux/io.safetensors,
+      DIR/wan/io.safetensors). Prints the relative error max|diff| / max|velocity| of each; fails above 1e-4.
+
+The tiny shapes are those of the run configs "tiny" (flux_config::tiny()) and "wan-tiny" (wan_config::tiny() with
+out_dim = in_dim = 4, run_memory.hpp's named_wan_config).
+"""
+import json
+import struct
+import sys
+from pathlib import Path
+
+TOLERANCE = 1e-4
+FLUX_TINY = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=32,
+                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True,
+                 axes_dims_rope=(8, 12, 12))
+WAN_TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=20, in_channels=4, out_channels=4,
+                text_dim=24, freq_dim=32, ffn_dim=56, num_layers=2, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", eps=1e-6)
+WAN_TEXT_LEN = 8
+
+
+def header(path):
+    """The tensors' {name: shape} and the metadata of a safetensors file (its JSON header only)."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        entries = json.loads(f.read(size))
+    metadata = entries.pop("__metadata__", {})
+    return {name: entry["shape"] for name, entry in entries.items()}, metadata
+
+
+def fail(message):
+    print("check_lora_export.py: FAILED: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def check_diffusers_keys(path, modules):
+    shapes, metadata = header(path)
+    covered = set()
+    for name, shape in shapes.items():
+        if not name.startswith("transformer.") or not name.endswith((".lora_A.weight", ".lora_B.weight")):
+            fail(f"{path.name}: {name} is not a diffusers LoRA key")
+        module = name[len("transformer."):-len(".lora_A.weight")]
+        if module not in modules:
+            fail(f"{path.name}: {module} is not a linear module of diffusers' model")
+        out_features, in_features = modules[module]
+        rank = int(metadata["branchgrpo.rank"])
+        want = [rank, in_features] if name.endswith(".lora_A.weight") else [out_features, rank]
+        if shape != want:
+            fail(f"{path.name}: {name} is {shape}, diffusers' {module} needs {want}")
+        covered.add(module)
+    missing = sorted(set(modules) - covered)
+    if missing:
+        fail(f"{path.name}: no adapter for {len(missing)} linear modules of diffusers', e.g. {missing[:3]}")
+    print(f"ok {path.name}: {len(shapes)} tensors on all {len(modules)} linear modules of diffusers' model")
+
+
+def layers_of(shapes, prefix, suffixes):
+    out = set()
+    for name in shapes:
+        for suffix in suffixes:
+            if name.startswith(prefix) and name.endswith(suffix):
+                out.add(name[len(prefix):-len(suffix)])
+    return out
+
+
+def keys_mode(modules_file, fixture):
+    modules = {"flux": {}, "wan": {}}
+    for line in Path(modules_file).read_text().splitlines():
+        if line and not line.startswith("#"):
+            family, module, out_features, in_features = line.split()
+            modules[family][module] = (int(out_features), int(in_features))
+    out = Path(fixture) / "exported"
+    check_diffusers_keys(out / "flux_diffusers.safetensors", modules["flux"])
+    check_diffusers_keys(out / "flux_diffusers_ema_bf16.safetensors", modules["flux"])
+    check_diffusers_keys(out / "wan_diffusers.safetensors", modules["wan"])
+    kohya, _ = header(out / "flux_kohya.safetensors")
+    comfy, _ = header(out / "flux_comfyui.safetensors")
+    kohya_layers = layers_of(kohya, "lora_unet_", [".lora_down.weight", ".lora_up.weight", ".alpha"])
+    comfy_layers = {name.replace(".", "_") for name in
+                    layers_of(comfy, "diffusion_model.", [".lora_A.weight", ".lora_B.weight"])}
+    if len(kohya) != 3 * len(kohya_layers) or kohya_layers != comfy_layers:
+        fail("flux_kohya / flux_comfyui: the layers differ or a kohya layer lacks lora_down, lora_up or alpha")
+    print(f"ok flux_kohya, flux_comfyui: the same {len(kohya_layers)} layers")
+    for merged, base in [("flux_merged", "flux"), ("wan_merged", "wan"), ("flux_full_merged", "flux")]:
+        got, _ = header(out / f"{merged}.safetensors")
+        want, _ = header(Path(fixture) / base / "base.safetensors")
+        if got != want:
+            fail(f"{merged}: tensors differ from {base}/base.safetensors")
+        print(f"ok {merged}: the {len(got)} tensors of the base model")
+    print("check_lora_export.py keys: all checks passed")
+
+
+# ---- diffusers (PyTorch 2) ----------------------------------------------------------------------------------
+
+def tiny_models():
+    from diffusers import FluxTransformer2DModel, WanTransformer3DModel
+    return FluxTransformer2DModel(**FLUX_TINY), WanTransformer3DModel(**WAN_TINY)
+
+
+def modules_mode(path):
+    import torch
+    flux, wan = tiny_models()
+    lines = ["# family module out_features in_features: the nn.Linear modules of diffusers' tiny models",
+             "# (scripts/check_lora_export.py modules; regenerate when diffusers renames a module)"]
+    for family, model in [("flux", flux), ("wan", wan)]:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                lines.append(f"{family} {name} {module.out_features} {module.in_features}")
+    Path(path).write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}: {len(lines) - 2} modules")
+
+
+def flux_bfl_to_diffusers(bfl, hidden=64):
+    """BFL -> diffusers FLUX names, written here from the layout (docs/flux.md "Weight layouts"), independent of the
+    C++ conversion; diffusers' own single-file converter fixes the width at FLUX.1's 3072."""
+    import torch
+    out = {}
+
+    def put(target, source):
+        for suffix in (".weight", ".bias"):
+            if source + suffix in bfl:
+                out[target + suffix] = bfl[source + suffix]
+
+    def split(targets, source, rows):
+        for suffix in (".weight", ".bias"):
+            if source + suffix in bfl:
+                for target, part in zip(targets, torch.split(bfl[source + suffix], rows)):
+                    out[target + suffix] = part
+
+    top = {"x_embedder": "img_in", "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+           "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+           "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+           "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+           "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+           "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+           "context_embedder": "txt_in", "proj_out": "final_layer.linear"}
+    for target, source in top.items():
+        put(target, source)
+    for suffix in (".weight", ".bias"):
+        shift, scale = bfl["final_layer.adaLN_modulation.1" + suffix].chunk(2)
+        out["norm_out.linear" + suffix] = torch.cat([scale, shift])
+    blocks = {int(k.split(".")[1]) for k in bfl if k.startswith("double_blocks.")}
+    for i in blocks:
+        p, q = f"double_blocks.{i}.", f"transformer_blocks.{i}."
+        put(q + "norm1.linear", p + "img_mod.lin")
+        put(q + "norm1_context.linear", p + "txt_mod.lin")
+        split([q + "attn.to_q", q + "attn.to_k", q + "attn.to_v"], p + "img_attn.qkv", hidden)
+        split([q + "attn.add_q_proj", q + "attn.add_k_proj", q + "attn.add_v_proj"], p + "txt_attn.qkv", hidden)
+        for stream, norms in (("img", ("norm_q", "norm_k")), ("txt", ("norm_added_q", "norm_added_k"))):
+            out[q + f"attn.{norms[0]}.weight"] = bfl[p + f"{stream}_attn.norm.query_norm.scale"]
+            out[q + f"attn.{norms[1]}.weight"] = bfl[p + f"{stream}_attn.norm.key_norm.scale"]
+        put(q + "attn.to_out.0", p + "img_attn.proj")
+        put(q + "attn.to_add_out", p + "txt_attn.proj")
+        put(q + "ff.net.0.proj", p + "img_mlp.0")
+        put(q + "ff.net.2", p + "img_mlp.2")
+        put(q + "ff_context.net.0.proj", p + "txt_mlp.0")
+        put(q + "ff_context.net.2", p + "txt_mlp.2")
+    singles = {int(k.split(".")[1]) for k in bfl if k.startswith("single_blocks.")}
+    for i in singles:
+        p, q = f"single_blocks.{i}.", f"single_transformer_blocks.{i}."
+        rows = bfl[p + "linear1.weight"].shape[0]
+        split([q + "attn.to_q", q + "attn.to_k", q + "attn.to_v", q + "proj_mlp"], p + "linear1",
+              [hidden, hidden, hidden, rows - 3 * hidden])
+        put(q + "proj_out", p + "linear2")
+        put(q + "norm.linear", p + "modulation.lin")
+        out[q + "attn.norm_q.weight"] = bfl[p + "norm.query_norm.scale"]
+        out[q + "attn.norm_k.weight"] = bfl[p + "norm.key_norm.scale"]
+    return out
+
+
+def relative_error(got, want):
+    return float((got.double() - want.double()).abs().max() / want.double().abs().max())
+
+
+def verify_mode(fixture):
+    import diffusers
+    import torch
+    from diffusers import FluxPipeline, WanPipeline
+    from diffusers.loaders import single_file_utils as single_file
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    fixture = Path(fixture)
+    out = fixture / "exported"
+    print(f"torch {torch.__version__}, diffusers {diffusers.__version__}")
+    worst = 0.0
+
+    def report(what, error):
+        nonlocal worst
+        worst = max(worst, error)
+        print(f"{'ok' if error < TOLERANCE else 'FAILED'} {what}: relative error {error:.2e}")
+
+    def fresh(kind, base):
+        flux, wan = tiny_models()
+        model = flux if kind == "flux" else wan
+        convert = flux_bfl_to_diffusers if kind == "flux" else single_file.convert_wan_transformer_to_diffusers
+        model.load_state_dict(convert(dict(base)), strict=True)
+        return model.eval()
+
+    def with_lora(kind, base, path, drop=lambda key: False):
+        model = fresh(kind, base)
+        pipeline = FluxPipeline if kind == "flux" else WanPipeline
+        lora = {key: tensor for key, tensor in load_file(path).items() if not drop(key)}
+        if kind == "flux":
+            state, alphas = pipeline.lora_state_dict(lora, return_alphas=True)
+            pipeline.load_lora_into_transformer(state, network_alphas=alphas, transformer=model, adapter_name="x")
+        else:
+            pipeline.load_lora_into_transformer(pipeline.lora_state_dict(lora), transformer=model, adapter_name="x")
+        return model
+
+    # FLUX: token-level inputs, as FluxTransformer2DModel takes them.
+    io = load_file(fixture / "flux" / "io.safetensors")
+    base = load_file(fixture / "flux" / "base.safetensors")
+
+    def flux_velocity(model):
+        with torch.no_grad():
+            return model(hidden_states=io["img"], encoder_hidden_states=io["txt"], pooled_projections=io["pooled"],
+                         timestep=io["timesteps"], img_ids=io["img_ids"], txt_ids=io["txt_ids"],
+                         guidance=io["guidance"], return_dict=False)[0]
+
+    plain = relative_error(flux_velocity(fresh("flux", base)), io["velocity"])
+    print(f"info flux without the LoRA differs from the C++ adapted model by {plain:.2e} (the LoRA matters)")
+    report("flux_diffusers in diffusers vs C++",
+           relative_error(flux_velocity(with_lora("flux", base, out / "flux_diffusers.safetensors")), io["velocity"]))
+    # diffusers' kohya converter reads the blocks only (its top-level names miss the "transformer." prefix or are
+    # dropped), and splits single blocks' linear1 at FLUX.1's widths (3 x 3072 + 12288), which a tiny model does
+    # not have: restricted to the other block layers, the kohya file must load as the diffusers file does.
+    kohya = flux_velocity(with_lora("flux", base, out / "flux_kohya.safetensors", lambda key: not key.startswith(
+        ("lora_unet_double_blocks_", "lora_unet_single_blocks_")) or "_linear1." in key))
+    same = flux_velocity(with_lora("flux", base, out / "flux_diffusers.safetensors", lambda key: not key.startswith(
+        ("transformer.transformer_blocks.", "transformer.single_transformer_blocks.")) or (
+        key.startswith("transformer.single_transformer_blocks.") and (".attn.to_" in key or ".proj_mlp." in key))))
+    effect = relative_error(same, flux_velocity(fresh("flux", base)))
+    print(f"info those block layers change diffusers' output by {effect:.2e}")
+    if effect < 1e-3:
+        fail("the kohya comparison adapted nothing")
+    report("flux_kohya (block layers but linear1) vs flux_diffusers likewise, both in diffusers",
+           relative_error(kohya, same))
+    merged = load_file(out / "flux_merged.safetensors")
+    report("flux_merged in diffusers vs C++", relative_error(flux_velocity(fresh("flux", merged)), io["velocity"]))
+
+    # Wan: the text zero-padded to text_len, as the official code and diffusers' pipeline pad it.
+    io = load_file(fixture / "wan" / "io.safetensors")
+    base = load_file(fixture / "wan" / "base.safetensors")
+    text = torch.nn.functional.pad(io["text"], (0, 0, 0, WAN_TEXT_LEN - io["text"].shape[1]))
+
+    def wan_velocity(model):
+        with torch.no_grad():
+            return model(hidden_states=io["latents"], timestep=io["timestep"], encoder_hidden_states=text,
+                         return_dict=False)[0]
+
+    plain = relative_error(wan_velocity(fresh("wan", base)), io["velocity"])
+    print(f"info wan without the LoRA differs from the C++ adapted model by {plain:.2e} (the LoRA matters)")
+    for name in ["wan_diffusers", "wan_comfyui"]:
+        report(f"{name} in diffusers vs C++", relative_error(wan_velocity(with_lora("wan", base, out / f"{name}.safetensors")), io["velocity"]))
+    merged = load_file(out / "wan_merged.safetensors")
+    report("wan_merged in diffusers vs C++", relative_error(wan_velocity(fresh("wan", merged)), io["velocity"]))
+
+    # --ema: the fixture's EMA is half the trained factors, so each exported B is half (A too: 0.5 A, 0.5 B).
+    trained = load_file(out / "flux_diffusers.safetensors")
+    ema = load_file(out / "flux_diffusers_ema_bf16.safetensors")
+    error = max(relative_error(ema[k].float(), 0.5 * trained[k]) for k in trained)
+    print(f"{'ok' if error < 1e-2 else 'FAILED'} flux_diffusers_ema_bf16: 0.5 x the trained factors within bf16 "
+          f"rounding ({error:.2e}), dtype {next(iter(ema.values())).dtype}")
+    if worst >= TOLERANCE or error >= 1e-2:
+        fail(f"worst relative error {worst:.2e} (tolerance {TOLERANCE})")
+    print(f"check_lora_export.py verify: all passed, worst relative error {worst:.2e}")
+
+
+def main(argv):
+    if len(argv) == 4 and argv[0] == "keys" and argv[1] == "--modules":
+        keys_mode(argv[2], argv[3])
+    elif len(argv) == 2 and argv[0] == "modules":
+        modules_mode(argv[1])
+    elif len(argv) == 2 and argv[0] == "verify":
+        verify_mode(argv[1])
+    else:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,247 @@
+// torch/lora_export.hpp: the key tables agree with the layouts' own conversions (model_specs/*/layout.hpp), the
+// fused split is exact, merging matches lora_linear, and the fixture checkpoints `export-lora`'s CLI tests and
+// scripts/check_lora_export.py read (BRANCHGRPO_LORA_EXPORT_DIR: tiny FLUX and Wan runs with trained-looking
+// adapters, their EMA, the inputs and the C++ velocity of the adapted model, and a full fine-tuning checkpoint).
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "branchgrpo/app/run_memory.hpp"
+#include "branchgrpo/config/config_text.hpp"
+#include "branchgrpo/config/run_config.hpp"
+#include "branchgrpo/torch/checkpoint.hpp"
+#include "branchgrpo/torch/flux/transformer.hpp"
+#include "branchgrpo/torch/lora.hpp"
+#include "branchgrpo/torch/lora_export.hpp"
+#include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/torch/wan/transformer.hpp"
+
+// Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+using namespace branchgrpo;
+
+namespace {
+
+// Every LoRA-adaptable layer of `model`, each with an adapter whose B is random (a trained adapter, not B = 0).
+template <class Model>
+std::map<std::string, torch::Tensor> trained_adapters(Model& model, const lora_options& options, std::uint64_t seed) {
+  add_lora(model, options);
+  torch::manual_seed(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, layer] : lora_layers(model))
+    if (layer->has_adapter()) layer->lora_B.copy_(torch::randn_like(layer->lora_B) * 0.05);
+  return lora_state(model);
+}
+
+lora_options every_layer(std::int64_t rank, double alpha) {
+  return {.rank = rank, .alpha = alpha, .attention = true, .mlp = true, .modulation = true, .embedding = true};
+}
+
+// The config text a training run of `toml` would store (no input checksums: the fixture has no input files).
+std::string stored_config(const std::string& toml) {
+  return config_text(parse_run_config(toml, "fixture.toml"), false);
+}
+
+}  // namespace
+
+TEST_CASE("the FLUX LoRA table is flux_diffusers_to_bfl's linear layers read backwards") {
+  const flux_config config = flux_config::tiny();
+  std::set<std::string> linear_weights;  // the bfl names of 2-D weights: the linear layers
+  for (const auto& spec : flux_expected_tensors(config, flux_layout::bfl))
+    if (spec.shape.size() == 2) linear_weights.insert(spec.name);
+  std::size_t checked = 0;
+  for (const flux_key_mapping& entry : flux_diffusers_to_bfl(config)) {
+    if (!linear_weights.contains(entry.target)) continue;
+    const std::string layer = entry.target.substr(0, entry.target.size() - 7);  // without ".weight"
+    std::int64_t rows = 0;
+    for (const auto& spec : flux_expected_tensors(config, flux_layout::bfl))
+      if (spec.name == entry.target) rows = spec.shape[0];
+    const auto parts = flux_lora_diffusers_parts(layer, rows, config.hidden);
+    REQUIRE(parts.size() == entry.sources.size());
+    std::int64_t covered = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      CHECK(parts[i].name + ".weight" == entry.sources[i]);
+      CHECK(parts[i].row_offset == covered);
+      covered += parts[i].rows;
+      CHECK(parts[i].swap_halves == (entry.merge == flux_merge::swap_halves));
+    }
+    CHECK(covered == rows);
+    ++checked;
+  }
+  CHECK(checked == linear_weights.size());
+  flux_transformer model(config);
+  for (const auto& [name, layer] : lora_layers(model))
+    CHECK_NOTHROW(flux_lora_diffusers_parts(name, layer->out_features(), layer->in_features()));
+  CHECK_THROWS_WITH(flux_lora_diffusers_parts("double_blocks.0.img_attn.norm", 64, 64),
+                    Catch::Matchers::Contains("not a linear layer of the FLUX transformer"));
+}
+
+TEST_CASE("the Wan LoRA table is wan_diffusers_to_official's linear layers read backwards") {
+  const wan_config config = wan_config::tiny();
+  std::set<std::string> linear_weights;
+  for (const auto& spec : wan_expected_tensors(config, wan_layout::official))
+    if (spec.shape.size() == 2 && spec.name.ends_with(".weight")) linear_weights.insert(spec.name);
+  std::size_t checked = 0;
+  for (const wan_key_mapping& entry : wan_diffusers_to_official(config)) {
+    if (!linear_weights.contains(entry.target)) continue;
+    const std::string layer = entry.target.substr(0, entry.target.size() - 7);
+    CHECK(wan_lora_diffusers_name(layer) + ".weight" == entry.source);
+    ++checked;
+  }
+  CHECK(checked == linear_weights.size());
+  // Every adaptable layer of the model is in the table.
+  wan_transformer model(config);
+  for (const auto& [name, layer] : lora_layers(model)) CHECK_NOTHROW(wan_lora_diffusers_name(name));
+}
+
+TEST_CASE("a fused adapter split by rows with A shared is exact; the scale folds into B") {
+  torch::manual_seed(1);
+  const std::int64_t hidden = 8, rank = 2;
+  const torch::Tensor w = torch::randn({3 * hidden, hidden}, torch::kFloat64),
+                      a = torch::randn({rank, hidden}, torch::kFloat64),
+                      b = torch::randn({3 * hidden, rank}, torch::kFloat64),
+                      x = torch::randn({5, hidden}, torch::kFloat64);
+  const double alpha = 6;
+  const torch::Tensor fused = torch::linear(x, w + alpha / rank * torch::matmul(b, a));
+  const auto exported = export_lora_tensors({{"double_blocks.0.img_attn.qkv", {.down = a, .up = b}}}, lora_family::flux,
+                                            lora_export_format::diffusers, alpha, std::nullopt);
+  REQUIRE(exported.size() == 6);
+  const char* names[] = {"to_q", "to_k", "to_v"};
+  for (std::int64_t i = 0; i < 3; ++i) {
+    const std::string prefix = std::string("transformer.transformer_blocks.0.attn.") + names[i];
+    const torch::Tensor& down = exported.at(prefix + ".lora_A.weight");
+    const torch::Tensor& up = exported.at(prefix + ".lora_B.weight");
+    CHECK(torch::equal(down, a));
+    // PEFT without alphas: scale 1.
+    const torch::Tensor part = torch::linear(x, w.narrow(0, i * hidden, hidden) + torch::matmul(up, down));
+    CHECK(torch::allclose(part, fused.narrow(1, i * hidden, hidden), 1e-12, 1e-12));
+  }
+  const auto kohya = export_lora_tensors({{"double_blocks.0.img_attn.qkv", {.down = a, .up = b}}}, lora_family::flux,
+                                         lora_export_format::kohya, alpha, torch::kFloat32);
+  CHECK(torch::equal(kohya.at("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"), b.to(torch::kFloat32)));
+  CHECK(kohya.at("lora_unet_double_blocks_0_img_attn_qkv.alpha").item<double>() == alpha);
+  CHECK(kohya.at("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight").scalar_type() == torch::kFloat32);
+  CHECK_THROWS_WITH(check_lora_export_format(lora_family::wan, lora_export_format::kohya),
+                    "--format kohya: Wan models export as diffusers or comfyui");
+}
+
+TEST_CASE("the norm_out swap and the merge") {
+  const torch::Tensor a = torch::ones({1, 2}), b = torch::tensor({{1.0f}, {2.0f}, {3.0f}, {4.0f}});
+  const auto exported = export_lora_tensors({{"final_layer.adaLN_modulation.1", {.down = a, .up = b}}},
+                                            lora_family::flux, lora_export_format::diffusers, 1, std::nullopt);
+  CHECK(torch::equal(exported.at("transformer.norm_out.linear.lora_B.weight").flatten(),
+                     torch::tensor({3.0f, 4.0f, 1.0f, 2.0f})));
+  // lora.hpp's example: W = [[1, 2]], A = [[1, 1]], B = [[0.5]], alpha 2, rank 1 -> [[2, 3]].
+  const auto merged = merge_lora_tensors(
+      {{"l.weight", torch::tensor({{1.0f, 2.0f}})}, {"l.bias", torch::zeros({1})}},
+      {{"l", {.down = torch::tensor({{1.0f, 1.0f}}), .up = torch::tensor({{0.5f}})}}}, 2, torch::kBFloat16);
+  CHECK(torch::equal(merged.at("l.weight").to(torch::kFloat32), torch::tensor({{2.0f, 3.0f}})));
+  CHECK(merged.at("l.bias").scalar_type() == torch::kBFloat16);
+}
+
+TEST_CASE("fixture checkpoints for export-lora") {
+  const std::filesystem::path root = BRANCHGRPO_LORA_EXPORT_DIR;
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const std::uint64_t seed = 3;
+  const std::string lora =
+      "[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"attention\", \"mlp\", \"modulation\", \"embedding\"]\n";
+  const std::string run = "[run]\nseed = 3\n[optimizer]\nema_decay = 0.9\n";
+
+  {  // FLUX tiny, random base from run.seed as load_run_model makes it.
+    torch::manual_seed(seed);
+    flux_transformer model(flux_config::tiny());
+    const auto base = flux_state(model);
+    std::map<std::string, torch::Tensor> base_copy;
+    for (const auto& [name, tensor] : base) base_copy[name] = tensor.clone();
+    const auto weights = trained_adapters(model, every_layer(4, 8), 11);
+    std::map<std::string, torch::Tensor> state;
+    for (const auto& [name, tensor] : weights) state["ema." + name] = tensor * 0.5;
+    write_checkpoint(
+        root / "flux" / "iter-000002",
+        {.iteration = 2,
+         .seed = seed,
+         .weights = weights,
+         .state = state,
+         .config_text = stored_config(
+             "[model]\ndir = \"\"\nconfig = \"tiny\"\nlatent_height = 4\nlatent_width = 6\n[data]\nembeddings = "
+             "\"prompts.safetensors\"\n" +
+             lora + run)});
+    // The inputs and the adapted model's velocity (token form, as diffusers' FluxTransformer2DModel takes them).
+    torch::manual_seed(5);
+    const std::int64_t rows = 2, cols = 3;
+    const flux_inputs in{.img = torch::randn({2, rows * cols, 16}),
+                         .img_ids = flux_image_ids(rows, cols),
+                         .txt = torch::randn({2, 5, 32}),
+                         .txt_ids = flux_text_ids(5),
+                         .timesteps = torch::tensor({0.3f, 0.8f}),
+                         .pooled = torch::randn({2, 16}),
+                         .guidance = torch::tensor({3.5f, 1.0f})};
+    torch::NoGradGuard no_grad;
+    const torch::Tensor velocity = model.forward(in);
+    save_safetensors(root / "flux" / "io.safetensors", {{"img", in.img},
+                                                        {"img_ids", in.img_ids.to(torch::kFloat32)},
+                                                        {"txt", in.txt},
+                                                        {"txt_ids", in.txt_ids.to(torch::kFloat32)},
+                                                        {"timesteps", in.timesteps},
+                                                        {"pooled", in.pooled},
+                                                        {"guidance", in.guidance},
+                                                        {"velocity", velocity}});
+    save_safetensors(root / "flux" / "base.safetensors", base_copy);
+    CHECK(velocity.abs().max().item<double>() > 0);
+
+    // Full fine-tuning: every weight trained, no adapters.
+    write_checkpoint(
+        root / "flux_full" / "iter-000001",
+        {.iteration = 1,
+         .seed = seed,
+         .weights = base_copy,
+         .state = {},
+         .config_text = stored_config(
+             "[model]\ndir = \"\"\nconfig = \"tiny\"\nlatent_height = 4\nlatent_width = 6\n[data]\nembeddings = "
+             "\"prompts.safetensors\"\n[lora]\nenabled = false\n")});
+    // A LoRA checkpoint without EMA.
+    write_checkpoint(
+        root / "flux_no_ema" / "iter-000001",
+        {.iteration = 1,
+         .seed = seed,
+         .weights = weights,
+         .state = {},
+         .config_text = stored_config(
+             "[model]\ndir = \"\"\nconfig = \"tiny\"\nlatent_height = 4\nlatent_width = 6\n[data]\nembeddings = "
+             "\"prompts.safetensors\"\n" +
+             lora)});
+  }
+  {  // Wan tiny as a run names it ("wan-tiny": out_dim = in_dim, so that it can sample).
+    torch::manual_seed(seed);
+    wan_transformer model(named_wan_config("wan-tiny"));
+    std::map<std::string, torch::Tensor> base;
+    for (const auto& item : model.named_parameters()) base[item.key()] = item.value().detach().clone();
+    const auto weights = trained_adapters(model, every_layer(4, 8), 12);
+    std::map<std::string, torch::Tensor> state;
+    for (const auto& [name, tensor] : weights) state["ema." + name] = tensor * 0.5;
+    write_checkpoint(root / "wan" / "iter-000002",
+                     {.iteration = 2,
+                      .seed = seed,
+                      .weights = weights,
+                      .state = state,
+                      .config_text = stored_config("[model]\ndir = \"\"\nconfig = \"wan-tiny\"\nlatent_height = "
+                                                   "4\nlatent_width = 6\nlatent_frames = 2\n[data]\nembeddings = "
+                                                   "\"prompts.safetensors\"\n" +
+                                                   lora + run)});
+    torch::manual_seed(6);
+    const torch::Tensor latents = torch::randn({2, 4, 2, 4, 6}), timestep = torch::tensor({300.0f, 800.0f}),
+                        text = torch::randn({2, 5, 24});
+    torch::NoGradGuard no_grad;
+    const torch::Tensor velocity = model.forward(latents, timestep, text);
+    save_safetensors(root / "wan" / "io.safetensors",
+                     {{"latents", latents}, {"timestep", timestep}, {"text", text}, {"velocity", velocity}});
+    save_safetensors(root / "wan" / "base.safetensors", base);
+  }
+}
