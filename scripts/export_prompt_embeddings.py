@@ -33,18 +33,29 @@ object per line with "prompt" and an optional "negative_prompt". --negative-prom
 prompt whose row has none (for Wan, "default" is Wan2.1's own default negative prompt). When some prompts have a
 negative and others not, those others get the empty prompt "" as their negative.
 
+Datasets at scale: --shard-rows R makes --out a directory of shards prompts-00001-of-0000K.safetensors of R
+prompts each (the last may hold fewer), every shard a file of the layout above with the negatives its rows use;
+the prompts are encoded and written shard by shard, so memory holds one shard. branchgrpo reads such a
+directory by row through memory-mapped files (data.embeddings = "DIR"). --test-count N moves a seeded random
+sample of N prompts (--split-seed, default 0; in their file order) to --test-out, written the same way: the
+held-out prompts of an evaluation, never trained on.
+
 Usage:
   pip install torch transformers safetensors sentencepiece ftfy
   python3 scripts/export_prompt_embeddings.py --model flux --prompts prompts.txt --out prompts.safetensors \\
       [--repo black-forest-labs/FLUX.1-dev] [--max-length 512] [--device cuda] [--batch 8]
   python3 scripts/export_prompt_embeddings.py --model wan --prompts prompts.jsonl --out prompts.safetensors \\
       --negative-prompt default [--repo Wan-AI/Wan2.1-T2V-1.3B-Diffusers]
+  python3 scripts/export_prompt_embeddings.py --model flux --prompts prompts.jsonl --out train/ \
+      --shard-rows 1000 --test-count 500 --test-out test/
 """
 import argparse
+import glob
 import html
 import importlib.util
 import json
 import os
+import random
 import re
 import sys
 
@@ -222,7 +233,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, choices=("flux", "wan"), help="whose text encoders")
     parser.add_argument("--prompts", required=True, help="text file (one prompt per line) or .jsonl file")
-    parser.add_argument("--out", required=True, help="output .safetensors file")
+    parser.add_argument("--out", required=True, help="output .safetensors file (a directory with --shard-rows)")
     parser.add_argument("--negative-prompt", help='the negative of every prompt without its own ("default": '
                                                   "Wan2.1's default negative prompt)")
     defaults = ", ".join("%s for %s" % (repo, model) for model, repo in DEFAULT_REPO.items())
@@ -238,9 +249,20 @@ def parse_args(argv):
     parser.add_argument("--out-dtype", choices=("f32", "bf16"), default="f32", help="stored dtype")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", type=int, default=8, help="prompts encoded at once")
+    parser.add_argument("--shard-rows", type=int, help="write --out (and --test-out) as a directory of shards of "
+                                                       "this many prompts")
+    parser.add_argument("--test-count", type=int, default=0, help="prompts moved to --test-out (a seeded sample)")
+    parser.add_argument("--test-out", help="the held-out prompts' file (a directory with --shard-rows)")
+    parser.add_argument("--split-seed", type=int, default=0, help="the seed of the --test-count sample")
     args = parser.parse_args(argv)
     if args.batch < 1:
         fail("--batch must be at least 1")
+    if args.shard_rows is not None and args.shard_rows < 1:
+        fail("--shard-rows = %d: must be at least 1" % args.shard_rows)
+    if args.test_count < 0:
+        fail("--test-count = %d: must be at least 0" % args.test_count)
+    if (args.test_count > 0) != (args.test_out is not None):
+        fail("--test-count and --test-out go together")
     if args.model == "wan":
         if args.max_length not in (None, WAN_TEXT_LEN):
             fail("--max-length is Wan2.1's text_len, %d" % WAN_TEXT_LEN)
@@ -258,8 +280,16 @@ def parse_args(argv):
         args.negative_prompt = WAN_DEFAULT_NEGATIVE
     if args.negative_prompt is not None:
         check_line_free(args.negative_prompt, "--negative-prompt", "negative prompt")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        fail("%s: its folder does not exist" % args.out)
+    for flag, path in (("--out", args.out), ("--test-out", args.test_out)):
+        if path is None:
+            continue
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            fail("%s: its folder does not exist" % path)
+        if args.shard_rows is not None and os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
+            fail("%s: %s already holds .safetensors files (a shard directory holds one dataset's shards)"
+                 % (path, flag))
+        if args.shard_rows is None and os.path.isdir(path):
+            fail("%s: %s is a directory (give --shard-rows to write shards there)" % (path, flag))
     return args
 
 
@@ -273,7 +303,6 @@ def main(argv=None):
         fail("%s lacks %s (pip install torch transformers safetensors sentencepiece ftfy)"
              % (sys.executable, ", ".join(missing)))
     import torch
-    from safetensors.torch import save_file
 
     dtype = getattr(torch, DTYPES[args.dtype])
     out_dtype = torch.float32 if args.out_dtype == "f32" else torch.bfloat16
@@ -283,31 +312,58 @@ def main(argv=None):
     else:
         encode = wan_encoder(sources, dtype, args.device)
 
-    context, pooled = encode_all(encode, prompts, args.batch, out_dtype)
+    # The split: a seeded sample of --test-count rows to --test-out, both parts in file order.
+    if args.test_count >= len(prompts):
+        fail("--test-count = %d: %s holds %d prompts, and training needs at least one"
+             % (args.test_count, args.prompts, len(prompts)))
+    test_rows = set(random.Random(args.split_seed).sample(range(len(prompts)), args.test_count))
+    parts = [(args.out, [r for r in range(len(prompts)) if r not in test_rows])]
+    if args.test_out is not None:
+        parts.append((args.test_out, sorted(test_rows)))
+    common = {"family": args.model, "encoder": ENCODER[args.model], "encoder_source": describe_sources(sources)}
+    negative_features = None
+    if negatives is not None:  # every distinct negative encoded once; each file keeps those its rows use
+        negative_features = encode_all(encode, negatives[0], args.batch, out_dtype)
+    for out, rows in parts:
+        if args.shard_rows is None:
+            write_prompt_file(out, rows, prompts, negatives, negative_features, encode, args, out_dtype, common)
+            continue
+        os.makedirs(out, exist_ok=True)
+        count = (len(rows) + args.shard_rows - 1) // args.shard_rows
+        width = max(5, len(str(count)))
+        for k in range(count):
+            name = "prompts-%0*d-of-%0*d.safetensors" % (width, k + 1, width, count)
+            write_prompt_file(os.path.join(out, name), rows[k * args.shard_rows:(k + 1) * args.shard_rows], prompts,
+                              negatives, negative_features, encode, args, out_dtype, common)
+
+
+def write_prompt_file(path, rows, prompts, negatives, negative_features, encode, args, out_dtype, common):
+    """Encodes prompts[rows] and writes them, with the negatives they use, as one file of the layout (atomic)."""
+    import torch
+    from safetensors.torch import save_file
+
+    texts = [prompts[r] for r in rows]
+    context, pooled = encode_all(encode, texts, args.batch, out_dtype)
     tensors = {"context": context}
-    metadata = {
-        "prompts": "\n".join(prompts),
-        "family": args.model,
-        "encoder": ENCODER[args.model],
-        "encoder_source": describe_sources(sources),
-        "context_in": str(context.shape[2]),
-        "text_len": str(context.shape[1]),
-    }
+    metadata = dict(common, prompts="\n".join(texts), context_in=str(context.shape[2]),
+                    text_len=str(context.shape[1]))
     if pooled is not None:
         tensors["pooled"] = pooled
         metadata["vec_in"] = str(pooled.shape[1])
     if negatives is not None:
         distinct, index = negatives
-        tensors["negative_context"], negative_pooled = encode_all(encode, distinct, args.batch, out_dtype)
+        used = list(dict.fromkeys(index[r] for r in rows))  # first-seen order
+        local = {row: k for k, row in enumerate(used)}
+        negative_context, negative_pooled = negative_features
+        tensors["negative_context"] = negative_context[used].contiguous()
         if negative_pooled is not None:
-            tensors["negative_pooled"] = negative_pooled
-        tensors["negative_index"] = torch.tensor(index, dtype=torch.int64)
-        metadata["negative_prompts"] = "\n".join(distinct)
-
-    temporary = args.out + ".tmp"
+            tensors["negative_pooled"] = negative_pooled[used].contiguous()
+        tensors["negative_index"] = torch.tensor([local[index[r]] for r in rows], dtype=torch.int64)
+        metadata["negative_prompts"] = "\n".join(distinct[k] for k in used)
+    temporary = path + ".tmp"
     save_file(tensors, temporary, metadata=metadata)
-    os.replace(temporary, args.out)
-    print("wrote %s: %s" % (args.out, ", ".join("%s %s" % (name, list(t.shape)) for name, t in tensors.items())))
+    os.replace(temporary, path)
+    print("wrote %s: %s" % (path, ", ".join("%s %s" % (name, list(t.shape)) for name, t in tensors.items())))
 
 
 if __name__ == "__main__":

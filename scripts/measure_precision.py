@@ -5,8 +5,9 @@ Trains the shipped shapes model (examples/shapes_branch.toml, on the CPU) three 
   float32            model.dtype = "float32"                            the reference
   bf16 + fp32 master model.dtype = "bfloat16", model.master_weights = true (the default)
   all bf16           model.dtype = "bfloat16", model.master_weights = false
-and compares the trained LoRA tensors of the last checkpoint. The starting weights W0 come from one more run at
-lr 1e-12 (one iteration: its steps round away in float32, so the checkpoint holds the initial weights). For each
+and compares the trained LoRA tensors of the last checkpoint. Each variant's starting weights W0 come from one more
+run of that variant at lr 1e-12 (one iteration: its steps round away, so the checkpoint holds the initial weights,
+bf16-rounded for the bf16 variants). For each
 variant x with update U_x = W_x - W0 it prints
   gap      ||U_x - U_fp32|| / ||U_fp32||   how far the update is from the float32 run's (0 = the same)
   kept     ||U_x|| / ||U_fp32||            how large it is (an update rounded away shows as kept << 1)
@@ -23,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -80,7 +82,8 @@ def config_text(base, output_dir, iterations, lr, dtype, master):
 
 def train(tool, base, out, name, iterations, lr, dtype, master):
     run_dir = os.path.join(out, name)
-    os.makedirs(run_dir, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # this script's own run folder: a fresh run each time
+    os.makedirs(run_dir)
     config = os.path.join(run_dir, "run.toml")
     with open(config, "w") as f:
         f.write(config_text(base, os.path.join(run_dir, "out"), iterations, lr, dtype, master))
@@ -103,17 +106,22 @@ def main():
     rates = args.lr or [2e-3, 1e-5]
     with open(os.path.join(ROOT, "examples", "shapes_branch.toml")) as f:
         base = f.read()
-    start = train(args.tool, base, args.out, "start", 1, 1e-12, "float32", True)
+    variants = (("float32", "float32", True), ("bf16 + fp32 master", "bfloat16", True),
+                ("all bf16", "bfloat16", False))
+    # Each variant's own starting weights: a bf16 model's LoRA factors start bf16-rounded, which must not count as
+    # its update.
+    start = {variant: train(args.tool, base, args.out, "start_" + variant.replace(" ", "").replace("+", "_"), 1, 1e-12,
+                            dtype, master)
+             for variant, dtype, master in variants}
     print("| lr | iterations | variant | gap (all) | kept (all) | gap (lora_A) | kept (lora_A) |")
     print("|---|---|---|---|---|---|---|")
     for lr in rates:
         runs = {}
-        for variant, dtype, master in (("float32", "float32", True), ("bf16 + fp32 master", "bfloat16", True),
-                                       ("all bf16", "bfloat16", False)):
+        for variant, dtype, master in variants:
             tag = "%s_%g" % (variant.replace(" ", "").replace("+", "_"), lr)
             runs[variant] = train(args.tool, base, args.out, tag, args.iterations, lr, dtype, master)
-        names = sorted(start)
-        updates = {v: {n: w[n] - start[n] for n in names} for v, w in runs.items()}
+        names = sorted(start["float32"])
+        updates = {v: {n: w[n] - start[v][n] for n in names} for v, w in runs.items()}
         reference = updates["float32"]
         for variant, update in updates.items():
             cells = []

@@ -460,11 +460,16 @@ if(TARGET branchgrpo_cli)
       add_test(NAME cli_train_resume COMMAND branchgrpo_cli train --config ${train_dir}/run3.toml --resume --json)
       set_tests_properties(cli_train_resume PROPERTIES LABELS "cli;torch" TIMEOUT 600 FIXTURES_REQUIRED train_run
                            PASS_REGULAR_EXPRESSION "resuming from [^\n]*iter-000002 \\(iteration 2\\)\n.*\"iteration\":2,")
+      # --memory: the estimate by part and the budget, nothing loaded or trained (no fixture needed).
+      branchgrpo_cli_test(train_memory
+                          "memory estimate \\(nothing loaded; docs/reliability.md\\)\n  weights +[0-9.]+ [kMG]?B  cpu\n  training state .*\n  rollout latents .*\n  activations .*\n  decoded samples .*  host\n  prompt rows .*  host\ntotal [0-9.]+ [kMG]?B of [0-9.]+ [MGT]B \\("
+                          train --config ${train_dir}/run2.toml --memory)
+      set_tests_properties(cli_train_memory PROPERTIES LABELS "cli;torch")
       add_test(NAME cli_sample COMMAND branchgrpo_cli sample --config ${train_dir}/run2.toml
                                        --checkpoint ${train_dir}/out/checkpoints/iter-000002 --prompts
                                        "a red circle, a blue square" --samples 2 --out ${train_dir}/grid.png)
       set_tests_properties(cli_sample PROPERTIES LABELS "cli;torch" TIMEOUT 600 FIXTURES_REQUIRED train_run
-                           PASS_REGULAR_EXPRESSION "a red circle +reward [0-9.-]+\na blue square +reward [0-9.-]+\nwrote ")
+                           PASS_REGULAR_EXPRESSION "a red circle +reward [0-9.-]+\na blue square +reward [0-9.-]+\nweights: trained\nwrote ")
       branchgrpo_cli_error_test(train_existing_checkpoints "out already holds checkpoint iter-00000[23]: pass --resume"
                                 train --config ${train_dir}/run2.toml)
       set_tests_properties(cli_error_train_existing_checkpoints PROPERTIES FIXTURES_REQUIRED train_run)

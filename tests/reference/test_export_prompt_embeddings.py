@@ -13,6 +13,7 @@ Usage: test_export_prompt_embeddings.py (needs torch, transformers, tokenizers, 
 import html
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -265,6 +266,48 @@ class ExportTest(unittest.TestCase):
         self.assertEqual("，" in wan_clean(WAN_NEGATIVE), fix_text is None)
         for row, text in enumerate([WAN_NEGATIVE, "blurry  dark"]):
             self.check_wan_row(tensors["negative_context"][row], text)
+
+    def test_shards_and_split(self):
+        # 7 prompts, 2 held out by seed 3, the other 5 in shards of 2: 3 shards, each a file of the layout with the
+        # negatives its rows use; the rows equal an unsharded export's.
+        rows = [{"prompt": "p%d" % k} for k in range(7)]
+        rows[4]["negative_prompt"] = "blurry"
+        path = self.write("shards.jsonl", [json.dumps(row) for row in rows])
+        train, test = os.path.join(self.root, "train"), os.path.join(self.root, "test")
+        common = ["--model", "wan", "--prompts", path, "--repo", self.wan, "--dtype", "f32", "--device", "cpu",
+                  "--negative-prompt", "dark"]
+        run = subprocess.run([sys.executable, SCRIPT, *common, "--out", train, "--shard-rows", "2", "--test-count",
+                              "2", "--test-out", test, "--split-seed", "3"], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        held_out = sorted(random.Random(3).sample(range(7), 2))
+        trained = [k for k in range(7) if k not in held_out]
+        self.assertEqual(sorted(os.listdir(train)), ["prompts-00001-of-00003.safetensors",
+                                                     "prompts-00002-of-00003.safetensors",
+                                                     "prompts-00003-of-00003.safetensors"])
+        self.assertEqual(os.listdir(test), ["prompts-00001-of-00001.safetensors"])
+        whole, _ = self.export(*common)
+        seen = []
+        for name in sorted(os.listdir(train)):
+            tensors, metadata = read(os.path.join(train, name))
+            texts = metadata["prompts"].split("\n")
+            seen += texts
+            for row, text in enumerate(texts):
+                torch.testing.assert_close(tensors["context"][row], whole["context"][int(text[1:])], atol=0, rtol=0)
+                negative = rows[int(text[1:])].get("negative_prompt", "dark")
+                k = metadata["negative_prompts"].split("\n").index(negative)
+                self.assertEqual(tensors["negative_index"][row].item(), k)
+                self.check_wan_row(tensors["negative_context"][k], negative)
+        self.assertEqual(seen, ["p%d" % k for k in trained])
+        tensors, metadata = read(os.path.join(test, "prompts-00001-of-00001.safetensors"))
+        self.assertEqual(metadata["prompts"], "\n".join("p%d" % k for k in held_out))
+        # A shard directory that already holds shards is refused: stale shards would join the dataset.
+        again = subprocess.run([sys.executable, SCRIPT, *common, "--out", train, "--shard-rows", "2"],
+                               capture_output=True, text=True)
+        self.assertEqual((again.returncode, again.stderr), (1, "error: %s: --out already holds .safetensors files (a "
+                                                              "shard directory holds one dataset's shards)\n" % train))
+        self.refused("--test-count and --test-out go together", *common, "--test-count", "2")
+        self.refused("--test-count = 7: %s holds 7 prompts, and training needs at least one" % path, *common,
+                     "--test-count", "7", "--test-out", os.path.join(self.root, "t7.safetensors"))
 
     def test_bad_input(self):
         missing = self.write("missing.jsonl", ['{"prompt": "a cube"}', '{"negative_prompt": "dark"}'])

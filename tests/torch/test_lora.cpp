@@ -251,7 +251,7 @@ TEST_CASE("flux_denoiser: prompt lookup, sigma as time, shapes, errors") {
         "denoise batch has 1 prompts for 3 rows");
   CHECK(error_of([&] {
           flux_denoiser(model, {torch::zeros({2, 3, 7}), torch::zeros({2, 16})});
-        }) == "prompt context must be [N, L, 32]");
+        }) == "prompt context must be [N, L, 32], got [2, 3, 7]");
   static_assert(TorchVelocityModel<flux_denoiser>);
   static_assert(AdapterSwitch<flux_denoiser>);
   static_assert(Denoiser<flux_denoiser, torch_backend>);

@@ -239,6 +239,7 @@ TEST_CASE("Wan under classifier-free guidance on the shipped model: guided veloc
   // The shipped prompts with one shared negative: the empty prompt, whose word vectors are zeros.
   prompt_file prompts = load_prompt_file(model_dir / "prompts.safetensors");
   const torch::Tensor& context = prompts.embeddings.context;
+  prompts.embeddings.pooled = torch::Tensor();  // Wan has no pooled vector: the file may leave it out
   prompts.negative_embeddings.context = torch::zeros({1, context.size(1), context.size(2)});
   prompts.negative_prompts = {""};
   prompts.negative_index.assign(prompts.prompts.size(), 0);
@@ -272,13 +273,14 @@ TEST_CASE("Wan under classifier-free guidance on the shipped model: guided veloc
   const torch::Tensor x = torch::randn({2, 3, 8, 16, 16});
   const std::vector<std::int64_t> rows{0, 5}, negative_rows{n, n};
   const std::vector<std::uint32_t> trees{0, 1};
-  torch::NoGradGuard no_grad;
-  const torch::Tensor v = guided(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = rows});
-  const torch::Tensor v_c = guided.model()(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = rows});
-  const torch::Tensor v_u = guided.model()(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = negative_rows});
-  CHECK_FALSE(torch::allclose(v_c, v_u));
-  CHECK(torch::allclose(v, v_u + 3.0 * (v_c - v_u), 1e-5, 1e-5));
-
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor v = guided(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = rows});
+    const torch::Tensor v_c = guided.model()(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = rows});
+    const torch::Tensor v_u = guided.model()(x, {.step = 1, .sigma = 0.6, .trees = trees, .prompts = negative_rows});
+    CHECK_FALSE(torch::allclose(v_c, v_u));
+    CHECK(torch::allclose(v, v_u + 3.0 * (v_c - v_u), 1e-5, 1e-5));
+  }
   const iteration_stats stats = run.step();
   CHECK(stats.clip_fraction == 0.0);  // ratio exactly 1 in the first update
   CHECK(stats.first_update_log_prob_gap < 1e-6);
@@ -301,10 +303,10 @@ TEST_CASE("Wan under classifier-free guidance on the shipped model: guided veloc
         "run.toml: model.negative_prompt = \"blurry\" is none of the 1 negative prompts of " +
             (dir / "prompts.safetensors").string());
   CHECK(error_of([&] { (void)parse_run_config("[model]\nnegative_prompt = \"blurry\"\n", "run.toml"); }) ==
-        "run.toml: model.negative_prompt = \"blurry\": needs classifier-free guidance: model.guidance_scale is "
+        "run.toml: model.negative_prompt = 'blurry': needs classifier-free guidance: model.guidance_scale is "
         "1 (off)");
   CHECK(error_of([&] { (void)parse_run_config("[model]\nguidance_scale = 0\n", "run.toml"); }) ==
-        "run.toml: model.guidance_scale = 0.0: must be in (0, 100] (1 = no classifier-free guidance)");
+        "run.toml: model.guidance_scale = 0: must be in (0, 100] (1 = no classifier-free guidance)");
   CHECK(error_of([&] { (void)parse_run_config("[model]\nguidance_scale = nan\n", "run.toml"); }) ==
         "run.toml: model.guidance_scale = nan: must be in (0, 100] (1 = no classifier-free guidance)");
   // Wan2.1's released shapes default to its guidance scale 5.

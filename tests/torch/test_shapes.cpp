@@ -414,6 +414,140 @@ TEST_CASE("prompt file: negative prompts, family and encoder") {
                     name + ": __metadata__ family 'sd3' is not flux or wan");
 }
 
+TEST_CASE("prompt_table: rows in memory and in mapped files, in order, on demand") {
+  const std::vector<std::string> words = {"a red circle", "a blue square", "a green star", "a red star",
+                                          "a blue circle"};
+  const prompt_embeddings e = shapes_word_embeddings(words, 8, 4);
+  const auto path = scratch("table.safetensors");
+  save_safetensors(path, {{"context", e.context.slice(0, 2, 5)}, {"pooled", e.pooled.slice(0, 2, 5)}}, {});
+  auto file = std::make_shared<const safetensors_file>(path);
+  // The doc example: 2 rows in memory, then a mapped file of 3.
+  prompt_table table(prompt_embeddings{.context = e.context.slice(0, 0, 2), .pooled = e.pooled.slice(0, 0, 2)});
+  table.append(prompt_table::mapped(file, file->at("context"), file->find("pooled")));
+  CHECK(table.size() == 5);
+  CHECK((table.tokens() == 3 && table.width() == 8 && table.pooled_width() == 4));
+  CHECK_FALSE(table.in_memory());
+  const std::vector<std::int64_t> rows = {4, 0, 2, 4};
+  const prompt_embeddings got = table.rows(rows, torch::kCPU);
+  const torch::Tensor index = torch::tensor(rows, torch::kInt64);
+  CHECK(torch::equal(got.context, e.context.index_select(0, index)));
+  CHECK(torch::equal(got.pooled, e.pooled.index_select(0, index)));
+  const std::vector<std::int64_t> outside = {1, 5};
+  CHECK_THROWS_WITH(table.rows(outside, torch::kCPU), "row 1 has prompt 5, the table has 5");
+  CHECK_THROWS_WITH(table.append(prompt_table(torch::zeros({1, 3, 7}), torch::zeros({1, 4}))),
+                    "prompt rows of 3 x 7 features appended to a table of 3 x 8");
+  CHECK_THROWS_WITH(table.append(prompt_table(torch::zeros({1, 3, 8}), torch::Tensor())),
+                    "prompt rows with pooled width 0 appended to a table with pooled width 4 (0: none)");
+  // A NaN in a mapped row is found when the row is read, naming the file and the row.
+  torch::Tensor with_nan = e.context.slice(0, 2, 5).clone();
+  with_nan[1][0][3] = not_a_number;
+  const auto bad = scratch("table_nan.safetensors");
+  save_safetensors(bad, {{"context", with_nan}}, {});
+  auto bad_file = std::make_shared<const safetensors_file>(bad);
+  const prompt_table mapped = prompt_table::mapped(bad_file, bad_file->at("context"), nullptr);
+  const std::vector<std::int64_t> fine = {0, 2}, one = {1};
+  CHECK(torch::equal(mapped.rows(fine, torch::kCPU).context, with_nan.index_select(0, torch::tensor({0, 2}))));
+  CHECK_THROWS_WITH(mapped.rows(one, torch::kCPU),
+                    bad.string() + ": prompt 1: tensor 'context' holds a non-finite value (nan) at element 3");
+}
+
+TEST_CASE("prompt dataset: shards read by row, negatives kept once, every rejection names the file") {
+  const std::vector<std::string> prompts = {"a red circle", "a blue square", "a green star", "a red star",
+                                            "a blue circle"};
+  const prompt_embeddings e = shapes_word_embeddings(prompts, 8, 4);
+  const std::vector<std::string> negative_words = {"a red square", "a green circle"};
+  const prompt_embeddings n = shapes_word_embeddings(negative_words, 8, 4);
+  const auto dir = scratch("dataset");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto shard = [&](std::int64_t from, std::int64_t to, std::vector<std::string> negatives,
+                         std::vector<std::int64_t> index, torch::Tensor negative_rows) {
+    return prompt_file{.embeddings = {.context = e.context.slice(0, from, to), .pooled = e.pooled.slice(0, from, to)},
+                       .prompts = std::vector<std::string>(prompts.begin() + from, prompts.begin() + to),
+                       .negative_embeddings = {.context = n.context.index_select(0, negative_rows),
+                                               .pooled = n.pooled.index_select(0, negative_rows)},
+                       .negative_prompts = std::move(negatives),
+                       .negative_index = std::move(index),
+                       .family = "flux",
+                       .encoder = "t5+clip"};
+  };
+  // Shard 1: negatives {"blurry"}, shard 2: {"ugly", "blurry"}; "blurry" has the same features in both.
+  save_prompt_file(dir / "p-00001-of-00002.safetensors", shard(0, 3, {"blurry"}, {0, 0, 0}, torch::tensor({0})));
+  save_prompt_file(dir / "p-00002-of-00002.safetensors",
+                   shard(3, 5, {"ugly", "blurry"}, {0, 1}, torch::tensor({1, 0})));
+  const prompt_dataset data = open_prompt_dataset(dir);
+  CHECK(data.prompts == prompts);
+  CHECK(data.rows.size() == 5);
+  CHECK(data.files.size() == 2);
+  CHECK(data.negative_prompts == std::vector<std::string>{"blurry", "ugly"});
+  CHECK(data.negative_index == std::vector<std::int64_t>{0, 0, 0, 1, 0});
+  CHECK(torch::equal(data.negative_embeddings.context, n.context));
+  CHECK((data.family == "flux" && data.encoder == "t5+clip"));
+  const std::vector<std::int64_t> rows = {3, 1};
+  CHECK(torch::equal(data.rows.rows(rows, torch::kCPU).context, e.context.index_select(0, torch::tensor({3, 1}))));
+  check_prompt_dataset(data, flux_config{.vec_in = 4, .context_in = 8}, "x");
+  CHECK_THROWS_WITH(check_prompt_dataset(data, flux_config::dev(), "d"),
+                    "d: context width 8 does not match the model's context_in 4096");
+  CHECK_THROWS_WITH(check_prompt_dataset(data, wan_config{.text_dim = 8, .text_len = 2}, "d"),
+                    "d: text features [5, 3, 8] do not fit the model's text_dim 8 and text_len 2");
+  // One file is a dataset of one shard, the same rows as load_prompt_file's.
+  const prompt_dataset single = open_prompt_dataset(dir / "p-00002-of-00002.safetensors");
+  CHECK(single.prompts == std::vector<std::string>{"a red star", "a blue circle"});
+  const std::vector<std::int64_t> both = {0, 1};
+  CHECK(torch::equal(single.rows.rows(both, torch::kCPU).context,
+                     load_prompt_file(dir / "p-00002-of-00002.safetensors").embeddings.context));
+
+  // "blurry" with other features in shard 2.
+  save_prompt_file(dir / "p-00002-of-00002.safetensors",
+                   shard(3, 5, {"ugly", "blurry"}, {0, 1}, torch::tensor({1, 1})));
+  CHECK_THROWS_WITH(open_prompt_dataset(dir), (dir / "p-00002-of-00002.safetensors").string() +
+                                                  ": negative prompt \"blurry\" has other features than in an "
+                                                  "earlier shard");
+  // Missing, stray and mismatched shards.
+  std::filesystem::remove(dir / "p-00001-of-00002.safetensors");
+  CHECK_THROWS_WITH(open_prompt_dataset(dir),
+                    dir.string() + ": shard 1 of 2 (p-00001-of-00002.safetensors) is missing");
+  save_prompt_file(dir / "p-00001-of-00002.safetensors", shard(0, 3, {"blurry"}, {0, 0, 0}, torch::tensor({0})));
+  std::filesystem::rename(dir / "p-00002-of-00002.safetensors", dir / "p-00003-of-00003.safetensors");
+  CHECK_THROWS_WITH(open_prompt_dataset(dir),
+                    dir.string() + ": shard 'p-00003-of-00003.safetensors' is not one of p-*-of-00002.safetensors");
+  std::filesystem::remove(dir / "p-00003-of-00003.safetensors");
+  CHECK_THROWS_WITH(open_prompt_dataset(dir),
+                    dir.string() + ": shard 2 of 2 (p-00002-of-00002.safetensors) is missing");
+  save_safetensors(dir / "extra.safetensors", {{"context", e.context}}, {{"prompts", "a\nb\nc\nd\ne"}});
+  CHECK_THROWS_WITH(open_prompt_dataset(dir),
+                    dir.string() +
+                        ": shard 'extra.safetensors' is not named NAME-00001-of-00004.safetensors (a "
+                        "dataset directory holds only its shards)");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  CHECK_THROWS_WITH(open_prompt_dataset(dir),
+                    dir.string() + ": a prompt dataset directory holds no *.safetensors shards");
+  // Shards that disagree: another width, or no negatives beside a shard with them.
+  save_prompt_file(dir / "p-00001-of-00002.safetensors", shard(0, 3, {"blurry"}, {0, 0, 0}, torch::tensor({0})));
+  save_prompt_file(dir / "p-00002-of-00002.safetensors",
+                   prompt_file{.embeddings = {.context = e.context.slice(0, 3, 5), .pooled = e.pooled.slice(0, 3, 5)},
+                               .prompts = {"a red star", "a blue circle"},
+                               .negative_embeddings = {},
+                               .negative_prompts = {},
+                               .negative_index = {},
+                               .family = "flux",
+                               .encoder = "t5+clip"});
+  CHECK_THROWS_WITH(open_prompt_dataset(dir),
+                    (dir / "p-00002-of-00002.safetensors").string() + ": has no negative prompts, shard 1 has");
+  save_prompt_file(dir / "p-00002-of-00002.safetensors",
+                   prompt_file{.embeddings = shapes_word_embeddings(std::vector<std::string>{"a red star"}, 16, 4),
+                               .prompts = {"a red star"},
+                               .negative_embeddings = {},
+                               .negative_prompts = {},
+                               .negative_index = {},
+                               .family = "flux",
+                               .encoder = "t5+clip"});
+  CHECK_THROWS_WITH(open_prompt_dataset(dir), (dir / "p-00002-of-00002.safetensors").string() +
+                                                  ": rows of 3 x 16 features (pooled width 4), shard 1 has 3 x 8 (4)");
+  std::filesystem::remove_all(dir);
+}
+
 // ---- JPEG rewards ---------------------------------------------------------------------------------------------
 
 TEST_CASE("JPEG rewards equal TurboJPEG's sizes computed by hand") {
@@ -690,4 +824,21 @@ TEST_CASE("run memory: the documented estimate and a one-line refusal naming the
                           Contains("data.prompts_per_iteration = 2 trees of 318771201 nodes") &&
                           Contains("each [3, 16, 16] in model.dtype = float32"));
   CHECK(message.find('\n') == std::string::npos);
+
+  // On a CUDA device: the device's parts against its free memory, the host buffers against the host's budget.
+  config.model.device = "cuda:0";
+  const memory_budget device{.bytes = 80e9, .source = "cudaMemGetInfo on cuda:0"};
+  CHECK_THAT(error_of([&] { check_run_memory(config, {.bytes = 23.4e9, .source = "physical memory"}, device); }),
+             Contains("run.toml: the run needs about 1.96 TB on cuda:0, over its 80 GB free (cudaMemGetInfo on "
+                      "cuda:0): rollout latents 1.96 TB"));
+  config = parse_run_config("", "run.toml");
+  config.model.dir = (models_dir() / "shapes-tiny").string();
+  config.model.device = "cuda:0";
+  const run_memory_estimate small = estimate_run_memory(config, flux, 3);
+  CHECK(small.decoded == 16 * 768 * 4);  // 16 decoded [3, 16, 16] images at a time (the latents are the pixels)
+  CHECK_NOTHROW(check_run_memory(config, {.bytes = 1e6, .source = "test"}, device));  // host buffers fit in 1 MB
+  CHECK_THAT(error_of([&] { check_run_memory(config, {.bytes = 1e3, .source = "test"}, device); }),
+             Contains("run.toml: the run's host buffers need about ") &&
+                 Contains(", over the memory budget of 1 kB (test): decoded samples 49.2 kB (rollout.decode_batch = "
+                          "16 at a time), prompt rows "));
 }

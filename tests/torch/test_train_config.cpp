@@ -5,6 +5,7 @@
 // rejecting bad ones: tests/unit/test_run_config.cpp.)
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -86,7 +87,7 @@ TEST_CASE("a config file loads the model directory and the rewards, and a run tr
   const bg::run_model m = bg::load_run_model(config);
   CHECK(m.prompts.size() == 12);
   CHECK(m.shape.dims == std::vector<std::int64_t>{3, 16, 16});
-  CHECK(m.embeddings.context.size(2) == 32);
+  CHECK(m.embeddings.width() == 32);
   auto run = make_run(config);
   // rank-2 LoRA on the attention and MLP layers only: every trainable tensor is a LoRA factor.
   for (const auto& [name, tensor] : run->trainable()) CHECK(name.find(".lora_") != std::string::npos);
@@ -110,6 +111,40 @@ TEST_CASE("a config file loads the model directory and the rewards, and a run tr
   const torch::Tensor samples = run->sample(std::vector<std::int64_t>{0, 5, 11}, 9);
   CHECK(samples.sizes() == torch::IntArrayRef({3, 3, 16, 16}));
   CHECK(torch::equal(samples, run->sample(std::vector<std::int64_t>{0, 5, 11}, 9)));  // keyed: deterministic
+}
+
+TEST_CASE("a run on a prompt dataset in shards, shuffled per epoch, trains as on the same prompts in memory") {
+  const auto model = make_model_dir();
+  const auto out = scratch("dataset");
+  // The model directory's 12 prompts in 3 shards of 4, as export_prompt_embeddings.py --shard-rows 4 writes them.
+  const bg::prompt_file all = bg::load_prompt_file(model / "prompts.safetensors");
+  const auto shards = out / "prompts";
+  std::filesystem::create_directories(shards);
+  for (std::int64_t k = 0; k < 3; ++k)
+    bg::save_prompt_file(shards / ("p-0000" + std::to_string(k + 1) + "-of-00003.safetensors"),
+                         bg::prompt_embeddings{.context = all.embeddings.context.slice(0, 4 * k, 4 * k + 4),
+                                               .pooled = all.embeddings.pooled.slice(0, 4 * k, 4 * k + 4)},
+                         std::vector<std::string>(all.prompts.begin() + 4 * k, all.prompts.begin() + 4 * k + 4));
+  bg::run_config mapped = config_for(model, out / "mapped", 1), in_memory = config_for(model, out / "memory", 1);
+  mapped.data.embeddings = shards.string();
+  mapped.data.shuffle = in_memory.data.shuffle = true;
+  auto a = make_run(mapped), b = make_run(in_memory);
+  // Shuffled by run.seed = 5: every prompt once in the 6 iterations of an epoch, as prompt_schedule says.
+  std::vector<std::int64_t> epoch;
+  for (int i = 0; i < 6; ++i) {
+    CHECK(a->prompts_of(i) ==
+          bg::prompt_schedule{.prompt_count = 12, .per_iteration = 2, .shuffle = true, .seed = 5}(i));
+    for (const std::int64_t p : a->prompts_of(i)) epoch.push_back(p);
+  }
+  std::sort(epoch.begin(), epoch.end());
+  CHECK(epoch == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  CHECK(a->prompts_of(0) != std::vector<std::int64_t>{0, 1});
+  // Rows read from the mapped shards are the rows in memory: the same iteration, bit for bit.
+  const bg::iteration_stats sa = a->step(), sb = b->step();
+  CHECK(sa.reward_mean == sb.reward_mean);
+  CHECK(same_weights(*a, *b));
+  // The dataset directory is one input of the run: its shards by name, size and checksum.
+  CHECK_THAT(bg::config_text(mapped), Catch::Matchers::Contains("# input data.embeddings = \"3 shards, "));
 }
 
 TEST_CASE("reward parameters are checked with one line naming them") {
@@ -274,9 +309,11 @@ TEST_CASE("sample after train: the EMA's weights by default, the trained ones wi
   // A checkpoint of a run without EMA under a config with EMA: one line naming the checkpoint.
   bg::checkpoint_contents contents = bg::read_checkpoint(checkpoint);
   std::erase_if(contents.state, [](const auto& item) { return item.first.starts_with("ema."); });
-  const auto stripped = out / "checkpoints" / "iter-000009";
+  const auto stripped = out / "stripped" / "iter-000002";
   bg::write_checkpoint(stripped, contents);
-  const std::string first = sampler->trainable().front().first;
+  // The first missing name in name order (the checkpoint's tensors are looked up sorted).
+  std::string first = sampler->trainable().front().first;
+  for (const auto& [name, tensor] : sampler->trainable()) first = std::min(first, name);
   CHECK_THROWS_WITH(sampler->load_weights(stripped),
                     stripped.string() + ": no EMA of '" + first +
                         "' (was it written with optimizer.ema_decay = 0? sample with --no-ema)");

@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <numbers>
+#include <set>
 #include <vector>
 
 #include "branchgrpo/noise/keyed_normal.hpp"
+#include "branchgrpo/noise/keyed_permutation.hpp"
 
 using namespace branchgrpo;
 
@@ -19,8 +21,8 @@ TEST_CASE("Philox4x32-10 matches Random123's known-answer vectors", "[noise]") {
 }
 
 TEST_CASE("keyed normals follow the documented Box-Muller layout", "[noise]") {
-  const noise_key key{.seed = 0x0000000500000007ULL, .iteration = 3, .tree = 2, .node = 11, .step = 4,
-                      .stream = noise_stream::edge};
+  const noise_key key{
+      .seed = 0x0000000500000007ULL, .iteration = 3, .tree = 2, .node = 11, .step = 4, .stream = noise_stream::edge};
   // counter {block, node, tree, iteration | step << 20 | stream << 28}, key {seed low, seed high}.
   const auto bits = philox4x32_10({1, 11, 2, 3u | (4u << 20) | (1u << 28)}, {7, 5});
   const auto u = [](std::uint32_t b) { return (static_cast<double>(b) + 0.5) / 4294967296.0; };
@@ -84,4 +86,52 @@ TEST_CASE("noise keys outside their fields are rejected", "[noise]") {
                     "noise key iteration 1048576 exceeds 1048575");
   CHECK_THROWS_WITH(fill_keyed_normal({.step = 256}, out), "noise key step 256 exceeds 255");
   CHECK_THROWS_AS(fill_keyed_normal({}, out, std::uint64_t{1} << 34), invalid_input);
+}
+
+TEST_CASE("keyed_permutation follows the documented Feistel layout", "[noise][permutation]") {
+  // Size 5: h = 2 (2^4 = 16 >= 5); round r's function is the low 2 bits of Philox(counter {right, r, stream, 0},
+  // key {seed, 0}); positions mapped to 5..15 are mapped again.
+  const auto by_hand = [](std::uint64_t position, std::uint32_t seed, std::uint32_t stream) {
+    std::uint64_t value = position;
+    do {
+      std::uint64_t left = value >> 2, right = value & 3;
+      for (std::uint32_t round = 0; round < 4; ++round) {
+        const std::uint64_t f = philox4x32_10({static_cast<std::uint32_t>(right), round, stream, 0}, {seed, 0})[0] & 3;
+        const std::uint64_t next = left ^ f;
+        left = right;
+        right = next;
+      }
+      value = (left << 2) | right;
+    } while (value >= 5);
+    return value;
+  };
+  std::vector<std::uint64_t> rows, by_hand_rows;
+  for (std::uint64_t p = 0; p < 5; ++p) {
+    rows.push_back(keyed_permutation{.size = 5, .seed = 7, .stream = 0}(p));
+    by_hand_rows.push_back(by_hand(p, 7, 0));
+  }
+  CHECK(rows == by_hand_rows);
+  CHECK(rows == std::vector<std::uint64_t>{0, 4, 3, 2, 1});  // the doc example's rows
+  std::vector<std::uint64_t> other;
+  for (std::uint64_t p = 0; p < 5; ++p) other.push_back(keyed_permutation{.size = 5, .seed = 7, .stream = 1}(p));
+  CHECK(other == std::vector<std::uint64_t>{2, 3, 4, 1, 0});
+  CHECK(keyed_permutation{.size = 1, .seed = 3, .stream = 9}(0) == 0);
+}
+
+TEST_CASE("keyed_permutation is a permutation of every size", "[noise][permutation]") {
+  for (const std::uint64_t size : {2u, 3u, 4u, 7u, 16u, 17u, 1000u, 50000u}) {
+    std::set<std::uint64_t> seen;
+    for (std::uint64_t p = 0; p < size; ++p) {
+      const std::uint64_t row = keyed_permutation{.size = size, .seed = 42, .stream = size}(p);
+      REQUIRE(row < size);
+      seen.insert(row);
+    }
+    CHECK(seen.size() == size);
+  }
+  // A large size is O(1) per position: no table of 2^40 entries is built.
+  const keyed_permutation huge{.size = std::uint64_t{1} << 40, .seed = 1, .stream = 0};
+  CHECK(huge(123) < huge.size);
+  CHECK(huge(123) != huge(124));
+  CHECK_THROWS_WITH((keyed_permutation{.size = 5}(5)), "keyed_permutation position 5 is not below the size 5");
+  CHECK_THROWS_WITH((keyed_permutation{.size = 0}(0)), "keyed_permutation size must be in [1, 2^62], got 0");
 }

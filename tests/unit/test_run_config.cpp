@@ -44,6 +44,7 @@ gradient_checkpointing = true
 [data]
 embeddings = "prompts.safetensors"
 prompts_per_iteration = 3
+shuffle = true
 
 [topology]
 kind = "split_schedule"
@@ -131,6 +132,7 @@ TEST_CASE("an empty config is the documented defaults: shapes-tiny, the branch m
   CHECK(c.model == bg::model_section{});
   CHECK(c.model.dir == "models/shapes-tiny");
   CHECK(c.data.prompts_per_iteration == 2);
+  CHECK_FALSE(c.data.shuffle);
   CHECK(c.rollout.steps == 20);
   CHECK(c.rollout.shift == 3.0);
   CHECK(c.rollout.max_batch == 64);
@@ -164,6 +166,7 @@ TEST_CASE("every documented key is parsed") {
   CHECK(c.model.gradient_checkpointing);
   CHECK(c.data.embeddings == "prompts.safetensors");
   CHECK(c.data.prompts_per_iteration == 3);
+  CHECK(c.data.shuffle);
   CHECK(c.recipe.topology.policy ==
         decltype(c.recipe.topology.policy){bg::split_schedule{.split_steps = {0, 2, 4}, .branching = {3, 2, 2}}});
   CHECK(c.recipe.topology(12).leaf_count() == 12);  // 3 * 2 * 2
@@ -289,7 +292,8 @@ min_std = 1e-4
 
 TEST_CASE("unknown keys are rejected with one line naming them") {
   CHECK(error_of("[rollout]\nstepz = 3\n") ==
-        "run.toml: unknown key rollout.stepz (rollout has: eta, max_batch, noise_level, shift, stepper, steps)");
+        "run.toml: unknown key rollout.stepz (rollout has: decode_batch, eta, max_batch, noise_level, shift, stepper, "
+        "steps)");
   CHECK(error_of("[rolout]\nsteps = 3\n").rfind("run.toml: unknown key rolout (sections: ", 0) == 0);
   CHECK(error_of("[[pruning.pruners]]\nkind = \"parent_top_k\"\nkk = 1\n")
             .rfind("run.toml: unknown key pruning.pruners[0].kk (pruning.pruners[0] has: ", 0) == 0);

@@ -1,6 +1,7 @@
 // End-to-end tests of the generic trainer on the exact-gradient toy model.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -288,6 +289,28 @@ TEST_CASE("prompt_schedule and train_loop", "[trainer][loop]") {
   CHECK(prompt_schedule{.prompt_count = 3, .per_iteration = 5}(1) == std::vector<std::int64_t>{2, 0, 1, 2, 0});
   CHECK_THROWS_WITH(prompt_schedule{.prompt_count = 0}(0), "prompt_schedule prompt_count must be at least 1, got 0");
   CHECK_THROWS_WITH(twelve(-1), "prompt_schedule iteration must be non-negative, got -1");
+
+  // Shuffled: the doc example's seed 7 order; every epoch holds each prompt once, epochs differ, the seed matters.
+  const prompt_schedule shuffled{.prompt_count = 12, .per_iteration = 2, .shuffle = true, .seed = 7};
+  CHECK(shuffled(0) == std::vector<std::int64_t>{0, 4});
+  CHECK(shuffled(1) == std::vector<std::int64_t>{8, 2});
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    std::vector<std::int64_t> rows;
+    for (int i = 6 * epoch; i < 6 * epoch + 6; ++i)
+      for (const std::int64_t row : shuffled(i)) rows.push_back(row);
+    std::vector<std::int64_t> sorted = rows;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+    if (epoch > 0) CHECK(rows != std::vector<std::int64_t>{0, 4, 8, 2, 1, 10, 6, 7, 5, 11, 3, 9});
+  }
+  CHECK(prompt_schedule{.prompt_count = 12, .per_iteration = 2, .shuffle = true, .seed = 8}(0) != shuffled(0));
+  // An iteration that crosses an epoch: positions 10, 11 of epoch 0 and 0, 1, 2 of epoch 1 (P = 5, N = 12, i = 2).
+  const prompt_schedule crossing{.prompt_count = 12, .per_iteration = 5, .shuffle = true, .seed = 7};
+  const keyed_permutation epoch0{.size = 12, .seed = 7, .stream = 0}, epoch1{.size = 12, .seed = 7, .stream = 1};
+  CHECK(crossing(2) ==
+        std::vector<std::int64_t>{static_cast<std::int64_t>(epoch0(10)), static_cast<std::int64_t>(epoch0(11)),
+                                  static_cast<std::int64_t>(epoch1(0)), static_cast<std::int64_t>(epoch1(1)),
+                                  static_cast<std::int64_t>(epoch1(2))});
 
   // The doc example: prompts {0, 1}, {2, 3}, {4, 5}, a hook per iteration; the same as calling train_iteration.
   const auto run = [](int first, auto hook) {

@@ -139,6 +139,9 @@ void add_bench_command(CLI::App& app) {
       ->type_name("TF")
       ->capture_default_str();
   iteration->callback([options] { run_iteration_bench(*options); });
+#ifdef BRANCHGRPO_CLI_BENCH_FLUX
+  add_bench_prompts_command(*bench);
+#endif
 }
 
 }  // namespace branchgrpo::cli

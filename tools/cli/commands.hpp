@@ -44,6 +44,14 @@ void add_compare_command(CLI::App& app);
 ///    "batching_speedup":...},"dance":{...,"time_ratio_vs_dance":1.0,...},...}.
 void add_bench_command(CLI::App& app);
 
+/// Registers `bench prompts` on the `bench` command (with LibTorch; bench_prompts.cpp): a prompt dataset of --count
+/// rows written in shards, read by random batches memory-mapped and loaded whole, printing the resident memory and
+/// the median time per batch each way and their ratios. Throws invalid_input naming the flag for a --dir that holds
+/// other files or sizes that do not fit.
+/// Example: `branchgrpo bench prompts --count 2000 --shard-rows 500` -> a table of "mapped" and "in memory" rows
+///   and "resident ratio mapped / in memory: ...".
+void add_bench_prompts_command(CLI::App& bench);
+
 /// Registers the `weights` subcommand on `app`. It lists the tensors of a `.safetensors` file or a sharded
 /// `*.index.json` (name, dtype, shape), says which FLUX layout (bfl or diffusers) the names are in and which keys
 /// are missing, unexpected or of the wrong shape for a FLUX config. A malformed file throws the reader's one-line
@@ -68,6 +76,7 @@ void add_pretrain_command(CLI::App& app);
 /// grids/iter-NNNNNN.png (the iteration's leaf images, every run.grid_every iterations and at the end) and
 /// checkpoints/iter-NNNNNN/ (every run.checkpoint_every iterations and at the end; checkpoint.hpp).
 /// --resume continues from the latest checkpoint; without it an output directory holding checkpoints is refused.
+/// --memory prints the pre-flight memory estimate by part and the budgets, loads nothing and exits.
 /// Example: `branchgrpo train --config examples/shapes_branch.toml` -> 40 iterations, out/shapes_branch/...
 void add_train_command(CLI::App& app);
 

@@ -185,14 +185,13 @@ inline void keep_prompt_rows(run_model& model, const std::vector<std::int64_t>& 
     require(row >= 0 && row < table, "--prompt-rows: row ", row, " is not in the model's ", table, " prompts");
     prompts.push_back(model.prompts[static_cast<std::size_t>(row)]);
   }
-  const torch::Tensor index = torch::tensor(rows, torch::kLong);
-  model.embeddings = {.context = model.embeddings.context.index_select(0, index),
-                      .pooled = model.embeddings.pooled.index_select(0, index)};
+  model.embeddings = prompt_table(model.embeddings.rows(rows, torch::kCPU));
   model.prompts = std::move(prompts);
 }
 
 inline std::unique_ptr<training_run> make_run(const run_config& config, const demo_options& options) {
-  check_run_memory(config, available_memory());  // the whole run's estimate (app/run_memory.hpp), before loading
+  check_run_memory_before_loading(config,
+                                  available_memory());  // the whole run's estimate (app/run_memory.hpp), before loading
   run_model model = load_run_model(config);
   keep_prompt_rows(model, parse_prompt_rows(prompt_rows(options)));
   weighted_sum reward = make_run_reward(config, model);

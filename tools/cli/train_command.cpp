@@ -43,13 +43,14 @@ struct train_options {
   bool resume = false;
   bool json = false;
   bool quiet = false;
+  bool memory = false;           // print the memory estimate and exit (nothing loaded)
   double timeout_seconds = 300;  // multi-process: the longest wait for a rank (distributed_options)
 };
 
 // The run's memory is estimated from the config and the model files' headers and compared with what this process
 // may use before anything is loaded (app/run_memory.hpp): a 2^24-leaf tree is one line, not an OOM kill.
 std::unique_ptr<training_run> make_run(const run_config& config) {
-  check_run_memory(config, available_memory());
+  check_run_memory_before_loading(config, available_memory());
   run_model model = load_run_model(config);
   weighted_sum reward = make_run_reward(config, model);
   return std::make_unique<training_run>(config, std::move(model), std::move(reward));
@@ -269,8 +270,56 @@ void train_on(const train_options& options, run_config config, Comm& communicato
 
 // One process, or one rank of the group torchrun's variables describe (docs/distributed.md). A rank's error is
 // prefixed with its rank, since several ranks write to one terminal.
+// `train --memory`: the pre-flight estimate by part (app/run_memory.hpp) and the budgets it is checked against,
+// from the config and the model files' headers alone; nothing is loaded or built.
+void print_memory_estimate(const run_config& config, bool json) {
+  const run_memory_estimate e = estimate_run_memory(config, run_transformer_config(config), run_text_tokens(config));
+  const memory_budget host = available_memory();
+  const std::optional<memory_budget> device = device_memory_budget(run_device(config));
+  if (json) {
+    nlohmann::json out = {{"weights", e.weights},
+                          {"training", e.training},
+                          {"rollout", e.rollout},
+                          {"activations", e.activations},
+                          {"decoded", e.decoded},
+                          {"prompt_rows", e.prompt_rows},
+                          {"device_total", e.device_total()},
+                          {"host_total", e.host_total()},
+                          {"total", e.total()},
+                          {"host_budget", host.bytes},
+                          {"host_budget_source", host.source}};
+    if (device) out.update({{"device_budget", device->bytes}, {"device_budget_source", device->source}});
+    std::cout << out.dump() << '\n';
+    return;
+  }
+  const std::string where = config.model.device;
+  const auto line = [](const char* part, double bytes, const std::string& on) {
+    std::cout << "  " << std::left << std::setw(18) << part << std::right << std::setw(10) << byte_text(bytes) << "  "
+              << on << '\n';
+  };
+  std::cout << config.source << ": memory estimate (nothing loaded; docs/reliability.md)\n";
+  line("weights", e.weights, where);
+  line("training state", e.training, where);
+  line("rollout latents", e.rollout, where);
+  line("activations", e.activations, where);
+  line("decoded samples", e.decoded, "host");
+  line("prompt rows", e.prompt_rows, "host");
+  if (device)
+    std::cout << "on " << where << ": " << byte_text(e.device_total()) << " of " << byte_text(device->bytes)
+              << " free (" << device->source << "); host: " << byte_text(e.host_total()) << " of "
+              << byte_text(host.bytes) << " (" << host.source << ")\n";
+  else
+    std::cout << "total " << byte_text(e.total()) << " of " << byte_text(host.bytes) << " (" << host.source << ")"
+              << (run_device(config).is_cuda() ? "; the CUDA device's free memory is unknown to this build" : "")
+              << '\n';
+}
+
 void run_train(const train_options& options) {
   const run_config config = load_run_config(options.config);
+  if (options.memory) {
+    print_memory_estimate(config, options.json);
+    return;
+  }
 #if defined(USE_C10D_GLOO)
   std::optional<c10d_communicator> group =
       communicator_from_environment({.timeout_seconds = options.timeout_seconds, .gloo_interface = {}, .nccl = true});
@@ -359,6 +408,9 @@ void add_train_command(CLI::App& app) {
   train->add_flag("--resume", options->resume, "Continue from the latest checkpoint in run.output_dir");
   train->add_flag("--json", options->json, "One JSON object per iteration on stdout");
   train->add_flag("--quiet", options->quiet, "No progress bar");
+  train->add_flag("--memory", options->memory,
+                  "Print the run's memory estimate by part and the budget it is checked against, then exit "
+                  "(nothing is loaded; --json: one JSON object)");
   add_number(train, "--timeout", options->timeout_seconds,
              "Multi-process runs: seconds before a rank that died or hangs ends the others (docs/distributed.md)", 1,
              86400)

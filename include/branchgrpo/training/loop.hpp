@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/noise/keyed_permutation.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/training/concepts.hpp"
@@ -14,22 +15,37 @@
 
 namespace branchgrpo {
 
-/// The prompts of each iteration: iteration i trains prompts (i P + t) mod N for t < P, so every prompt is
-/// trained equally often and the schedule is a pure function of the iteration (resuming needs no state).
-/// Example: prompt_schedule{.prompt_count = 12, .per_iteration = 2}(7) == {2, 3} ((7 * 2) mod 12 = 2).
+/// The prompts of each iteration. Iteration i trains positions p = i P + t (t < P) of the stream of prompts
+/// that runs through the N prompts epoch after epoch: epoch p / N, its entry p mod N. Without shuffle the entry
+/// is the row ((i P + t) mod N); with shuffle it is row keyed_permutation{N, seed, epoch}(p mod N), a new order
+/// each epoch. Either way every prompt is trained once per epoch and the schedule is a pure function of the
+/// iteration (resuming needs no state).
+/// Example: prompt_schedule{.prompt_count = 12, .per_iteration = 2}(7) == {2, 3} ((7 * 2) mod 12 = 2); with
+///   .shuffle = true, iterations 0..5 give each of the 12 rows once, in an order fixed by .seed.
 /// @pre prompt_count >= 1, per_iteration >= 1, iteration >= 0 (else invalid_input naming the value).
 /// @post result.size() == per_iteration, every entry in [0, prompt_count).
 struct prompt_schedule {
   std::int64_t prompt_count = 1;   ///< N: the prompts are 0 .. N - 1 (rows of a prompt table)
   std::int64_t per_iteration = 1;  ///< P: trees per iteration
+  bool shuffle = false;            ///< a seeded new order each epoch (data.shuffle)
+  std::uint64_t seed = 0;          ///< the shuffle's key (run.seed)
 
   [[nodiscard]] std::vector<std::int64_t> operator()(int iteration) const {
     require(prompt_count >= 1, "prompt_schedule prompt_count must be at least 1, got ", prompt_count);
     require(per_iteration >= 1, "prompt_schedule per_iteration must be at least 1, got ", per_iteration);
     require(iteration >= 0, "prompt_schedule iteration must be non-negative, got ", iteration);
     std::vector<std::int64_t> prompts(static_cast<std::size_t>(per_iteration));
-    for (std::int64_t t = 0; t < per_iteration; ++t)
-      prompts[static_cast<std::size_t>(t)] = (static_cast<std::int64_t>(iteration) * per_iteration + t) % prompt_count;
+    for (std::int64_t t = 0; t < per_iteration; ++t) {
+      const std::int64_t position = static_cast<std::int64_t>(iteration) * per_iteration + t;
+      const std::int64_t entry = position % prompt_count;
+      prompts[static_cast<std::size_t>(t)] =
+          shuffle
+              ? static_cast<std::int64_t>(keyed_permutation{
+                    .size = static_cast<std::uint64_t>(prompt_count),
+                    .seed = seed,
+                    .stream = static_cast<std::uint64_t>(position / prompt_count)}(static_cast<std::uint64_t>(entry)))
+              : entry;
+    }
     return prompts;
   }
   friend bool operator==(const prompt_schedule&, const prompt_schedule&) = default;

@@ -130,9 +130,29 @@ std::string inline_policy(const AnyPolicy& any) {
   return "{ " + body + " }";
 }
 
-// "1857704 bytes, xxh64 3f1c..." of a file, or why it has none.
+// "1857704 bytes, xxh64 3f1c..." of a file ("3 shards, 1857704 bytes, xxh64 ..." of a prompt dataset's shard
+// directory), or why it has none.
 inline std::string input_identity(const std::filesystem::path& path) {
   try {
+    if (std::filesystem::is_directory(path)) {
+      // A prompt dataset's shard directory: its *.safetensors files in name order, each by name, size and XXH64.
+      std::vector<std::filesystem::path> files;
+      for (const auto& entry : std::filesystem::directory_iterator(path))
+        if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+      if (files.empty()) return "a directory without *.safetensors files";
+      std::sort(files.begin(), files.end());
+      xxh64 hash;
+      std::uint64_t size = 0;
+      for (const std::filesystem::path& file : files) {
+        const file_digest_result digest = file_digest(file);
+        const std::string entry =
+            file.filename().string() + " " + std::to_string(digest.size) + " " + hex_digest(digest.xxh64) + "\n";
+        hash.update(entry.data(), entry.size());
+        size += digest.size;
+      }
+      return std::to_string(files.size()) + " shards, " + std::to_string(size) + " bytes, xxh64 " +
+             hex_digest(hash.digest());
+    }
     const file_digest_result digest = file_digest(path);
     return std::to_string(digest.size) + " bytes, xxh64 " + hex_digest(digest.xxh64);
   } catch (const invalid_input&) {
@@ -200,6 +220,7 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("model.gradient_checkpointing", toml_value(m.gradient_checkpointing));
   line("data.embeddings", toml_string(config.data.embeddings));
   line("data.prompts_per_iteration", toml_value(config.data.prompts_per_iteration));
+  line("data.shuffle", toml_value(config.data.shuffle));
   add_policy(out, "topology.", "kind", config.recipe.topology);
   line("rollout.steps", toml_value(config.rollout.steps));
   line("rollout.shift", toml_value(config.rollout.shift));

@@ -109,10 +109,11 @@ struct model_section {
   friend bool operator==(const model_section&, const model_section&) = default;
 };
 
-/// [data]: the prompt embeddings and how many prompts (trees) each iteration trains.
+/// [data]: the prompt embeddings, how many prompts (trees) each iteration trains and in which order.
 struct data_section {
-  std::string embeddings = "";  ///< "" = <model.dir>/prompts.safetensors
+  std::string embeddings = "";  ///< a prompt file or a directory of its shards; "" = <model.dir>/prompts.safetensors
   int prompts_per_iteration = 2;
+  bool shuffle = false;  ///< a new order each epoch keyed by run.seed (prompt_schedule); false: file order
   friend bool operator==(const data_section&, const data_section&) = default;
 };
 
@@ -269,6 +270,7 @@ inline void read_model(table_reader r, model_section& m) {
 inline void read_data(table_reader r, data_section& d, const model_section& m) {
   r.read("embeddings", d.embeddings);
   r.read("prompts_per_iteration", d.prompts_per_iteration, at_least(1));
+  r.read("shuffle", d.shuffle);
   if (m.dir.empty() && d.embeddings.empty())
     fail(r.file(), ": data.embeddings = \"\": needed when there is no model.dir");
   r.finish();

@@ -20,10 +20,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <numbers>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/rollout/keyed_sde_step.hpp"
@@ -33,6 +35,17 @@
 #endif
 
 namespace branchgrpo {
+
+/// What a run may allocate on `device`, for the pre-flight memory check: a CUDA device's free memory when the CUDA
+/// adapter is built (cuda_free_memory), nullopt otherwise: on the CPU the host's budget covers everything, and a
+/// CUDA LibTorch without the adapter's build cannot ask (the check then covers the host only, and says so).
+inline std::optional<memory_budget> device_memory_budget(torch::Device device) {
+#if defined(BRANCHGRPO_TORCH_CUDA_KERNELS)
+  if (device.is_cuda()) return cuda_free_memory(device);
+#endif
+  (void)device;
+  return std::nullopt;
+}
 
 namespace detail {
 /// The latent shape of a [rows, dims...] tensor: its dims after the first.

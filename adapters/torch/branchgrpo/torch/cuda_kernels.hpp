@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/correlator/sibling_rows.hpp"
 #include "branchgrpo/cuda/kernels.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
@@ -35,6 +36,18 @@
 #include "branchgrpo/torch/compat.hpp"
 
 namespace branchgrpo {
+
+/// A CUDA device's free memory (cudaMemGetInfo) as the budget of a run's pre-flight memory check
+/// (app/run_memory.hpp): taken before the run allocates anything, so it is what the run may use.
+/// Example: an idle 80 GB H100 -> {about 84.5e9, "cudaMemGetInfo on cuda:0"}.
+inline memory_budget cuda_free_memory(torch::Device device) {
+  require(device.is_cuda(), "cuda_free_memory of ", device.str(), ": not a CUDA device");
+  const c10::cuda::CUDAGuard guard(device);
+  std::size_t free = 0, total = 0;
+  const cudaError_t status = cudaMemGetInfo(&free, &total);
+  require(status == cudaSuccess, "cudaMemGetInfo on ", device.str(), ": ", cudaGetErrorString(status));
+  return {.bytes = static_cast<double>(free), .source = "cudaMemGetInfo on " + device.str()};
+}
 
 namespace detail {
 

@@ -6,7 +6,8 @@
 //   run_transformer_config(config)          the transformer's shape (FLUX or Wan): model.config, or model.dir's
 //                                           metadata; run_flux_config for image-only callers
 //   estimate_run_memory(config, model, L)   bytes per part: weights, training state, rollout latents, activations
-//   check_run_memory(config, budget)        throws invalid_input naming the keys of the largest part
+//   check_run_memory(config, host, device)  throws invalid_input naming the keys of the largest part: on CUDA
+//                                           the device's parts against its free memory, the host's against RAM
 //
 // The estimate covers what grows with the config's sizes; it is an upper bound for the rollout and training
 // state (exact tensor sizes) and a rough one for the activations (attention scores stored, no fused kernels).
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -91,24 +93,30 @@ inline latent_shape run_latent_shape(const run_config& config, const flux_config
 }
 
 /// The text length of the run's prompt embeddings (the context tensor's second dimension, from the header of
-/// data.embeddings or model.dir's prompts.safetensors); 512 (FLUX's T5 length) when the file has no such tensor.
+/// data.embeddings (its first shard for a directory) or model.dir's prompts.safetensors); 512 (FLUX's T5 length) when
+/// the file has no such tensor.
 inline std::int64_t run_text_tokens(const run_config& config) {
   const std::filesystem::path path = !config.data.embeddings.empty()
                                          ? config.input_path(config.data.embeddings)
                                          : config.input_path(config.model.dir) / "prompts.safetensors";
-  const safetensors_file file(path);
+  const safetensors_file file(std::filesystem::is_directory(path) ? detail::prompt_shards(path).front() : path);
   const safetensors_tensor* context = file.find("context");
   return context != nullptr && context->shape.size() == 3 ? context->shape[1] : 512;
 }
 
-/// A run's memory by part, in bytes (see the file comment).
+/// A run's memory by part, in bytes (see the file comment). The first four live on the model's device; the
+/// last two on the host whatever the device.
 struct run_memory_estimate {
   double weights = 0;      ///< every transformer parameter in model.dtype
   double training = 0;     ///< the trainable tensors' gradient, two AdamW moments and EMA shadow
   double rollout = 0;      ///< the latents of every node of every tree of one iteration (the rollout keeps them)
   double activations = 0;  ///< one model call of rollout.max_batch rows (2x under guidance) with autograd (rough)
+  double decoded = 0;      ///< host: one chunk of rollout.decode_batch decoded images or clips, float32
+  double prompt_rows = 0;  ///< host: the prompt rows of one model call, float32 (the table itself is mapped)
   std::int64_t nodes_per_tree = 0;
-  [[nodiscard]] double total() const { return weights + training + rollout + activations; }
+  [[nodiscard]] double device_total() const { return weights + training + rollout + activations; }
+  [[nodiscard]] double host_total() const { return decoded + prompt_rows; }
+  [[nodiscard]] double total() const { return device_total() + host_total(); }
 };
 
 namespace detail {
@@ -183,6 +191,23 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const r
   // Classifier-free guidance runs the conditional and unconditional rows in one call: twice the rows.
   const double passes = config.model.guidance_scale == 1.0 ? 1 : 2;
   out.activations = passes * rows * per_row;
+  // Host buffers: a decoded chunk (pixels: the latents themselves; a VAE: 8x the latent's height and width, and
+  // Wan's 1 + 4 (F - 1) frames) and the prompt rows copied out of the table for one call.
+  const bool pixels = config.model.decoder == "pixels";
+  double pixels_per_sample = 3;
+  for (std::size_t d = 1; d < shape.dims.size(); ++d) {
+    const double extent = static_cast<double>(shape.dims[d]);
+    const bool frames = shape.dims.size() == 4 && d == 1;
+    pixels_per_sample *= pixels ? extent : frames ? 1 + 4 * (extent - 1) : 8 * extent;
+  }
+  const double leaves = static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.leaf_count());
+  out.decoded = std::min(static_cast<double>(config.rollout.decode_batch), leaves) * pixels_per_sample * 4;
+  double width = 0;
+  if (const auto* wan = std::get_if<wan_config>(&model))
+    width = static_cast<double>(wan->text_dim);
+  else
+    width = static_cast<double>(std::get<flux_config>(model).context_in + std::get<flux_config>(model).vec_in);
+  out.prompt_rows = passes * rows * static_cast<double>(text_tokens) * width * 4;
   return out;
 }
 inline run_memory_estimate estimate_run_memory(const run_config& config, const flux_config& flux,
@@ -190,15 +215,20 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const f
   return estimate_run_memory(config, run_transformer(flux), text_tokens);
 }
 
-/// Throws invalid_input when the estimate exceeds the budget, naming the config keys of the largest part.
+/// Throws invalid_input when the estimate exceeds the budget, naming the config keys of the largest part. With a
+/// `device` budget (a CUDA device's free memory) the device's parts are checked against it and the host's against
+/// `host`; without one (the CPU) every part is checked against `host`.
 /// Example: topology.branching = [4096] on split steps [0, 1] of the shapes model ->
 ///   "run.toml: the run needs about 1.96 TB, over the memory budget of 23.4 GB (physical memory): rollout latents
 ///   1.96 TB (data.prompts_per_iteration = 2 trees of 318771201 nodes, set by [topology] and rollout.steps = 20, each
-///   [3, 16, 16] in model.dtype = float32), activations 2.11 GB (...), ...".
+///   [3, 16, 16] in model.dtype = float32), activations 2.11 GB (...), ...". On a CUDA device of 80 GB free the same
+///   run says "... the run needs about 1.96 TB on cuda:0, over its 80 GB free (cudaMemGetInfo): rollout latents ...".
 inline void check_run_memory(const run_config& config, const run_transformer& model, std::int64_t text_tokens,
-                             const memory_budget& budget) {
+                             const memory_budget& host, const std::optional<memory_budget>& device = std::nullopt) {
   const run_memory_estimate e = estimate_run_memory(config, model, text_tokens);
-  if (e.total() <= budget.bytes) return;
+  const bool device_fits = device ? e.device_total() <= device->bytes : true;
+  const bool host_fits = (device ? e.host_total() : e.total()) <= host.bytes;
+  if (device_fits && host_fits) return;
   const latent_shape shape = run_latent_shape(config, model);
   std::string dims;
   for (const std::int64_t d : shape.dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
@@ -217,19 +247,36 @@ inline void check_run_memory(const run_config& config, const run_transformer& mo
       "training state " + byte_text(e.training) +
       " (lora.enabled = " + (config.lora.enabled ? "true, lora.rank = " + std::to_string(config.lora.rank) : "false") +
       ")";
+  const std::string decoded = "decoded samples " + byte_text(e.decoded) +
+                              " (rollout.decode_batch = " + std::to_string(config.rollout.decode_batch) + " at a time)";
+  const std::string prompt_rows = "prompt rows " + byte_text(e.prompt_rows) +
+                                  " (one call's, rollout.max_batch = " + std::to_string(config.rollout.max_batch) + ")";
   // The largest part first: its keys are the ones to change.
-  std::vector<std::pair<double, std::string>> parts = {
+  const auto listed = [](std::vector<std::pair<double, std::string>> parts) {
+    std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::string line;
+    for (const auto& [size, text] : parts) line += (line.empty() ? "" : ", ") + text;
+    return line;
+  };
+  std::vector<std::pair<double, std::string>> device_parts = {
       {e.rollout, rollout}, {e.activations, activations}, {e.weights, weights}, {e.training, training}};
-  std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::string line;
-  for (const auto& [size, text] : parts) line += (line.empty() ? "" : ", ") + text;
-  fail(config.source, ": the run needs about ", byte_text(e.total()), ", over the memory budget of ",
-       byte_text(budget.bytes), " (", budget.source, "): ", line);
+  const std::vector<std::pair<double, std::string>> host_parts = {{e.decoded, decoded}, {e.prompt_rows, prompt_rows}};
+  if (!device) {
+    device_parts.insert(device_parts.end(), host_parts.begin(), host_parts.end());
+    fail(config.source, ": the run needs about ", byte_text(e.total()), ", over the memory budget of ",
+         byte_text(host.bytes), " (", host.source, "): ", listed(device_parts));
+  }
+  if (!device_fits)
+    fail(config.source, ": the run needs about ", byte_text(e.device_total()), " on ", config.model.device,
+         ", over its ", byte_text(device->bytes), " free (", device->source, "): ", listed(device_parts));
+  fail(config.source, ": the run's host buffers need about ", byte_text(e.host_total()), ", over the memory budget of ",
+       byte_text(host.bytes), " (", host.source, "): ", listed(host_parts));
 }
 
 /// check_run_memory with the run's transformer and text length, read from the model's headers.
-inline void check_run_memory(const run_config& config, const memory_budget& budget) {
-  check_run_memory(config, run_transformer_config(config), run_text_tokens(config), budget);
+inline void check_run_memory(const run_config& config, const memory_budget& host,
+                             const std::optional<memory_budget>& device = std::nullopt) {
+  check_run_memory(config, run_transformer_config(config), run_text_tokens(config), host, device);
 }
 
 }  // namespace branchgrpo

@@ -10,8 +10,9 @@
 //   run.resume();                                      from the latest checkpoint, if any
 //   while (!run.done()) { iteration_stats s = run.step(); ... if (...) run.save_checkpoint(); }
 //
-// One iteration: prompts (data.prompts_per_iteration of them, cycling through the table: iteration i uses rows
-// (i P + t) mod N, t < P, so every prompt is trained equally often), one tree per prompt, train_iteration with
+// One iteration: prompts (data.prompts_per_iteration of them, cycling through the table epoch by epoch: iteration
+// i uses positions i P + t, t < P, in file order or, with data.shuffle, in a new seeded order each epoch, so every
+// prompt is trained equally often; training/loop.hpp's prompt_schedule), one tree per prompt, train_iteration with
 // the config's recipe (one typed method for every configuration, see config/run_config.hpp), the autograd policy
 // (policy.hpp: AdamW, gradient clipping, optional EMA and KL) over the LoRA adapters (or every weight when LoRA
 // is off). Rewards score decoded images or clips: the leaves pass through the run's decoder first.
@@ -29,6 +30,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -41,11 +43,14 @@
 #include <variant>
 #include <vector>
 
+#include "branchgrpo/app/flux_run_model.hpp"
 #include "branchgrpo/app/moving_shapes.hpp"
 #include "branchgrpo/app/rewards.hpp"
 #include "branchgrpo/app/run_memory.hpp"
+#include "branchgrpo/app/run_model.hpp"
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/app/video_rewards.hpp"
+#include "branchgrpo/app/wan_run_model.hpp"
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
@@ -72,222 +77,13 @@
 
 namespace branchgrpo {
 
-/// Leaf latents [rows, C, h, w] -> images [rows, 3, H, W] in [-1, 1]; video latents [rows, C, F, h, w] -> frames
-/// [rows, F', 3, H, W] in [-1, 1].
-using latent_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
-
-/// What a run trains: the transformer (base weights loaded, no adapters yet) — a FLUX one for images or a Wan one
-/// for videos, exactly one of the two —, the prompt table (for Wan the context is the text the model attends to;
-/// pooled is unused), the latent shape ([C, h, w] or [C, F, h, w]) and the decoder (empty: the latents are the
-/// images, as for the shapes model).
-struct run_model {
-  std::shared_ptr<flux_transformer> transformer;
-  std::shared_ptr<wan_transformer> video_transformer;
-  prompt_embeddings embeddings;
-  std::vector<std::string> prompts;
-  latent_shape shape;
-  latent_decoder_fn decode;
-  /// Classifier-free guidance (model.guidance_scale != 1): the negative prompts' table (rows like embeddings') and
-  /// each prompt's negative row in it; empty without guidance.
-  prompt_embeddings negative_embeddings = {};
-  std::vector<std::int64_t> negative_index = {};
-
-  [[nodiscard]] bool is_video() const { return video_transformer != nullptr; }
-  /// The transformer as a module (LoRA, parameters, device moves).
-  [[nodiscard]] torch::nn::Module& network() const {
-    return is_video() ? static_cast<torch::nn::Module&>(*video_transformer) : *transformer;
-  }
-};
-
-/// torch dtype and device of the config's model section.
-inline torch::Dtype run_dtype(const run_config& config) {
-  return config.model.dtype == "bfloat16"  ? torch::kBFloat16
-         : config.model.dtype == "float16" ? torch::kFloat16
-                                           : torch::kFloat32;
-}
-inline torch::Device run_device(const run_config& config) {
-  const torch::Device device(config.model.device);
-  require(!device.is_cuda() || torch::cuda::is_available(), config.source, ": model.device = \"", config.model.device,
-          "\": CUDA is not available in this build or on this machine");
-  return device;
-}
-
-namespace detail {
-
-/// The negatives of `file` that the config's guidance uses, into `out` (nothing when model.guidance_scale is 1):
-/// every prompt's own negative, or the one model.negative_prompt names. One line naming the key or the file
-/// otherwise.
-inline void take_negative_prompts(const run_config& config, prompt_file& file, const std::string& source,
-                                  run_model& out) {
-  const model_section& m = config.model;
-  if (m.guidance_scale == 1.0) return;
-  require(file.has_negatives(), source, ": model.guidance_scale = ", m.guidance_scale,
-          " needs negative prompts, and the file has none (write them with scripts/export_prompt_embeddings.py "
-          "--negative-prompt, or set model.guidance_scale = 1)");
-  out.negative_embeddings = std::move(file.negative_embeddings);
-  out.negative_index = std::move(file.negative_index);
-  if (m.negative_prompt.empty()) return;
-  const auto found = std::find(file.negative_prompts.begin(), file.negative_prompts.end(), m.negative_prompt);
-  require(found != file.negative_prompts.end(), config.source, ": model.negative_prompt = \"",
-          echo_middle(m.negative_prompt, 80), "\" is none of the ", file.negative_prompts.size(),
-          " negative prompts of ", source);
-  out.negative_index.assign(out.prompts.size(), found - file.negative_prompts.begin());
-}
-
-/// The text encoder a named config's released weights were trained with ("" for the test and shipped shapes).
-inline std::string expected_encoder(const model_section& m) {
-  if (m.config == "dev" || m.config == "schnell") return "t5+clip";
-  if (m.config.starts_with("wan-t2v-")) return "umt5";
-  return "";
-}
-
-/// A transformer of `shape` created in model.dtype and moved to model.device before any weights are loaded into
-/// it: a released checkpoint is then copied tensor by tensor into its place, and no float32 copy of the whole
-/// model ever exists on the host (FLUX.1-dev: 24 GB in bfloat16 instead of 48 GB).
-template <class Transformer, class Shape>
-std::shared_ptr<Transformer> make_in_place(const run_config& config, const Shape& shape) {
-  std::shared_ptr<Transformer> model;
-  {
-    const default_dtype_guard in_dtype(run_dtype(config));
-    model = std::make_shared<Transformer>(shape);
-  }
-  model->to(run_device(config));
-  return model;
-}
-
-/// model.weights' tensors in model.dtype: each refused unless of model_weight_dtypes and finite, naming the file.
-inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& config) {
-  return load_safetensors(config.input_path(config.model.weights),
-                          {.dtype = run_dtype(config), .allowed_dtypes = model_weight_dtypes, .finite = true});
-}
-
-/// load_run_model for Wan (video) models: a model directory (load_video_model) or model.config's Wan shape with
-/// its checkpoint (official or diffusers names); the decoder is "pixels" (3 channels: the latents are the frames),
-/// a TorchScript file (*.pt, *.ptl: latents -> frames [rows, F, 3, H, W] in [-1, 1]) or the Wan VAE's
-/// safetensors (its decoder; frames 1 + 4 (F - 1)).
-inline run_model load_video_run_model(const run_config& config) {
-  run_model out;
-  const model_section& m = config.model;
-  wan_config wan;
-  std::int64_t frames = m.latent_frames;
-  if (!m.dir.empty()) {
-    const video_model loaded = load_video_model(config.input_path(m.dir));
-    wan = loaded.config;
-    out.video_transformer = std::make_shared<wan_transformer>(wan);
-    load_wan_weights(*out.video_transformer, loaded.weights, wan_layout::official);
-    out.embeddings = loaded.embeddings;
-    out.prompts = loaded.prompts;
-    if (frames == 0) frames = moving_shapes_frames;
-  } else {
-    wan = named_wan_config(m.config);
-    torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (wan-tiny without weights)
-    out.video_transformer = make_in_place<wan_transformer>(config, wan);
-    if (!m.weights.empty()) load_wan_weights(*out.video_transformer, load_weights_file(config));
-  }
-  if (!config.data.embeddings.empty() || m.dir.empty()) {
-    const std::filesystem::path path = config.input_path(config.data.embeddings);
-    prompt_file file = load_prompt_file(path);
-    check_prompt_file(file, wan, path.string());
-    check_prompt_source(file, "wan", expected_encoder(m), path.string());
-    out.embeddings = std::move(file.embeddings);
-    out.prompts = std::move(file.prompts);
-    take_negative_prompts(config, file, path.string(), out);
-  }
-  require(m.guidance_scale == 1.0 || !out.negative_index.empty(), config.source,
-          ": model.guidance_scale = ", m.guidance_scale,
-          " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
-  // The rollout adds the velocity to the latent: a Wan shape whose out_dim differs (the reference tests' tiny one)
-  // can be loaded and checked, not sampled.
-  require(wan.in_dim == wan.out_dim, config.source, ": the Wan model has in_dim ", wan.in_dim, " and out_dim ",
-          wan.out_dim, ": sampling needs them equal");
-  const std::int64_t h = m.latent_height > 0 ? m.latent_height : shapes_image_size;
-  const std::int64_t w = m.latent_width > 0 ? m.latent_width : shapes_image_size;
-  out.shape = latent_shape{{wan.in_dim, frames, h, w}};
-  const torch::Device device = run_device(config);
-  if (m.decoder == "pixels") {
-    require(wan.in_dim == 3, config.source, ": model.decoder = \"pixels\": the model's latents have ", wan.in_dim,
-            " channels, pixels need 3 (set model.decoder to the Wan VAE or a TorchScript decoder)");
-    out.decode = [](const torch::Tensor& z) { return clip_frames(z); };
-  } else {
-    const std::filesystem::path path = config.input_path(m.decoder);
-    const std::string ext = path.extension().string();
-    if (ext == ".pt" || ext == ".ptl") {
-      auto decoder = std::make_shared<torchscript_decoder>(load_torchscript_decoder(path, device));
-      out.decode = [decoder](const torch::Tensor& z) { return (*decoder)(z).clamp(-1.0, 1.0); };
-    } else {
-      auto vae = std::make_shared<wan_vae_decoder>(wan_vae_config::wan21());
-      load_wan_vae_decoder_weights(*vae, path);
-      vae->to(device);
-      require(wan.out_dim == vae->config().z_dim, config.source, ": model.decoder = \"", m.decoder,
-              "\": the VAE's latents have ", vae->config().z_dim, " channels, the model's ", wan.out_dim);
-      // [rows, 3, F', H, W] -> frames [rows, F', 3, H, W].
-      out.decode = [vae](const torch::Tensor& z) { return clip_frames(vae->decode(z, /*clamp=*/true)); };
-    }
-  }
-  return out;
-}
-
-}  // namespace detail
-
 /// Loads what [model] and [data] name: a model directory (load_shapes_model, or load_video_model for a Wan one) or a
 /// FLUX / Wan config with its checkpoint, the prompt embeddings, and the decoder ("pixels", a TorchScript file
-/// *.pt / *.ptl, an ae.safetensors-layout FLUX autoencoder or the Wan VAE). Errors are one line naming the file
-/// or the key.
+/// *.pt / *.ptl, an ae.safetensors-layout FLUX autoencoder or the Wan VAE): flux_run_model.hpp's loader for image
+/// models, wan_run_model.hpp's for video ones. Errors are one line naming the file or the key.
 inline run_model load_run_model(const run_config& config) {
   if (std::holds_alternative<wan_config>(run_transformer_config(config))) return detail::load_video_run_model(config);
-  run_model out;
-  const model_section& m = config.model;
-  require(m.latent_frames == 0, config.source, ": model.latent_frames = ", m.latent_frames,
-          ": is for video models; model.dir = \"", m.dir, "\" makes images");
-  flux_config flux;
-  if (!m.dir.empty()) {
-    const shapes_model loaded = load_shapes_model(config.input_path(m.dir));
-    flux = loaded.config;
-    out.transformer = std::make_shared<flux_transformer>(flux);
-    load_flux_weights(*out.transformer, loaded.weights);
-    out.embeddings = loaded.embeddings;
-    out.prompts = loaded.prompts;
-  } else {
-    flux = m.config == "dev"       ? flux_config::dev()
-           : m.config == "schnell" ? flux_config::schnell()
-                                   : flux_config::tiny();
-    torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (tiny without weights)
-    out.transformer = detail::make_in_place<flux_transformer>(config, flux);
-    if (!m.weights.empty()) load_flux_weights(*out.transformer, detail::load_weights_file(config));
-  }
-  if (!config.data.embeddings.empty() || m.dir.empty()) {
-    const std::filesystem::path path = config.input_path(config.data.embeddings);
-    prompt_file file = load_prompt_file(path);
-    check_prompt_file(file, flux, path.string());
-    check_prompt_source(file, "flux", detail::expected_encoder(m), path.string());
-    out.embeddings = std::move(file.embeddings);
-    out.prompts = std::move(file.prompts);
-    detail::take_negative_prompts(config, file, path.string(), out);
-  }
-  require(m.guidance_scale == 1.0 || !out.negative_index.empty(), config.source,
-          ": model.guidance_scale = ", m.guidance_scale,
-          " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
-  const std::int64_t h = m.latent_height > 0 ? m.latent_height : shapes_image_size;
-  const std::int64_t w = m.latent_width > 0 ? m.latent_width : shapes_image_size;
-  out.shape = latent_shape{{flux.latent_channels(), h, w}};
-  const torch::Device device = run_device(config);
-  if (m.decoder != "pixels") {
-    const std::filesystem::path path = config.input_path(m.decoder);
-    const std::string ext = path.extension().string();
-    if (ext == ".pt" || ext == ".ptl") {
-      auto decoder = std::make_shared<torchscript_decoder>(load_torchscript_decoder(path, device));
-      out.decode = [decoder](const torch::Tensor& z) { return (*decoder)(z).clamp(-1.0, 1.0); };
-    } else {
-      auto ae = std::make_shared<flux_autoencoder>(flux_autoencoder_config::dev());
-      load_flux_autoencoder_weights(*ae, path);
-      ae->to(device);
-      out.decode = [ae](const torch::Tensor& z) { return ae->decode(z, /*clamp=*/true); };
-    }
-  } else {
-    require(flux.latent_channels() == 3, config.source, ": model.decoder = \"pixels\": the model's latents have ",
-            flux.latent_channels(), " channels, pixels need 3 (set model.decoder to an autoencoder)");
-  }
-  return out;
+  return detail::load_image_run_model(config);
 }
 
 namespace detail {
@@ -553,10 +349,8 @@ class training_run {
         backend_{.device = run_device(config_), .dtype = run_dtype(config_)},
         recipe_(config_.recipe) {
     require((model_.transformer != nullptr) != model_.is_video(), "training_run needs one transformer");
-    require(!model_.prompts.empty() &&
-                static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.context.size(0),
-            "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.context.size(0),
-            " embedding rows");
+    require(!model_.prompts.empty() && static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.size(),
+            "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.size(), " embedding rows");
     model_.network().to(backend_.device, backend_.dtype);
     if (model_.is_video())
       model_.video_transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
@@ -564,25 +358,18 @@ class training_run {
       model_.transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
     if (config_.lora.enabled) add_lora(model_.network(), run_lora_options(config_));
     if (backend_.device.is_cuda()) allow_tf32(config_.model.tf32);
-    // The prompt table stays on the host (pinned for CUDA copies): each call moves only its batch's rows, so the
-    // device holds no 8 MiB per FLUX prompt (docs/torch.md, "Memory").
-    const auto host_table = [&](const torch::Tensor& t) {
-      if (!t.defined()) return t;
-      const torch::Tensor host = t.to(torch::kCPU);
-      return backend_.device.is_cuda() ? host.pin_memory() : host;
-    };
-    prompt_embeddings table{.context = model_.embeddings.context, .pooled = model_.embeddings.pooled};
+    // The prompt table stays where it is (in memory on the host, or in its mapped files): each call copies only
+    // its batch's rows to the device, so the device holds no 8 MiB per FLUX prompt (docs/prompt_embeddings.md).
+    prompt_table table = model_.embeddings;
     std::vector<std::int64_t> negative_rows;
     if (!model_.negative_index.empty()) {  // negatives after the prompts: row N + j is negative j
-      const std::int64_t n = table.context.size(0);
-      table.context = torch::cat({table.context, model_.negative_embeddings.context});
-      if (table.pooled.defined()) table.pooled = torch::cat({table.pooled, model_.negative_embeddings.pooled});
+      const std::int64_t n = table.size();
+      table.append(prompt_table(model_.negative_embeddings));
       for (const std::int64_t j : model_.negative_index) negative_rows.push_back(n + j);
     }
-    table = prompt_embeddings{.context = host_table(table.context), .pooled = host_table(table.pooled)};
     run_denoiser denoiser =
         model_.is_video()
-            ? run_denoiser(wan_denoiser(model_.video_transformer, table.context))
+            ? run_denoiser(wan_denoiser(model_.video_transformer, table))
             : run_denoiser(flux_denoiser(model_.transformer, table, {.guidance = config_.model.guidance}));
     denoiser_ = std::make_unique<run_velocity_model>(
         std::move(denoiser),
@@ -602,10 +389,12 @@ class training_run {
   [[nodiscard]] int iteration() const { return iteration_; }
   [[nodiscard]] bool done() const { return iteration_ >= config_.run.iterations; }
 
-  /// The prompt rows of iteration `i`: (i P + t) mod N for t < P.
+  /// The prompt rows of iteration `i` (prompt_schedule: (i P + t) mod N for t < P, or shuffled per epoch).
   [[nodiscard]] std::vector<std::int64_t> prompts_of(int i) const {
     return prompt_schedule{.prompt_count = static_cast<std::int64_t>(model_.prompts.size()),
-                           .per_iteration = config_.data.prompts_per_iteration}(i);
+                           .per_iteration = config_.data.prompts_per_iteration,
+                           .shuffle = config_.data.shuffle,
+                           .seed = config_.run.seed}(i);
   }
 
   /// Runs the next iteration. With `keep_images`, last_images() holds its leaves' images afterwards.

@@ -17,14 +17,9 @@
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/flux/transformer.hpp"
 #include "branchgrpo/torch/lora.hpp"
+#include "branchgrpo/torch/prompt_table.hpp"
 
 namespace branchgrpo {
-
-/// Text conditioning per prompt index: T5 features [N, L, context_in] and pooled CLIP vectors [N, vec_in].
-struct prompt_embeddings {
-  torch::Tensor context;
-  torch::Tensor pooled;
-};
 
 struct flux_denoiser_options {
   double guidance = 3.5;  ///< embedded (distilled) guidance scale; ignored by configs without guidance_in
@@ -33,19 +28,19 @@ struct flux_denoiser_options {
 /// velocity(x, batch) = transformer(x, t = batch.sigma, prompt rows batch.prompts) in x's dtype.
 /// Example: tiny config, 2 prompts, x [3, 4, 8, 8], batch.prompts {0, 1, 1}, sigma 0.7 -> [3, 4, 8, 8],
 ///   row r conditioned on context[prompts[r]] and pooled[prompts[r]].
-/// @pre prompts.context is [N, L, context_in], prompts.pooled [N, vec_in]; every batch prompt in [0, N);
+/// @pre the table's rows are [L, context_in] with pooled [vec_in]; every batch prompt in [0, N);
 ///   batch.prompts.size() == rows; guidance finite.
 class flux_denoiser {
  public:
-  flux_denoiser(std::shared_ptr<flux_transformer> model, prompt_embeddings prompts, flux_denoiser_options options = {})
+  flux_denoiser(std::shared_ptr<flux_transformer> model, prompt_table prompts, flux_denoiser_options options = {})
       : model_(std::move(model)), prompts_(std::move(prompts)), options_(options) {
     require(model_ != nullptr, "flux_denoiser needs a model");
     const flux_config& c = model_->config();
-    require(prompts_.context.defined() && prompts_.context.dim() == 3 && prompts_.context.size(2) == c.context_in,
-            "prompt context must be [N, L, ", c.context_in, "]");
-    require(prompts_.pooled.defined() && prompts_.pooled.dim() == 2 && prompts_.pooled.size(1) == c.vec_in &&
-                prompts_.pooled.size(0) == prompts_.context.size(0),
-            "prompt pooled vectors must be [", prompts_.context.size(0), ", ", c.vec_in, "]");
+    require(prompts_.size() >= 1, "flux_denoiser needs a prompt table");
+    require(prompts_.width() == c.context_in, "prompt context must be [N, L, ", c.context_in, "], got [",
+            prompts_.size(), ", ", prompts_.tokens(), ", ", prompts_.width(), "]");
+    require(prompts_.pooled_width() == c.vec_in, "prompt pooled vectors must be [", prompts_.size(), ", ", c.vec_in,
+            "], got width ", prompts_.pooled_width());
     require(std::isfinite(options_.guidance), "guidance must be finite, got ", options_.guidance);
   }
 
@@ -55,14 +50,10 @@ class flux_denoiser {
     require(static_cast<std::int64_t>(batch.prompts.size()) == rows, "denoise batch has ", batch.prompts.size(),
             " prompts for ", rows, " rows");
     require(std::isfinite(batch.sigma), "sigma is ", batch.sigma);
-    const std::int64_t n = prompts_.context.size(0);
-    std::vector<std::int64_t> index(batch.prompts.begin(), batch.prompts.end());
-    for (std::size_t r = 0; r < index.size(); ++r)
-      require(index[r] >= 0 && index[r] < n, "row ", r, " has prompt ", index[r], ", the table has ", n);
     const torch::Device device = model_->img_in->weight.device();
-    const torch::Tensor rows_index = torch::tensor(index, torch::kInt64).to(prompts_.context.device());
-    const torch::Tensor context = prompts_.context.index_select(0, rows_index).to(device);
-    const torch::Tensor pooled = prompts_.pooled.index_select(0, rows_index).to(device);
+    const prompt_embeddings text = prompts_.rows(batch.prompts, device);
+    const torch::Tensor& context = text.context;
+    const torch::Tensor& pooled = text.pooled;
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
     const torch::Tensor t = torch::full({rows}, batch.sigma, f32);
     const torch::Tensor g = torch::full({rows}, options_.guidance, f32);
@@ -91,7 +82,7 @@ class flux_denoiser {
 
  private:
   std::shared_ptr<flux_transformer> model_;
-  prompt_embeddings prompts_;
+  prompt_table prompts_;
   flux_denoiser_options options_;
 };
 

@@ -14,12 +14,17 @@
 //                "context_in", "vec_in", "text_len"   decimal widths D, V and length L (optional on load)
 // F16, BF16 and F64 tensors are accepted too and converted to float32 on load. Row n of context and pooled
 // belongs to prompt n; a prompt index in a batch is a row of this table.
+//
+//   load_prompt_file(path)     one file, loaded whole (small tables: the shipped models', tests)
+//   open_prompt_dataset(path)  a file or a directory of its shards, memory-mapped and read by row (prompt_table):
+//                              a dataset of any size (docs/prompt_embeddings.md, "Datasets at scale")
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,10 +33,12 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/model_specs/wan/config.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/flux/denoiser.hpp"
+#include "branchgrpo/torch/prompt_table.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 
 namespace branchgrpo {
@@ -91,6 +98,39 @@ inline std::string join_prompts(std::span<const std::string> prompts, std::strin
   return joined;
 }
 
+// The negatives' part of check_prompt_file, for a table of n prompts of tokens x width features (pooled_width 0:
+// no pooled vectors).
+inline void check_negatives(const prompt_embeddings& negatives, std::span<const std::string> negative_prompts,
+                            std::span<const std::int64_t> negative_index, std::int64_t n, std::int64_t tokens,
+                            std::int64_t width, std::int64_t pooled_width, std::string_view source) {
+  const bool pooled = pooled_width > 0;
+  if (!negatives.context.defined()) {
+    require(negative_prompts.empty() && negative_index.empty() && !negatives.pooled.defined(), source,
+            ": negative prompts without tensor 'negative_context'");
+    return;
+  }
+  const torch::Tensor& negative = negatives.context;
+  check_prompt_tensor(negative, "negative_context", 3, source);
+  require(negative.size(1) == tokens && negative.size(2) == width, source, ": tensor 'negative_context' has shape ",
+          negative.sizes(), ": its tokens and width must be context's [", tokens, ", ", width, "]");
+  const std::int64_t m = negative.size(0);
+  require(static_cast<std::int64_t>(negative_prompts.size()) == m, source, ": ", negative_prompts.size(),
+          " negative prompt strings for ", m, " negative embedding rows");
+  require(negatives.pooled.defined() == pooled, source, ": tensor 'negative_pooled' ",
+          pooled ? "is missing beside 'pooled'" : "is there without 'pooled'");
+  if (pooled) {
+    check_prompt_tensor(negatives.pooled, "negative_pooled", 2, source);
+    require(negatives.pooled.size(0) == m && negatives.pooled.size(1) == pooled_width, source,
+            ": tensor 'negative_pooled' has shape ", negatives.pooled.sizes(), ", expected [", m, ", ", pooled_width,
+            "]");
+  }
+  require(static_cast<std::int64_t>(negative_index.size()) == n, source, ": ", negative_index.size(),
+          " negative indices for ", n, " prompts");
+  for (std::size_t i = 0; i < negative_index.size(); ++i)
+    require(negative_index[i] >= 0 && negative_index[i] < m, source, ": negative_index[", i, "] = ", negative_index[i],
+            " is not a negative row in [0, ", m, ")");
+}
+
 }  // namespace detail
 
 /// Throws invalid_input ("<source>: ...", one line) unless `file` is consistent: context [N, L, D] floating and
@@ -110,33 +150,8 @@ inline void check_prompt_file(const prompt_file& file, std::string_view source) 
   }
   require(static_cast<std::int64_t>(file.prompts.size()) == n, source, ": ", file.prompts.size(),
           " prompt strings for ", n, " embedding rows");
-  if (!file.has_negatives()) {
-    require(file.negative_prompts.empty() && file.negative_index.empty() && !file.negative_embeddings.pooled.defined(),
-            source, ": negative prompts without tensor 'negative_context'");
-    return;
-  }
-  const torch::Tensor& negative = file.negative_embeddings.context;
-  detail::check_prompt_tensor(negative, "negative_context", 3, source);
-  require(negative.size(1) == context.size(1) && negative.size(2) == context.size(2), source,
-          ": tensor 'negative_context' has shape ", negative.sizes(), ": its tokens and width must be context's [",
-          context.size(1), ", ", context.size(2), "]");
-  const std::int64_t m = negative.size(0);
-  require(static_cast<std::int64_t>(file.negative_prompts.size()) == m, source, ": ", file.negative_prompts.size(),
-          " negative prompt strings for ", m, " negative embedding rows");
-  require(file.negative_embeddings.pooled.defined() == pooled, source, ": tensor 'negative_pooled' ",
-          pooled ? "is missing beside 'pooled'" : "is there without 'pooled'");
-  if (pooled) {
-    detail::check_prompt_tensor(file.negative_embeddings.pooled, "negative_pooled", 2, source);
-    require(file.negative_embeddings.pooled.size(0) == m &&
-                file.negative_embeddings.pooled.size(1) == file.embeddings.pooled.size(1),
-            source, ": tensor 'negative_pooled' has shape ", file.negative_embeddings.pooled.sizes(), ", expected [", m,
-            ", ", file.embeddings.pooled.size(1), "]");
-  }
-  require(static_cast<std::int64_t>(file.negative_index.size()) == n, source, ": ", file.negative_index.size(),
-          " negative indices for ", n, " prompts");
-  for (std::size_t i = 0; i < file.negative_index.size(); ++i)
-    require(file.negative_index[i] >= 0 && file.negative_index[i] < m, source, ": negative_index[", i,
-            "] = ", file.negative_index[i], " is not a negative row in [0, ", m, ")");
+  detail::check_negatives(file.negative_embeddings, file.negative_prompts, file.negative_index, n, context.size(1),
+                          context.size(2), pooled ? file.embeddings.pooled.size(1) : 0, source);
 }
 
 /// Throws invalid_input unless the file was made for `family` ("flux" or "wan") and, when `encoder` is not "",
@@ -214,33 +229,59 @@ inline void save_prompt_file(const std::filesystem::path& path, const prompt_emb
                                      .negative_index = {}});
 }
 
-/// Reads a prompt-embeddings file (float32, CPU) and checks it (check_prompt_file; only the tensors of the layout;
-/// the "prompts" metadata present; widths in the metadata, when present, equal to the tensors').
-/// Example: load_prompt_file("models/shapes-tiny/prompts.safetensors") -> 12 prompts, context [12, 3, 32].
-///   A file whose "prompts" holds 11 lines for 12 rows throws "...: 11 prompt strings for 12 embedding rows".
-inline prompt_file load_prompt_file(const std::filesystem::path& path) {
-  const std::string source = path.string();
-  const safetensors_file file(path);
-  prompt_file out;
+namespace detail {
+
+// What a prompt file holds besides its prompts' rows: validated from the header and the metadata, with the
+// negatives (small) loaded; `context` and `pooled` point into the file's tensors.
+struct prompt_file_header {
+  const safetensors_tensor* context = nullptr;
+  const safetensors_tensor* pooled = nullptr;
+  std::vector<std::string> prompts;
+  prompt_embeddings negative_embeddings;
+  std::vector<std::string> negative_prompts;
+  std::vector<std::int64_t> negative_index;
+  std::string family, encoder;
+};
+
+// Every check of load_prompt_file that needs no pass over the prompts' rows: the tensors of the layout with
+// floating dtypes and the shapes of check_prompt_file, the metadata, the negatives (loaded; check_negatives tests
+// them).
+inline prompt_file_header read_prompt_file_header(const safetensors_file& file, const std::string& source) {
   constexpr std::array<std::string_view, 5> names = {"context", "pooled", "negative_context", "negative_pooled",
                                                      "negative_index"};
   for (const safetensors_tensor& tensor : file.tensors())
     require(std::find(names.begin(), names.end(), tensor.name) != names.end(), source, ": unexpected tensor '",
             tensor.name, "' (a prompt file holds context, pooled, negative_context, negative_pooled, negative_index)");
-  const auto load = [&](std::string_view name) {
+  const auto floating = [&](std::string_view name) {
     const safetensors_tensor* tensor = file.find(name);
-    if (tensor == nullptr) return torch::Tensor();
-    const bool floating = tensor->dtype == safetensors_dtype::f32 || tensor->dtype == safetensors_dtype::f16 ||
-                          tensor->dtype == safetensors_dtype::bf16 || tensor->dtype == safetensors_dtype::f64;
-    require(floating, source, ": tensor '", name, "' has dtype ", safetensors_dtype_name(tensor->dtype),
-            ", expected F32");
-    return to_torch(*tensor, {.dtype = torch::kFloat32});
+    if (tensor == nullptr) return tensor;
+    const bool ok = tensor->dtype == safetensors_dtype::f32 || tensor->dtype == safetensors_dtype::f16 ||
+                    tensor->dtype == safetensors_dtype::bf16 || tensor->dtype == safetensors_dtype::f64;
+    require(ok, source, ": tensor '", name, "' has dtype ", safetensors_dtype_name(tensor->dtype), ", expected F32");
+    return tensor;
   };
-  out.embeddings.context = load("context");
-  require(out.embeddings.context.defined(), source, ": tensor 'context' is missing");
-  out.embeddings.pooled = load("pooled");
-  out.negative_embeddings.context = load("negative_context");
-  out.negative_embeddings.pooled = load("negative_pooled");
+  const auto shape_text = [](const safetensors_tensor& t) {
+    std::string text = "[";
+    for (std::size_t d = 0; d < t.shape.size(); ++d) text += (d ? ", " : "") + std::to_string(t.shape[d]);
+    return text + "]";
+  };
+  prompt_file_header out;
+  out.context = floating("context");
+  require(out.context != nullptr, source, ": tensor 'context' is missing");
+  out.pooled = floating("pooled");
+  const auto check_shape = [&](const safetensors_tensor& t, std::size_t dims) {
+    require(t.shape.size() == dims, source, ": tensor '", t.name, "' has shape ", shape_text(t), ", expected ",
+            dims == 3 ? "[N, L, context_in]" : "[N, vec_in]");
+    for (const std::int64_t d : t.shape)
+      require(d >= 1, source, ": tensor '", t.name, "' has shape ", shape_text(t), " with an empty dimension");
+  };
+  check_shape(*out.context, 3);
+  const std::int64_t n = out.context->shape[0];
+  if (out.pooled != nullptr) {
+    check_shape(*out.pooled, 2);
+    require(out.pooled->shape[0] == n, source, ": tensor 'context' holds ", n, " prompts, 'pooled' ",
+            out.pooled->shape[0]);
+  }
   const auto& metadata = file.metadata();
   const auto text = [&](const std::string& key) {
     const auto it = metadata.find(key);
@@ -248,10 +289,18 @@ inline prompt_file load_prompt_file(const std::filesystem::path& path) {
   };
   const std::optional<std::string> prompts = text("prompts");
   require(prompts.has_value(), source, ": no __metadata__ key 'prompts' (the prompt strings)");
-  out.prompts = detail::split_prompts(*prompts);
+  out.prompts = split_prompts(*prompts);
+  require(static_cast<std::int64_t>(out.prompts.size()) == n, source, ": ", out.prompts.size(), " prompt strings for ",
+          n, " embedding rows");
+  const auto load_small = [&](std::string_view name) {
+    const safetensors_tensor* tensor = floating(name);
+    return tensor == nullptr ? torch::Tensor() : to_torch(*tensor, {.dtype = torch::kFloat32});
+  };
+  out.negative_embeddings.context = load_small("negative_context");
+  out.negative_embeddings.pooled = load_small("negative_pooled");
   if (const std::optional<std::string> negatives = text("negative_prompts"))
-    out.negative_prompts = detail::split_prompts(*negatives);
-  if (out.has_negatives()) {
+    out.negative_prompts = split_prompts(*negatives);
+  if (out.negative_embeddings.context.defined()) {
     require(text("negative_prompts").has_value(), source,
             ": no __metadata__ key 'negative_prompts' beside tensor 'negative_context'");
     if (const safetensors_tensor* index = file.find("negative_index")) {
@@ -272,17 +321,205 @@ inline prompt_file load_prompt_file(const std::filesystem::path& path) {
   out.encoder = text("encoder").value_or("");
   require(out.family.empty() || out.family == "flux" || out.family == "wan", source, ": __metadata__ family '",
           out.family, "' is not flux or wan");
-  check_prompt_file(out, source);
-  const auto width = [&](const std::string& key, const torch::Tensor& tensor, std::int64_t dim) {
+  const auto width = [&](const std::string& key, const safetensors_tensor* tensor, std::size_t dim) {
     const std::optional<std::string> value = text(key);
-    if (!value || !tensor.defined()) return;
-    require(*value == std::to_string(tensor.size(dim)), source, ": __metadata__ ", key, " '", *value,
-            "' does not match the tensor's ", tensor.size(dim));
+    if (!value || tensor == nullptr) return;
+    require(*value == std::to_string(tensor->shape[dim]), source, ": __metadata__ ", key, " '", *value,
+            "' does not match the tensor's ", tensor->shape[dim]);
   };
-  width("context_in", out.embeddings.context, 2);
-  width("vec_in", out.embeddings.pooled, 1);
-  width("text_len", out.embeddings.context, 1);
+  width("context_in", out.context, 2);
+  width("vec_in", out.pooled, 1);
+  width("text_len", out.context, 1);
   return out;
+}
+
+}  // namespace detail
+
+/// Reads a prompt-embeddings file (float32, CPU) and checks it (check_prompt_file; only the tensors of the layout;
+/// the "prompts" metadata present; widths in the metadata, when present, equal to the tensors').
+/// Example: load_prompt_file("models/shapes-tiny/prompts.safetensors") -> 12 prompts, context [12, 3, 32].
+///   A file whose "prompts" holds 11 lines for 12 rows throws "...: 11 prompt strings for 12 embedding rows".
+inline prompt_file load_prompt_file(const std::filesystem::path& path) {
+  const std::string source = path.string();
+  const safetensors_file file(path);
+  detail::prompt_file_header header = detail::read_prompt_file_header(file, source);
+  prompt_file out{
+      .embeddings = {.context = to_torch(*header.context, {.dtype = torch::kFloat32}),
+                     .pooled = header.pooled == nullptr ? torch::Tensor()
+                                                        : to_torch(*header.pooled, {.dtype = torch::kFloat32})},
+      .prompts = std::move(header.prompts),
+      .negative_embeddings = std::move(header.negative_embeddings),
+      .negative_prompts = std::move(header.negative_prompts),
+      .negative_index = std::move(header.negative_index),
+      .family = std::move(header.family),
+      .encoder = std::move(header.encoder)};
+  check_prompt_file(out, source);
+  return out;
+}
+
+/// A prompt dataset opened for reading by row: one prompt file, or a directory of its shards
+/// NAME-00001-of-0000K.safetensors (scripts/export_prompt_embeddings.py --shard-rows), each a prompt file of the
+/// layout above. The files are memory-mapped, not loaded: opening reads their headers and the prompt strings, and
+/// a batch's rows are copied out of the mappings when the denoiser asks for them (prompt_table), so the resident
+/// memory does not grow with the dataset (docs/prompt_embeddings.md, "Datasets at scale", has the measurement).
+struct prompt_dataset {
+  prompt_table rows;                          ///< the N prompts' rows, in shard order
+  std::vector<std::string> prompts;           ///< prompts[n] is row n
+  prompt_embeddings negative_embeddings;      ///< [M, ...] float32 in memory; context undefined without negatives
+  std::vector<std::string> negative_prompts;  ///< the M distinct negative prompts of all shards
+  std::vector<std::int64_t> negative_index;   ///< with negatives: prompt n's negative row, in [0, M)
+  std::string family = {};                    ///< "flux", "wan" or ""
+  std::string encoder = {};                   ///< as in prompt_file
+  std::vector<std::filesystem::path> files;   ///< the shards (one for a single file)
+
+  [[nodiscard]] bool has_negatives() const { return negative_embeddings.context.defined(); }
+  /// The family and encoder, as check_prompt_source reads them.
+  [[nodiscard]] prompt_file source_metadata() const {
+    return prompt_file{.embeddings = {},
+                       .prompts = {},
+                       .negative_embeddings = {},
+                       .negative_prompts = {},
+                       .negative_index = {},
+                       .family = family,
+                       .encoder = encoder};
+  }
+};
+
+namespace detail {
+
+// The shards of a dataset directory, in order: every *.safetensors file is NAME-<i>-of-<K>.safetensors with one
+// NAME and K, and i = 1 .. K all there (the layout of Hugging Face's sharded checkpoints).
+inline std::vector<std::filesystem::path> prompt_shards(const std::filesystem::path& dir) {
+  const std::string source = dir.string();
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  require(!files.empty(), source, ": a prompt dataset directory holds no *.safetensors shards");
+  std::sort(files.begin(), files.end());
+  std::string stem, total_text;
+  std::int64_t count = -1;
+  std::size_t width = 0;  // the digits of a shard's number: 5 in p-00001-of-00004
+  const auto shard_name = [&](std::int64_t i) {
+    std::string number = std::to_string(i);
+    if (number.size() < width) number.insert(0, width - number.size(), '0');
+    return stem + "-" + number + "-of-" + total_text + ".safetensors";
+  };
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string name = files[i].stem().string();
+    const std::size_t of = name.rfind("-of-");
+    const std::size_t dash = of == std::string::npos || of == 0 ? std::string::npos : name.rfind('-', of - 1);
+    const auto digits = [](std::string_view text) {
+      return !text.empty() && text.size() <= 9 &&
+             std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    require(dash != std::string::npos && digits(std::string_view(name).substr(dash + 1, of - dash - 1)) &&
+                digits(std::string_view(name).substr(of + 4)),
+            source, ": shard '", files[i].filename().string(),
+            "' is not named NAME-00001-of-00004.safetensors (a dataset directory holds only its shards)");
+    const std::int64_t index = std::stoll(name.substr(dash + 1, of - dash - 1));
+    if (i == 0) {
+      stem = name.substr(0, dash);
+      total_text = name.substr(of + 4);
+      count = std::stoll(total_text);
+      width = of - dash - 1;
+    }
+    require(name.substr(0, dash) == stem && name.substr(of + 4) == total_text, source, ": shard '",
+            files[i].filename().string(), "' is not one of ", stem, "-*-of-", total_text, ".safetensors");
+    require(index >= 1 && index <= count, source, ": shard '", files[i].filename().string(), "' numbers beyond 1..",
+            count);
+    require(index == static_cast<std::int64_t>(i) + 1, source, ": shard ", i + 1, " of ", count, " (",
+            shard_name(static_cast<std::int64_t>(i) + 1), ") is missing");
+  }
+  require(static_cast<std::int64_t>(files.size()) == count, source, ": shard ", files.size() + 1, " of ", count, " (",
+          shard_name(static_cast<std::int64_t>(files.size()) + 1), ") is missing");
+  return files;
+}
+
+}  // namespace detail
+
+/// Opens a prompt file or a shard directory for reading by row. Every shard passes load_prompt_file's checks but
+/// the finiteness of its rows, which rows() tests as it copies them; the shards agree on tokens, widths, pooled,
+/// family and encoder; a negative prompt that several shards hold has the same features in each (the dataset
+/// keeps it once).
+/// Example: a directory of p-00001-of-00002.safetensors (3 prompts) and p-00002-of-00002.safetensors (2) ->
+///   5 prompts, rows 3 and 4 from the second shard. A missing first shard throws
+///   "data: shard 1 of 2 (p-00001-of-00002.safetensors) is missing".
+inline prompt_dataset open_prompt_dataset(const std::filesystem::path& path) {
+  prompt_dataset out;
+  out.files =
+      std::filesystem::is_directory(path) ? detail::prompt_shards(path) : std::vector<std::filesystem::path>{path};
+  std::vector<torch::Tensor> negative_context, negative_pooled;
+  bool first_has_negatives = false;
+  for (std::size_t s = 0; s < out.files.size(); ++s) {
+    const std::string source = out.files[s].string();
+    auto file = std::make_shared<const safetensors_file>(out.files[s]);
+    detail::prompt_file_header header = detail::read_prompt_file_header(*file, source);
+    const prompt_table rows = prompt_table::mapped(file, *header.context, header.pooled);
+    detail::check_negatives(header.negative_embeddings, header.negative_prompts, header.negative_index, rows.size(),
+                            rows.tokens(), rows.width(), rows.pooled_width(), source);
+    if (s == 0) {
+      out.family = header.family;
+      out.encoder = header.encoder;
+      first_has_negatives = header.negative_embeddings.context.defined();
+    } else {
+      require(header.family == out.family && header.encoder == out.encoder, source, ": family '", header.family,
+              "' and encoder '", header.encoder, "', shard 1 has '", out.family, "' and '", out.encoder, "'");
+      require(rows.tokens() == out.rows.tokens() && rows.width() == out.rows.width() &&
+                  rows.pooled_width() == out.rows.pooled_width(),
+              source, ": rows of ", rows.tokens(), " x ", rows.width(), " features (pooled width ", rows.pooled_width(),
+              "), shard 1 has ", out.rows.tokens(), " x ", out.rows.width(), " (", out.rows.pooled_width(), ")");
+      require(
+          header.negative_embeddings.context.defined() == first_has_negatives, source,
+          first_has_negatives ? ": has no negative prompts, shard 1 has" : ": has negative prompts, shard 1 has none");
+    }
+    // The shard's negatives, each kept once by its text: the shard's negative row j is the dataset's local[j].
+    std::vector<std::int64_t> local;
+    for (std::size_t j = 0; j < header.negative_prompts.size(); ++j) {
+      const auto found =
+          std::find(out.negative_prompts.begin(), out.negative_prompts.end(), header.negative_prompts[j]);
+      const torch::Tensor context = header.negative_embeddings.context[static_cast<std::int64_t>(j)];
+      if (found == out.negative_prompts.end()) {
+        local.push_back(static_cast<std::int64_t>(out.negative_prompts.size()));
+        out.negative_prompts.push_back(header.negative_prompts[j]);
+        negative_context.push_back(context);
+        if (header.negative_embeddings.pooled.defined())
+          negative_pooled.push_back(header.negative_embeddings.pooled[static_cast<std::int64_t>(j)]);
+      } else {
+        const auto k = found - out.negative_prompts.begin();
+        require(torch::equal(negative_context[static_cast<std::size_t>(k)], context), source, ": negative prompt \"",
+                echo_middle(header.negative_prompts[j], 60), "\" has other features than in an earlier shard");
+        local.push_back(k);
+      }
+    }
+    for (const std::int64_t j : header.negative_index) out.negative_index.push_back(local[static_cast<std::size_t>(j)]);
+    out.prompts.insert(out.prompts.end(), std::make_move_iterator(header.prompts.begin()),
+                       std::make_move_iterator(header.prompts.end()));
+    if (s == 0)
+      out.rows = rows;
+    else
+      out.rows.append(rows);
+  }
+  if (!negative_context.empty()) {
+    out.negative_embeddings.context = torch::stack(negative_context);
+    if (!negative_pooled.empty()) out.negative_embeddings.pooled = torch::stack(negative_pooled);
+  }
+  return out;
+}
+
+/// check_prompt_file's FLUX width checks on a dataset: pooled there, context_in and vec_in of `config`.
+inline void check_prompt_dataset(const prompt_dataset& data, const flux_config& config, std::string_view source) {
+  require(data.rows.has_pooled(), source, ": tensor 'pooled' is missing (FLUX needs pooled vectors)");
+  require(data.rows.width() == config.context_in, source, ": context width ", data.rows.width(),
+          " does not match the model's context_in ", config.context_in);
+  require(data.rows.pooled_width() == config.vec_in, source, ": pooled width ", data.rows.pooled_width(),
+          " does not match the model's vec_in ", config.vec_in);
+}
+
+/// check_prompt_file's Wan checks on a dataset: width text_dim, at most text_len tokens.
+inline void check_prompt_dataset(const prompt_dataset& data, const wan_config& config, std::string_view source) {
+  require(data.rows.width() == config.text_dim && data.rows.tokens() <= config.text_len, source, ": text features [",
+          data.rows.size(), ", ", data.rows.tokens(), ", ", data.rows.width(), "] do not fit the model's text_dim ",
+          config.text_dim, " and text_len ", config.text_len);
 }
 
 }  // namespace branchgrpo

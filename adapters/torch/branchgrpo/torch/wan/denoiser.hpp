@@ -17,6 +17,7 @@
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/lora.hpp"
+#include "branchgrpo/torch/prompt_table.hpp"
 #include "branchgrpo/torch/wan/transformer.hpp"
 
 namespace branchgrpo {
@@ -28,13 +29,17 @@ namespace branchgrpo {
 ///   rows; x is [rows, in_dim, F, H, W] (else invalid_input naming the shapes).
 class wan_denoiser {
  public:
-  wan_denoiser(std::shared_ptr<wan_transformer> model, torch::Tensor text) : model_(std::move(model)), text_(text) {
+  wan_denoiser(std::shared_ptr<wan_transformer> model, torch::Tensor text)
+      : wan_denoiser(std::move(model), prompt_table(prompt_embeddings{.context = std::move(text), .pooled = {}})) {}
+
+  /// The text features of a table's rows (their pooled vectors, if any, are not used).
+  wan_denoiser(std::shared_ptr<wan_transformer> model, prompt_table text)
+      : model_(std::move(model)), text_(std::move(text)) {
     require(model_ != nullptr, "wan_denoiser needs a model");
     const wan_config& c = model_->config();
-    require(text_.defined() && text_.dim() == 3 && text_.size(0) >= 1 && text_.size(1) >= 1 &&
-                text_.size(1) <= c.text_len && text_.size(2) == c.text_dim,
-            "wan prompt text features must be [N, L <= ", c.text_len, ", ", c.text_dim, "], got ",
-            text_.defined() ? text_.sizes() : c10::IntArrayRef{});
+    require(text_.size() >= 1 && text_.tokens() <= c.text_len && text_.width() == c.text_dim,
+            "wan prompt text features must be [N, L <= ", c.text_len, ", ", c.text_dim, "], got [", text_.size(), ", ",
+            text_.tokens(), ", ", text_.width(), "]");
   }
 
   /// Differentiable velocity [rows, out_dim, F, H, W].
@@ -43,12 +48,8 @@ class wan_denoiser {
     require(static_cast<std::int64_t>(batch.prompts.size()) == rows, "denoise batch has ", batch.prompts.size(),
             " prompts for ", rows, " rows");
     require(std::isfinite(batch.sigma), "sigma is ", batch.sigma);
-    const std::int64_t n = text_.size(0);
-    std::vector<std::int64_t> index(batch.prompts.begin(), batch.prompts.end());
-    for (std::size_t r = 0; r < index.size(); ++r)
-      require(index[r] >= 0 && index[r] < n, "row ", r, " has prompt ", index[r], ", the table has ", n);
     const torch::Device device = model_->patch_embedding->weight.device();
-    const torch::Tensor text = text_.index_select(0, torch::tensor(index, torch::kInt64).to(text_.device())).to(device);
+    const torch::Tensor text = text_.rows(batch.prompts, device).context;
     const torch::Tensor timestep =
         torch::full({rows}, 1000.0 * batch.sigma, torch::TensorOptions().dtype(torch::kFloat32).device(device));
     const torch::Tensor v = model_->forward(x.to(device), timestep, text);
@@ -74,7 +75,7 @@ class wan_denoiser {
 
  private:
   std::shared_ptr<wan_transformer> model_;
-  torch::Tensor text_;
+  prompt_table text_;
 };
 
 }  // namespace branchgrpo

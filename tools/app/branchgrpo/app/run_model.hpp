@@ -1,0 +1,178 @@
+#pragma once
+// What a training run trains and how it is loaded, shared by the two model families' loaders
+// (flux_run_model.hpp, wan_run_model.hpp; training_run.hpp's load_run_model picks one): the run_model, the
+// config's dtype and device, the pre-flight memory check, the prompts of data.embeddings with their negatives,
+// the transformer built in place and the TorchScript decoder.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "branchgrpo/app/run_memory.hpp"
+#include "branchgrpo/config/run_config.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/memory.hpp"
+#include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/torch/backend.hpp"
+#include "branchgrpo/torch/compat.hpp"
+#include "branchgrpo/torch/flux/prompt_embeddings.hpp"
+#include "branchgrpo/torch/flux/transformer.hpp"
+#include "branchgrpo/torch/prompt_table.hpp"
+#include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/torch/torchscript.hpp"
+#include "branchgrpo/torch/wan/transformer.hpp"
+
+namespace branchgrpo {
+
+/// Leaf latents [rows, C, h, w] -> images [rows, 3, H, W] in [-1, 1]; video latents [rows, C, F, h, w] -> frames
+/// [rows, F', 3, H, W] in [-1, 1].
+using latent_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
+
+/// What a run trains: the transformer (base weights loaded, no adapters yet) — a FLUX one for images or a Wan one
+/// for videos, exactly one of the two —, the prompt table (for Wan the context is the text the model attends to;
+/// pooled is unused), the latent shape ([C, h, w] or [C, F, h, w]) and the decoder (empty: the latents are the
+/// images, as for the shapes model).
+struct run_model {
+  std::shared_ptr<flux_transformer> transformer;
+  std::shared_ptr<wan_transformer> video_transformer;
+  /// The prompts' rows: in memory for a model directory's prompts, read by row from the mapped files of
+  /// data.embeddings (a prompt file or a shard directory) otherwise.
+  prompt_table embeddings;
+  std::vector<std::string> prompts;
+  latent_shape shape;
+  latent_decoder_fn decode;
+  /// Classifier-free guidance (model.guidance_scale != 1): the negative prompts' table (rows like embeddings') and
+  /// each prompt's negative row in it; empty without guidance.
+  prompt_embeddings negative_embeddings = {};
+  std::vector<std::int64_t> negative_index = {};
+
+  [[nodiscard]] bool is_video() const { return video_transformer != nullptr; }
+  /// The transformer as a module (LoRA, parameters, device moves).
+  [[nodiscard]] torch::nn::Module& network() const {
+    return is_video() ? static_cast<torch::nn::Module&>(*video_transformer) : *transformer;
+  }
+};
+
+/// torch dtype and device of the config's model section.
+inline torch::Dtype run_dtype(const run_config& config) {
+  return config.model.dtype == "bfloat16"  ? torch::kBFloat16
+         : config.model.dtype == "float16" ? torch::kFloat16
+                                           : torch::kFloat32;
+}
+inline torch::Device run_device(const run_config& config) {
+  const torch::Device device(config.model.device);
+  require(!device.is_cuda() || torch::cuda::is_available(), config.source, ": model.device = \"", config.model.device,
+          "\": CUDA is not available in this build or on this machine");
+  return device;
+}
+
+/// The pre-flight memory check (app/run_memory.hpp) before anything is loaded: on a CUDA device its parts against
+/// the device's free memory and the host buffers against `host`; on the CPU everything against `host`. A CUDA
+/// LibTorch built without the CUDA adapter cannot ask the device: the host part is checked and stderr says so.
+inline void check_run_memory_before_loading(const run_config& config, const memory_budget& host) {
+  const torch::Device device = run_device(config);
+  const std::optional<memory_budget> on_device = device_memory_budget(device);
+  if (device.is_cuda() && !on_device)
+    std::fprintf(stderr,
+                 "%s: model.device = \"%s\": its free memory is not checked before loading (a build "
+                 "without the CUDA adapter)\n",
+                 config.source.c_str(), config.model.device.c_str());
+  check_run_memory(config, host, on_device);
+}
+
+namespace detail {
+
+/// The negatives of `file` that the config's guidance uses, into `out` (nothing when model.guidance_scale is 1):
+/// every prompt's own negative, or the one model.negative_prompt names. One line naming the key or the file
+/// otherwise.
+inline void take_negative_prompts(const run_config& config, prompt_dataset& file, const std::string& source,
+                                  run_model& out) {
+  const model_section& m = config.model;
+  if (m.guidance_scale == 1.0) return;
+  require(file.has_negatives(), source, ": model.guidance_scale = ", m.guidance_scale,
+          " needs negative prompts, and the file has none (write them with scripts/export_prompt_embeddings.py "
+          "--negative-prompt, or set model.guidance_scale = 1)");
+  out.negative_embeddings = std::move(file.negative_embeddings);
+  out.negative_index = std::move(file.negative_index);
+  if (m.negative_prompt.empty()) return;
+  const auto found = std::find(file.negative_prompts.begin(), file.negative_prompts.end(), m.negative_prompt);
+  require(found != file.negative_prompts.end(), config.source, ": model.negative_prompt = \"",
+          echo_middle(m.negative_prompt, 80), "\" is none of the ", file.negative_prompts.size(),
+          " negative prompts of ", source);
+  out.negative_index.assign(out.prompts.size(), found - file.negative_prompts.begin());
+}
+
+/// The text encoder a named config's released weights were trained with ("" for the test and shipped shapes).
+inline std::string expected_encoder(const model_section& m) {
+  if (m.config == "dev" || m.config == "schnell") return "t5+clip";
+  if (m.config.starts_with("wan-t2v-")) return "umt5";
+  return "";
+}
+
+/// A transformer of `shape` created in model.dtype and moved to model.device before any weights are loaded into
+/// it: a released checkpoint is then copied tensor by tensor into its place, and no float32 copy of the whole
+/// model ever exists on the host (FLUX.1-dev: 24 GB in bfloat16 instead of 48 GB).
+template <class Transformer, class Shape>
+std::shared_ptr<Transformer> make_in_place(const run_config& config, const Shape& shape) {
+  std::shared_ptr<Transformer> model;
+  {
+    const default_dtype_guard in_dtype(run_dtype(config));
+    model = std::make_shared<Transformer>(shape);
+  }
+  model->to(run_device(config));
+  return model;
+}
+
+/// model.weights' tensors in model.dtype: each refused unless of model_weight_dtypes and finite, naming the file.
+inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& config) {
+  return load_safetensors(config.input_path(config.model.weights),
+                          {.dtype = run_dtype(config), .allowed_dtypes = model_weight_dtypes, .finite = true});
+}
+
+/// data.embeddings (a prompt file or a shard directory, mapped: open_prompt_dataset) into `out`: checked against
+/// the model's `shape` (flux_config or wan_config), made for `family` and its encoder, with the negatives the
+/// config's guidance uses. One line naming the file otherwise.
+template <class Shape>
+void load_run_prompts(const run_config& config, std::string_view family, const Shape& shape, run_model& out) {
+  const std::filesystem::path path = config.input_path(config.data.embeddings);
+  prompt_dataset file = open_prompt_dataset(path);
+  check_prompt_dataset(file, shape, path.string());
+  check_prompt_source(file.source_metadata(), family, expected_encoder(config.model), path.string());
+  out.embeddings = file.rows;
+  out.prompts = std::move(file.prompts);
+  take_negative_prompts(config, file, path.string(), out);
+}
+
+/// Throws invalid_input unless the run's guidance (model.guidance_scale != 1) has its negative prompts.
+inline void require_guidance_negatives(const run_config& config, const run_model& out) {
+  const model_section& m = config.model;
+  require(m.guidance_scale == 1.0 || !out.negative_index.empty(), config.source,
+          ": model.guidance_scale = ", m.guidance_scale,
+          " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
+}
+
+/// Whether model.decoder names a TorchScript decoder (*.pt, *.ptl) rather than an autoencoder's safetensors.
+inline bool is_torchscript_decoder_path(const std::filesystem::path& path) {
+  const std::string ext = path.extension().string();
+  return ext == ".pt" || ext == ".ptl";
+}
+
+/// A TorchScript decoder (latents -> images [rows, 3, H, W] or frames [rows, F, 3, H, W]) on `device`, its output
+/// clamped to [-1, 1]: the image and the video loaders' one path for it.
+inline latent_decoder_fn torchscript_latent_decoder(const std::filesystem::path& path, torch::Device device) {
+  auto decoder = std::make_shared<torchscript_decoder>(load_torchscript_decoder(path, device));
+  return [decoder](const torch::Tensor& z) { return (*decoder)(z).clamp(-1.0, 1.0); };
+}
+
+}  // namespace detail
+
+}  // namespace branchgrpo
