@@ -19,6 +19,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -127,6 +128,81 @@ inline torchscript_decoder load_torchscript_decoder(const std::filesystem::path&
 /// Leaf latents [rows, ...] -> images [rows, 3, H, W] in [0, 1].
 using image_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
 
+namespace detail {
+
+/// A TorchScript reward model and how it is fed: what torchscript_reward and torchscript_video_reward hold.
+struct torchscript_scorer {
+  torch::jit::Module& module;
+  const std::filesystem::path& path;
+  const std::function<torch::Tensor(const torch::Tensor&)>& decode;  ///< empty: the leaves are the samples
+  std::int64_t batch;
+  torch::Device device;
+  torch::Dtype dtype;
+};
+
+/// What a sample is for one kind of reward model: images [B, 3, H, W] or clips [B, F, 3, H, W], and the names
+/// its messages use.
+struct torchscript_samples {
+  std::string_view type;     ///< the C++ type, e.g. "torchscript_reward"
+  std::string_view model;    ///< e.g. "TorchScript reward"
+  std::string_view samples;  ///< "images", "frames"
+  std::string_view shape;    ///< the sample's dimensions after the rows, e.g. "3, H, W"
+  std::int64_t dims = 4;     ///< with the rows
+  std::int64_t channel_dim = 1;
+  const char* what = "reward";        ///< run_torchscript's name of the call
+  std::string_view items = "images";  ///< what the count of returned scores is of
+};
+
+/// The loop both TorchScript rewards share: chunks of `batch` leaves decoded without autograd, checked to be
+/// [count, shape] with 3 channels, non-finite samples replaced by zeros (their scores NaN, so one failed leaf
+/// cannot poison the batch), forward(samples, prompt ids) -> [count] scores.
+inline std::vector<double> score_with_torchscript(const torchscript_scorer& scorer, const torch::Tensor& leaves,
+                                                  std::span<const std::int64_t> prompts,
+                                                  const torchscript_samples& kind) {
+  const std::string name = std::string(kind.type) + " '" + scorer.path.string() + "'";
+  require(scorer.batch >= 1, kind.type, ": batch ", scorer.batch, " must be at least 1");
+  require(leaves.defined() && leaves.dim() >= 1, name, " needs leaves [rows, ...]");
+  const std::int64_t rows = leaves.size(0);
+  require(static_cast<std::int64_t>(prompts.size()) == rows, name, ": ", prompts.size(), " prompts for ", rows,
+          " leaves");
+  for (std::size_t r = 0; r < prompts.size(); ++r)
+    require(prompts[r] >= 0, name, ": prompt index ", prompts[r], " at row ", r, " is negative");
+  std::vector<double> scores;
+  scores.reserve(static_cast<std::size_t>(rows));
+  for (std::int64_t begin = 0; begin < rows; begin += scorer.batch) {
+    const std::int64_t count = std::min(scorer.batch, rows - begin);
+    torch::Tensor samples;
+    {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor chunk = leaves.narrow(0, begin, count);
+      samples = scorer.decode ? scorer.decode(chunk) : chunk;
+    }
+    require(samples.defined() && samples.dim() == kind.dims && samples.size(0) == count &&
+                samples.size(kind.channel_dim) == 3,
+            name, ": ", kind.samples, " must be [", count, ", ", kind.shape, "], got ",
+            samples.defined() ? samples.sizes() : torch::IntArrayRef{});
+    samples = samples.to(scorer.device, scorer.dtype);
+    const torch::Tensor finite = torch::isfinite(samples).reshape({count, -1}).all(1);
+    std::vector<std::int64_t> row_shape(static_cast<std::size_t>(kind.dims), 1);
+    row_shape[0] = count;
+    const torch::Tensor safe = torch::where(finite.view(row_shape), samples, torch::zeros_like(samples));
+    const torch::Tensor prompt_ids =
+        torch::tensor(std::vector<std::int64_t>(prompts.begin() + begin, prompts.begin() + begin + count),
+                      torch::kInt64)
+            .to(scorer.device);
+    const torch::Tensor out = run_torchscript(scorer.module, scorer.path, {safe, prompt_ids}, kind.what);
+    require(out.numel() == count, kind.model, " '", scorer.path.string(), "' returned ", out.sizes(), " for ", count,
+            " ", kind.items, " (expected [", count, "])");
+    const torch::Tensor values = out.reshape({count}).to(torch::kCPU, torch::kFloat64).contiguous();
+    const torch::Tensor ok = finite.to(torch::kCPU);
+    for (std::int64_t i = 0; i < count; ++i)
+      scores.push_back(ok[i].item<bool>() ? values[i].item<double>() : std::nan(""));
+  }
+  return scores;
+}
+
+}  // namespace detail
+
 /// A TorchScript reward model behind the core's Reward concept (torch_backend): the leaves are decoded to images
 /// in [0, 1] by `decode` (identity when empty: the leaves are such images already), passed in chunks of `batch`
 /// rows with their prompt indices (int64 [rows]) to forward(images, prompts) -> scores [rows].
@@ -143,43 +219,16 @@ struct torchscript_reward {
   torch::Dtype dtype = torch::kFloat32;  ///< images are converted to this dtype
 
   std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
-    require(batch >= 1, "torchscript_reward: batch ", batch, " must be at least 1");
-    require(leaves.defined() && leaves.dim() >= 1, "torchscript_reward '", path.string(), "' needs leaves [rows, ...]");
-    const std::int64_t rows = leaves.size(0);
-    require(static_cast<std::int64_t>(prompts.size()) == rows, "torchscript_reward '", path.string(),
-            "': ", prompts.size(), " prompts for ", rows, " leaves");
-    for (std::size_t r = 0; r < prompts.size(); ++r)
-      require(prompts[r] >= 0, "torchscript_reward '", path.string(), "': prompt index ", prompts[r], " at row ", r,
-              " is negative");
-    std::vector<double> scores;
-    scores.reserve(static_cast<std::size_t>(rows));
-    for (std::int64_t begin = 0; begin < rows; begin += batch) {
-      const std::int64_t count = std::min(batch, rows - begin);
-      torch::Tensor images;
-      {
-        torch::NoGradGuard no_grad;
-        const torch::Tensor chunk = leaves.narrow(0, begin, count);
-        images = decode ? decode(chunk) : chunk;
-      }
-      require(images.defined() && images.dim() == 4 && images.size(0) == count && images.size(1) == 3,
-              "torchscript_reward '", path.string(), "': images must be [", count, ", 3, H, W], got ",
-              images.defined() ? images.sizes() : torch::IntArrayRef{});
-      images = images.to(device, dtype);
-      const torch::Tensor finite = torch::isfinite(images).reshape({count, -1}).all(1);
-      const torch::Tensor safe = torch::where(finite.view({count, 1, 1, 1}), images, torch::zeros_like(images));
-      const torch::Tensor prompt_ids =
-          torch::tensor(std::vector<std::int64_t>(prompts.begin() + begin, prompts.begin() + begin + count),
-                        torch::kInt64)
-              .to(device);
-      const torch::Tensor out = detail::run_torchscript(module, path, {safe, prompt_ids}, "reward");
-      require(out.numel() == count, "TorchScript reward '", path.string(), "' returned ", out.sizes(), " for ", count,
-              " images (expected [", count, "])");
-      const torch::Tensor values = out.reshape({count}).to(torch::kCPU, torch::kFloat64).contiguous();
-      const torch::Tensor ok = finite.to(torch::kCPU);
-      for (std::int64_t i = 0; i < count; ++i)
-        scores.push_back(ok[i].item<bool>() ? values[i].item<double>() : std::nan(""));
-    }
-    return scores;
+    return detail::score_with_torchscript(
+        {.module = module, .path = path, .decode = decode, .batch = batch, .device = device, .dtype = dtype}, leaves,
+        prompts,
+        {.type = "torchscript_reward",
+         .model = "TorchScript reward",
+         .samples = "images",
+         .shape = "3, H, W",
+         .dims = 4,
+         .channel_dim = 1,
+         .what = "reward"});
   }
 };
 

@@ -66,43 +66,17 @@ struct torchscript_video_reward {
   torch::Dtype dtype = torch::kFloat32;  ///< frames are converted to this dtype
 
   std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
-    const std::string name = "torchscript_video_reward '" + path.string() + "'";
-    require(batch >= 1, "torchscript_video_reward: batch ", batch, " must be at least 1");
-    require(leaves.defined() && leaves.dim() >= 1, name, " needs leaves [rows, ...]");
-    const std::int64_t rows = leaves.size(0);
-    require(static_cast<std::int64_t>(prompts.size()) == rows, name, ": ", prompts.size(), " prompts for ", rows,
-            " leaves");
-    for (std::size_t r = 0; r < prompts.size(); ++r)
-      require(prompts[r] >= 0, name, ": prompt index ", prompts[r], " at row ", r, " is negative");
-    std::vector<double> scores;
-    scores.reserve(static_cast<std::size_t>(rows));
-    for (std::int64_t begin = 0; begin < rows; begin += batch) {
-      const std::int64_t count = std::min(batch, rows - begin);
-      torch::Tensor frames;
-      {
-        torch::NoGradGuard no_grad;
-        const torch::Tensor chunk = leaves.narrow(0, begin, count);
-        frames = decode ? decode(chunk) : chunk;
-      }
-      require(frames.defined() && frames.dim() == 5 && frames.size(0) == count && frames.size(2) == 3, name,
-              ": frames must be [", count, ", F, 3, H, W], got ",
-              frames.defined() ? frames.sizes() : torch::IntArrayRef{});
-      frames = frames.to(device, dtype);
-      const torch::Tensor finite = torch::isfinite(frames).reshape({count, -1}).all(1);
-      const torch::Tensor safe = torch::where(finite.view({count, 1, 1, 1, 1}), frames, torch::zeros_like(frames));
-      const torch::Tensor prompt_ids =
-          torch::tensor(std::vector<std::int64_t>(prompts.begin() + begin, prompts.begin() + begin + count),
-                        torch::kInt64)
-              .to(device);
-      const torch::Tensor out = detail::run_torchscript(module, path, {safe, prompt_ids}, "video reward");
-      require(out.numel() == count, "TorchScript video reward '", path.string(), "' returned ", out.sizes(), " for ",
-              count, " clips (expected [", count, "])");
-      const torch::Tensor values = out.reshape({count}).to(torch::kCPU, torch::kFloat64).contiguous();
-      const torch::Tensor ok = finite.to(torch::kCPU);
-      for (std::int64_t i = 0; i < count; ++i)
-        scores.push_back(ok[i].item<bool>() ? values[i].item<double>() : std::nan(""));
-    }
-    return scores;
+    return detail::score_with_torchscript(
+        {.module = module, .path = path, .decode = decode, .batch = batch, .device = device, .dtype = dtype}, leaves,
+        prompts,
+        {.type = "torchscript_video_reward",
+         .model = "TorchScript video reward",
+         .samples = "frames",
+         .shape = "F, 3, H, W",
+         .dims = 5,
+         .channel_dim = 2,
+         .what = "video reward",
+         .items = "clips"});
   }
 };
 
