@@ -109,7 +109,7 @@ echo "wrote $out/bench_flux_dev.txt and $out/bench_flux_dev.json"
 
 # Wan2.1-T2V-1.3B size (random weights, bf16, LoRA rank 8), latent 16 x 5 x 30 x 52 (17 frames at 240 x 416: 1950
 # video tokens + 512 text tokens), one prompt, 20 steps, 1 warm-up + 1 measured iteration per variant. Estimate
-# (tools/cli/bench_wan.hpp, wan_forward_flops): 5.92 TFLOP per forward row; one round of the five variants is
+# (tools/cli/bench/wan.hpp, wan_forward_flops): 5.92 TFLOP per forward row; one round of the five variants is
 # ~2850 forward-equivalents (dance 305 + 2 x 320, branch 203 + 2 x 218, widpru 203 + 2 x 130, deppru 203 + 2 x 154,
 # mix ~203 + 2 x 42) = 16.9 PFLOP, two rounds 34 PFLOP, the batching rollouts (1117 rows each way) 13 PFLOP: ~47
 # PFLOP, ~2 minutes at 400 TFLOP/s (3 at 250) after the FLUX run. --max-batch 4: an update row keeps roughly 14 GB

@@ -340,7 +340,7 @@ if(TARGET branchgrpo_cli)
   branchgrpo_cli_error_test(bench_methods_without_dance "--methods must include dance" bench iteration
                             --methods branch,branch-mix)
   branchgrpo_cli_error_test(bench_unknown_method "unknown method 'grpo'" bench iteration --methods dance,grpo)
-  # --model flux-tiny / flux (tools/cli/bench_flux.cpp): built under the same condition as tools/CMakeLists.txt
+  # --model flux-tiny / flux (tools/cli/bench/flux.cpp): built under the same condition as tools/CMakeLists.txt
   # gives it. One short CPU run each (the JSON keys and the evaluation counts, never the times): flux-tiny on the
   # shipped model (< 60 s on 2 cores), flux on the tiny config's random weights (the variants share one transformer
   # and swap their LoRA adapters).

@@ -1,7 +1,7 @@
 # --- Sizes and numbers (label reliability): every size flag of tree, toy, bench, pretrain and demo is checked
 # against a hard limit or the memory it implies before anything is built, under a low address-space limit
 # (ulimit -v), within seconds; numbers the flag's type cannot hold ("--seed -1", 300 digits, "1e999") and empty
-# lists are refused with one line naming the flag (tools/cli/number_options.hpp, tools/cli/memory_budget.hpp).
+# lists are refused with one line naming the flag (tools/cli/options/number_options.hpp, tools/cli/options/memory_budget.hpp).
 if(TARGET branchgrpo_cli)
   set(expect_error ${CMAKE_CURRENT_SOURCE_DIR}/reliability/scripts/expect_error.sh)
   set(tool $<TARGET_FILE:branchgrpo_cli>)

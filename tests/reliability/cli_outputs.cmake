@@ -1,7 +1,7 @@
 # --- Write errors (label reliability): every output of tree, weights, toy, bench, pretrain and demo to a full disk
 # (/dev/full, reached as standard output or through a symlink where a file is written) ends the command with a
 # non-zero exit and one line naming the path, or "standard output", and "No space left on device"
-# (tools/cli/output_file.hpp). tests/reliability/scripts/expect_error.sh runs each command.
+# (tools/cli/output/output_file.hpp). tests/reliability/scripts/expect_error.sh runs each command.
 if(TARGET branchgrpo_cli AND EXISTS /dev/full)
   set(outputs_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_outputs)
   set(expect_error ${CMAKE_CURRENT_SOURCE_DIR}/reliability/scripts/expect_error.sh)

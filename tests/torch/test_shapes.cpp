@@ -125,6 +125,23 @@ TEST_CASE("shapes_draw is a pure function of (seed, index) within the documented
   }
 }
 
+TEST_CASE("the jitter and the prompt draw shared by the image and the clip data sets") {
+  // The doc example: mid uniforms leave the palette and the background exactly.
+  shapes_sample s;
+  branchgrpo::detail::shapes_jitter(s, 1, {0, 0, 0, 0.5, 0.5, 0.5, 0.5, 0});
+  CHECK(s.background == 0.92);
+  CHECK(s.colour == shapes_palette[1]);
+  // u = 1 everywhere: +0.03 on the background, +0.06 per channel, clamped at 1 (yellow's red is 0.95).
+  branchgrpo::detail::shapes_jitter(s, 3, {0, 0, 0, 1, 1, 1, 1, 0});
+  CHECK(s.background == Approx(0.95));
+  CHECK(s.colour[0] == 1.0);
+  CHECK(s.colour[2] == Approx(shapes_palette[3][2] + 0.06));
+  CHECK(branchgrpo::detail::drawn_prompt({}, 0.999999, 12, "shapes") == 11);
+  CHECK(branchgrpo::detail::drawn_prompt({}, 0.5, 48, "moving-shapes") == 24);
+  CHECK(branchgrpo::detail::drawn_prompt(7, 0.0, 12, "shapes") == 7);
+  CHECK_THROWS_WITH(branchgrpo::detail::drawn_prompt(-1, 0.0, 48, "moving-shapes"), "moving-shapes prompt -1 is outside [0, 48)");
+}
+
 TEST_CASE("shapes_render: the doc example, value ranges and batches") {
   // A red circle of radius 4 at (8, 8), no jitter: the centre pixel is all shape, a corner all background.
   const shapes_sample circle{

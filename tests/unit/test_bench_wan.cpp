@@ -1,4 +1,4 @@
-// The torch-free part of `branchgrpo bench iteration --model wan-tiny | wan` (tools/cli/bench_wan.hpp): the
+// The torch-free part of `branchgrpo bench iteration --model wan-tiny | wan` (tools/cli/bench/wan.hpp): the
 // analytic FLOP count of a Wan forward, checked term by term by hand, the token count and the bench's tiny config.
 #include <catch2/catch.hpp>
 
@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "branchgrpo/model_specs/wan/config.hpp"
-#include "cli/bench_wan.hpp"
+#include "cli/bench/wan.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The GIF animation writer (tools/cli/gif.hpp): encoded through giflib, decoded here with giflib's reader
+// The GIF animation writer (tools/cli/images/gif.hpp): encoded through giflib, decoded here with giflib's reader
 // (DGifSlurp) and compared pixel by pixel, frame by frame, with the delay and the loop extension.
 #include <catch2/catch.hpp>
 #include <gif_lib.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/gif.hpp"
+#include "cli/images/gif.hpp"
 
 using namespace branchgrpo;
 using namespace branchgrpo::cli;

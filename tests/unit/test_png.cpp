@@ -1,4 +1,4 @@
-// The PNG writer and raster plotter behind the tool's plots (tools/cli/png.hpp, plot.hpp). The PNG is decoded
+// The PNG writer and raster plotter behind the tool's plots (tools/cli/images/png.hpp, plot.hpp). The PNG is decoded
 // here with libpng's simplified reader and every pixel compared with the image.
 #include <catch2/catch.hpp>
 #include <png.h>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/plot.hpp"
-#include "cli/png.hpp"
+#include "cli/images/plot.hpp"
+#include "cli/images/png.hpp"
 
 using namespace branchgrpo;
 using namespace branchgrpo::cli;

@@ -7,7 +7,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/topology.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
-#include "cli/tree_report.hpp"
+#include "cli/output/tree_report.hpp"
 
 using branchgrpo::edge_kind;
 using branchgrpo::tree_plan;

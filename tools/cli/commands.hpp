@@ -1,5 +1,5 @@
 #pragma once
-// The subcommands of the branchgrpo tool: one registration function each, defined in <name>_command.cpp;
+// The subcommands of the branchgrpo tool: one registration function each, defined in commands/<name>.cpp;
 // main.cpp only dispatches. Each throws branchgrpo::invalid_input (one line naming the value) for bad input.
 // pretrain, train, sample and demo exist only with the application layer (LibTorch, toml++, TurboJPEG;
 // BRANCHGRPO_CLI_TORCH); otherwise main.cpp registers commands that only say what is missing.
@@ -44,7 +44,7 @@ void add_compare_command(CLI::App& app);
 ///    "batching_speedup":...},"dance":{...,"time_ratio_vs_dance":1.0,...},...}.
 void add_bench_command(CLI::App& app);
 
-/// Registers `bench prompts` on the `bench` command (with LibTorch; bench_prompts.cpp): a prompt dataset of --count
+/// Registers `bench prompts` on the `bench` command (with LibTorch; bench/prompts.cpp): a prompt dataset of --count
 /// rows written in shards, read by random batches memory-mapped and loaded whole, printing the resident memory and
 /// the median time per batch each way and their ratios. Throws invalid_input naming the flag for a --dir that holds
 /// other files or sizes that do not fit.

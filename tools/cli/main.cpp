@@ -14,7 +14,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/numbers.hpp"
 #include "cli/commands.hpp"
-#include "cli/output_file.hpp"
+#include "cli/output/output_file.hpp"
 
 namespace {
 

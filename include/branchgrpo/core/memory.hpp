@@ -1,7 +1,7 @@
 #pragma once
 // Memory estimates against a budget: a size from a flag, a config or a file is compared with the memory the process
 // may use before anything of that size is built, and a refusal names the setting and both figures in readable
-// units. The budget itself is the application's to measure (tools/cli/memory_budget.hpp: physical memory and
+// units. The budget itself is the application's to measure (tools/cli/options/memory_budget.hpp: physical memory and
 // ulimits); the library only compares.
 #include <cstdio>
 #include <iterator>

@@ -78,11 +78,7 @@ inline moving_shapes_sample moving_shapes_draw(std::uint64_t seed, std::uint64_t
                                                std::optional<std::int64_t> prompt = {}) {
   const std::array<double, 8> u = detail::shapes_uniforms(seed, index, detail::moving_shapes_philox_tag);
   moving_shapes_sample s;
-  s.prompt = prompt ? *prompt
-                    : std::min<std::int64_t>(static_cast<std::int64_t>(u[7] * moving_shapes_prompt_count),
-                                             moving_shapes_prompt_count - 1);
-  require(s.prompt >= 0 && s.prompt < moving_shapes_prompt_count, "moving-shapes prompt ", s.prompt, " is outside [0, ",
-          moving_shapes_prompt_count, ")");
+  s.prompt = detail::drawn_prompt(prompt, u[7], moving_shapes_prompt_count, "moving-shapes");
   const std::int64_t still_prompt = s.prompt / 4;
   const int shape = static_cast<int>(still_prompt % 3), colour = static_cast<int>(still_prompt / 3);
   s.still.prompt = still_prompt;
@@ -94,10 +90,7 @@ inline moving_shapes_sample moving_shapes_draw(std::uint64_t seed, std::uint64_t
   const bool horizontal = s.prompt % 4 < 2;
   s.still.cx = horizontal ? middle : across;
   s.still.cy = horizontal ? across : middle;
-  s.still.background = shapes_background + 0.06 * (u[3] - 0.5);
-  for (std::size_t k = 0; k < 3; ++k)
-    s.still.colour[k] =
-        std::clamp(shapes_palette[static_cast<std::size_t>(colour)][k] + 0.12 * (u[4 + k] - 0.5), 0.0, 1.0);
+  detail::shapes_jitter(s.still, colour, u);
   return s;
 }
 
@@ -131,17 +124,11 @@ struct moving_shapes_batch {
 /// Example: make_moving_shapes_batch(0, 10, 2).clips[1] equals moving_shapes_render(moving_shapes_draw(0, 11)).
 /// @pre count >= 0.
 inline moving_shapes_batch make_moving_shapes_batch(std::uint64_t seed, std::uint64_t first, std::int64_t count) {
-  require(count >= 0, "moving-shapes batch size must be non-negative, got ", count);
-  moving_shapes_batch batch;
-  std::vector<torch::Tensor> clips;
-  for (std::int64_t r = 0; r < count; ++r) {
-    const moving_shapes_sample s = moving_shapes_draw(seed, first + static_cast<std::uint64_t>(r));
-    batch.prompts.push_back(s.prompt);
-    clips.push_back(moving_shapes_render(s));
-  }
-  batch.clips = count == 0 ? torch::empty({0, 3, moving_shapes_frames, shapes_image_size, shapes_image_size})
-                           : torch::stack(clips);
-  return batch;
+  auto [clips, prompts] = detail::draw_batch(
+      seed, first, count, "moving-shapes", [](std::uint64_t s, std::uint64_t i) { return moving_shapes_draw(s, i); },
+      [](const moving_shapes_sample& sample) { return moving_shapes_render(sample); },
+      {0, 3, moving_shapes_frames, shapes_image_size, shapes_image_size});
+  return {.clips = std::move(clips), .prompts = std::move(prompts)};
 }
 
 /// Pixel latents [rows, 3, F, H, W] -> frames [rows, F, 3, H, W] (what the video rewards and writers take).
@@ -244,16 +231,8 @@ inline video_model load_video_model(const std::filesystem::path& dir) {
   const std::filesystem::path prompts_path = dir / "prompts.safetensors";
   require(std::filesystem::is_regular_file(model_path), model_path.string(), ": no such file");
   video_model out;
-  {
-    const safetensors_checkpoint checkpoint(model_path);
-    out.metadata = checkpoint.metadata();
-    require_one_model_family(out.metadata, model_path.string());
-    const auto it = out.metadata.find(std::string(wan_config_metadata_key));
-    require(it != out.metadata.end(), model_path.string(), ": no __metadata__ key '", wan_config_metadata_key, "'");
-    out.config = parse_wan_config(it->second, model_path.string());
-    out.weights =
-        load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
-  }
+  out.config =
+      detail::read_model_file(model_path, wan_config_metadata_key, parse_wan_config, out.weights, out.metadata);
   const wan_key_report report = check_wan_tensors(out.config, wan_layout::official, detail::tensor_shapes(out.weights));
   require(report.ok(), model_path.string(), ": weights do not match the config: ", report.message());
   prompt_file prompts = load_prompt_file(prompts_path);
@@ -283,11 +262,8 @@ inline torch::Tensor video_sample_ode(const std::shared_ptr<wan_transformer>& mo
   torch::NoGradGuard no_grad;
   torch_backend backend{.device = device, .dtype = torch::kFloat32};
   wan_denoiser denoiser(model, text.to(f32));
-  const auto root_key = [seed](std::int64_t r) {
-    return noise_key{.seed = seed, .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::root_latent};
-  };
-  return sample_ode(backend, denoiser, schedule, latent_shape{{channels, frames, height, width}}, prompts, root_key,
-                    static_cast<std::int64_t>(prompts.size()))
+  return sample_ode(backend, denoiser, schedule, latent_shape{{channels, frames, height, width}}, prompts,
+                    detail::ode_root_key(seed), static_cast<std::int64_t>(prompts.size()))
       .front();
 }
 

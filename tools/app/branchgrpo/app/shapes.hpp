@@ -160,6 +160,43 @@ inline bool shapes_inside(const shapes_sample& s, int shape, double x, double y)
   return dy <= e && std::abs(dx) <= (dy + e) / 2;
 }
 
+/// The background and colour jitter every drawn shape (image or clip) gets from its uniforms u3..u6:
+/// background = 0.92 + 0.06 (u3 - 0.5), colour_k = clamp(palette_colour_k + 0.12 (u_{4+k} - 0.5), 0, 1).
+/// Example: u3 = u4 = u5 = u6 = 0.5, colour 1 -> background 0.92, colour (0.10, 0.75, 0.15) exactly.
+inline void shapes_jitter(shapes_sample& s, int colour, const std::array<double, 8>& u) {
+  s.background = shapes_background + 0.06 * (u[3] - 0.5);
+  for (std::size_t k = 0; k < 3; ++k)
+    s.colour[k] = std::clamp(shapes_palette[static_cast<std::size_t>(colour)][k] + 0.12 * (u[4 + k] - 0.5), 0.0, 1.0);
+}
+
+/// The prompt of a drawn sample: `given`, else floor(count u7) (at most count - 1); refused outside [0, count)
+/// with one line naming `what` ("shapes", "moving-shapes").
+inline std::int64_t drawn_prompt(std::optional<std::int64_t> given, double u7, std::int64_t count,
+                                 std::string_view what) {
+  const std::int64_t prompt =
+      given ? *given : std::min<std::int64_t>(static_cast<std::int64_t>(u7 * static_cast<double>(count)), count - 1);
+  require(prompt >= 0 && prompt < count, what, " prompt ", prompt, " is outside [0, ", count, ")");
+  return prompt;
+}
+
+/// Samples first, ..., first + count - 1 drawn with `seed` and rendered, stacked [count, item...], with their
+/// prompts: the batch of the image and of the clip data set alike. `empty` is the shape of a batch of none.
+template <class Draw, class Render>
+std::pair<torch::Tensor, std::vector<std::int64_t>> draw_batch(std::uint64_t seed, std::uint64_t first,
+                                                                std::int64_t count, std::string_view what,
+                                                                Draw&& draw, Render&& render,
+                                                                std::vector<std::int64_t> empty) {
+  require(count >= 0, what, " batch size must be non-negative, got ", count);
+  std::vector<std::int64_t> prompts;
+  std::vector<torch::Tensor> items;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const auto sample = draw(seed, first + static_cast<std::uint64_t>(r));
+    prompts.push_back(sample.prompt);
+    items.push_back(render(sample));
+  }
+  return {count == 0 ? torch::empty(empty) : torch::stack(items), std::move(prompts)};
+}
+
 }  // namespace detail
 
 /// Sample `index` of the data set drawn with `seed` (see the file comment for the uniforms u0..u7):
@@ -173,20 +210,14 @@ inline bool shapes_inside(const shapes_sample& s, int shape, double x, double y)
 inline shapes_sample shapes_draw(std::uint64_t seed, std::uint64_t index, std::optional<std::int64_t> prompt = {}) {
   const std::array<double, 8> u = detail::shapes_uniforms(seed, index);
   shapes_sample s;
-  s.prompt =
-      prompt ? *prompt
-             : std::min<std::int64_t>(static_cast<std::int64_t>(u[7] * shapes_prompt_count), shapes_prompt_count - 1);
-  require(s.prompt >= 0 && s.prompt < shapes_prompt_count, "shapes prompt ", s.prompt, " is outside [0, ",
-          shapes_prompt_count, ")");
+  s.prompt = detail::drawn_prompt(prompt, u[7], shapes_prompt_count, "shapes");
   const int colour = static_cast<int>(s.prompt / 3), shape = static_cast<int>(s.prompt % 3);
   s.radius = 3.0 + 2.0 * u[0];
   const double e = detail::shapes_half_extent(shape, s.radius);
   const auto side = static_cast<double>(shapes_image_size);
   s.cx = 1.0 + e + (side - 2.0 - 2.0 * e) * u[1];
   s.cy = 1.0 + e + (side - 2.0 - 2.0 * e) * u[2];
-  s.background = shapes_background + 0.06 * (u[3] - 0.5);
-  for (std::size_t k = 0; k < 3; ++k)
-    s.colour[k] = std::clamp(shapes_palette[static_cast<std::size_t>(colour)][k] + 0.12 * (u[4 + k] - 0.5), 0.0, 1.0);
+  detail::shapes_jitter(s, colour, u);
   return s;
 }
 
@@ -227,16 +258,10 @@ struct shapes_batch {
 /// Example: make_shapes_batch(0, 10, 2).images[1] equals shapes_render(shapes_draw(0, 11)).
 /// @pre count >= 0.
 inline shapes_batch make_shapes_batch(std::uint64_t seed, std::uint64_t first, std::int64_t count) {
-  require(count >= 0, "shapes batch size must be non-negative, got ", count);
-  shapes_batch batch;
-  std::vector<torch::Tensor> images;
-  for (std::int64_t r = 0; r < count; ++r) {
-    const shapes_sample s = shapes_draw(seed, first + static_cast<std::uint64_t>(r));
-    batch.prompts.push_back(s.prompt);
-    images.push_back(shapes_render(s));
-  }
-  batch.images = count == 0 ? torch::empty({0, 3, shapes_image_size, shapes_image_size}) : torch::stack(images);
-  return batch;
+  auto [images, prompts] = detail::draw_batch(
+      seed, first, count, "shapes", [](std::uint64_t s, std::uint64_t i) { return shapes_draw(s, i); },
+      [](const shapes_sample& sample) { return shapes_render(sample); }, {0, 3, shapes_image_size, shapes_image_size});
+  return {.images = std::move(images), .prompts = std::move(prompts)};
 }
 
 // ---- Prompt embeddings from words -----------------------------------------------------------------------------
@@ -474,6 +499,35 @@ struct shapes_model {
   std::map<std::string, std::string> metadata;  ///< model.safetensors' __metadata__
 };
 
+namespace detail {
+
+/// What every pretrained model directory's model.safetensors holds, read once for either family: its metadata
+/// (which must declare one family: require_one_model_family), the config under `config_key` parsed by
+/// `parse(text, source)`, and the weights as float32 on the CPU, each of model_weight_dtypes and finite (checked as
+/// it is copied). Errors are one line naming the file, e.g. "m/model.safetensors: no __metadata__ key
+/// 'branchgrpo.flux_config'".
+template <class Parse>
+auto read_model_file(const std::filesystem::path& path, std::string_view config_key, Parse&& parse,
+                     std::map<std::string, torch::Tensor>& weights, std::map<std::string, std::string>& metadata) {
+  const safetensors_checkpoint checkpoint(path);
+  metadata = checkpoint.metadata();
+  require_one_model_family(metadata, path.string());
+  const auto it = metadata.find(std::string(config_key));
+  require(it != metadata.end(), path.string(), ": no __metadata__ key '", config_key, "'");
+  auto config = parse(it->second, path.string());
+  weights = load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
+  return config;
+}
+
+/// The key of row r's starting noise in the ODE samplers: noise_key{seed, 0, tree = r, node 0, step 0, root_latent}.
+inline auto ode_root_key(std::uint64_t seed) {
+  return [seed](std::int64_t r) {
+    return noise_key{.seed = seed, .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::root_latent};
+  };
+}
+
+}  // namespace detail
+
 /// Reads DIR/model.safetensors and DIR/prompts.safetensors; checks that the file declares FLUX alone
 /// (require_one_model_family), that every weight is of model_weight_dtypes and finite (checked as it is copied),
 /// that the weights match the config and the embeddings' widths match its context_in / vec_in. Errors are one line
@@ -484,16 +538,8 @@ inline shapes_model load_shapes_model(const std::filesystem::path& dir) {
   const std::filesystem::path prompts_path = dir / "prompts.safetensors";
   require(std::filesystem::is_regular_file(model_path), model_path.string(), ": no such file");
   shapes_model out;
-  {
-    const safetensors_checkpoint checkpoint(model_path);
-    out.metadata = checkpoint.metadata();
-    require_one_model_family(out.metadata, model_path.string());
-    const auto it = out.metadata.find(std::string(flux_config_metadata_key));
-    require(it != out.metadata.end(), model_path.string(), ": no __metadata__ key '", flux_config_metadata_key, "'");
-    out.config = parse_flux_config(it->second, model_path.string());
-    out.weights =
-        load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
-  }
+  out.config = detail::read_model_file(model_path, flux_config_metadata_key, parse_flux_config, out.weights,
+                                       out.metadata);
   const flux_key_report report = check_flux_tensors(out.config, flux_layout::bfl, detail::tensor_shapes(out.weights));
   require(report.ok(), model_path.string(), ": weights do not match the config: ", report.message());
   prompt_file prompts = load_prompt_file(prompts_path);
@@ -557,10 +603,8 @@ inline torch::Tensor shapes_sample_ode(flux_transformer& model, const prompt_emb
   torch_backend backend{.device = device, .dtype = torch::kFloat32};
   detail::shapes_ode_denoiser denoiser{
       .model = &model, .context = embeddings.context.to(f32), .pooled = embeddings.pooled.to(f32)};
-  const auto root_key = [seed](std::int64_t r) {
-    return noise_key{.seed = seed, .tree = static_cast<std::uint32_t>(r), .stream = noise_stream::root_latent};
-  };
-  return sample_ode(backend, denoiser, schedule, latent_shape{{channels, height, width}}, prompts, root_key, rows)
+  return sample_ode(backend, denoiser, schedule, latent_shape{{channels, height, width}}, prompts,
+                    detail::ode_root_key(seed), rows)
       .front();
 }
 

@@ -26,10 +26,10 @@
 #include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/training/trainer.hpp"
-#include "cli/image_grid.hpp"
-#include "cli/output_file.hpp"
-#include "cli/png.hpp"
-#include "cli/progress_bar.hpp"
+#include "cli/images/image_grid.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/images/png.hpp"
+#include "cli/output/progress_bar.hpp"
 
 namespace branchgrpo::cli {
 

@@ -1,7 +1,7 @@
 #pragma once
 // The iteration harness behind `branchgrpo bench iteration` (docs/performance.md), generic over the backend,
-// the model and the reward, and free of LibTorch: bench_command.cpp runs it on the toy (host backend),
-// bench_flux.cpp on the FLUX transformer (torch backend).
+// the model and the reward, and free of LibTorch: commands/bench.cpp runs it on the toy (host backend),
+// bench/flux.cpp on the FLUX transformer (torch backend).
 //
 //   run_harness<B>(options, make_model, reward, shape, prompt_count, hook)
 //     make_model(v)   a fresh Policy<B> for variant v (a copy of the toy; a FLUX transformer + LoRA + policy)
@@ -42,8 +42,8 @@
 #include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/output_file.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/output/output_file.hpp"
 
 namespace branchgrpo::cli {
 
@@ -67,7 +67,7 @@ struct bench_options {
   bool json = false;
   std::string json_file;             ///< also write the JSON object there (e.g. with the table on stdout)
   std::vector<std::string> methods;  ///< empty = every method; else a subset holding dance (the ratios' base)
-  // FLUX models (bench_flux.cpp)
+  // FLUX models (bench/flux.cpp)
   std::string model_dir;            ///< flux-tiny: "" = models/shapes-tiny, here or in the source tree
   std::string flux_config = "dev";  ///< flux: dev, schnell or tiny (random weights)
   std::string device = "cpu";
@@ -187,7 +187,7 @@ struct variant_run {
   std::int64_t denoiser_calls = 0;
   double batched_seconds = 0, unbatched_seconds = 0;  // one rollout of the same tree, medians
   std::int64_t batched_calls = 0, unbatched_calls = 0;
-  // Set by a model that knows them (bench_flux.cpp); the toy leaves them empty and its reports omit them.
+  // Set by a model that knows them (bench/flux.cpp); the toy leaves them empty and its reports omit them.
   std::optional<double> forward_flops;      ///< analytic FLOPs of one rollout row (one forward)
   double update_flops_factor = 2;           ///< FLOPs of one update row / forward_flops
   std::optional<std::int64_t> peak_memory;  ///< peak device memory over the variant's iterations, bytes
@@ -454,7 +454,7 @@ inline void check_writable(const std::filesystem::path& path) {
 
 /// Checks that every variant's topology fits the steps, the memory the sizes imply (bytes_per_node: what one
 /// rollout-tree node costs the model's iteration in host memory; 0 for a model on a device) and that --json-file
-/// can be written, before any work. The counts' ranges are checked as the flags are parsed (bench_command.cpp).
+/// can be written, before any work. The counts' ranges are checked as the flags are parsed (commands/bench.cpp).
 /// Returns the node count of the largest tree of the variants run.
 inline std::int64_t validate_bench_options(const bench_options& options, double bytes_per_node) {
   require(options.iters + options.warmup <= static_cast<int>(max_noise_iteration),

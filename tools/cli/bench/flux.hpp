@@ -1,7 +1,7 @@
 #pragma once
-// `branchgrpo bench iteration --model flux-tiny | flux`: the iteration harness (bench_harness.hpp) on the FLUX
+// `branchgrpo bench iteration --model flux-tiny | flux`: the iteration harness (bench/harness.hpp) on the FLUX
 // transformer over LibTorch (docs/performance.md). Built only with LibTorch, TurboJPEG and toml++
-// (tools/CMakeLists.txt defines BRANCHGRPO_CLI_BENCH_FLUX); bench_command.cpp calls it.
+// (tools/CMakeLists.txt defines BRANCHGRPO_CLI_BENCH_FLUX); commands/bench.cpp calls it.
 
 namespace branchgrpo::cli {
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/plot.hpp"
-#include "cli/png.hpp"
+#include "cli/images/plot.hpp"
+#include "cli/images/png.hpp"
 
 namespace branchgrpo::cli {
 

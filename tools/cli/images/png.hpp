@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/output_file.hpp"
+#include "cli/output/output_file.hpp"
 
 namespace branchgrpo::cli {
 

@@ -11,12 +11,12 @@
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/concepts.hpp"
-#include "cli/bench_harness.hpp"
+#include "cli/bench/harness.hpp"
 #include "cli/commands.hpp"
-#include "cli/number_options.hpp"
+#include "cli/options/number_options.hpp"
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
-#include "cli/bench_flux.hpp"
-#include "cli/bench_wan.hpp"
+#include "cli/bench/flux.hpp"
+#include "cli/bench/wan.hpp"
 #endif
 
 namespace branchgrpo::cli {
@@ -27,8 +27,8 @@ static_assert(Reward<timed_reward<host_backend, mode_reward<>>, host_backend>);
 
 void run_iteration_bench(const bench_options& options) {
   // Models: the toy on the host backend here; flux-tiny (the shipped shapes model) and flux (a random FLUX
-  // transformer of a config's size) on LibTorch in bench_flux.cpp; wan-tiny and wan (random Wan transformers) in
-  // bench_wan.cpp.
+  // transformer of a config's size) on LibTorch in bench/flux.cpp; wan-tiny and wan (random Wan transformers) in
+  // bench/wan.cpp.
   const bool flux = options.model == "flux-tiny" || options.model == "flux";
   if (flux || options.model == "wan-tiny" || options.model == "wan") {
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX
@@ -98,7 +98,7 @@ void add_bench_command(CLI::App& app) {
   iteration->add_flag("--json", options->json, "One JSON object keyed by variant");
   iteration->add_option("--json-file", options->json_file, "Also write the JSON object to this file")
       ->type_name("FILE");
-  // FLUX models (bench_flux.cpp).
+  // FLUX models (bench/flux.cpp).
   iteration->add_option("--model-dir", options->model_dir, "flux-tiny: model directory (default models/shapes-tiny)")
       ->type_name("DIR");
   iteration->add_option("--flux-config", options->flux_config, "flux: dev, schnell or tiny (random weights)")

@@ -27,8 +27,8 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/training/methods.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/shipped_model.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/runs/shipped_model.hpp"
 #endif
 
 namespace branchgrpo::cli {

@@ -17,7 +17,7 @@
 #include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/topology/catalog.hpp"
 #include "cli/commands.hpp"
-#include "cli/output_file.hpp"
+#include "cli/output/output_file.hpp"
 
 namespace branchgrpo::cli {
 namespace {

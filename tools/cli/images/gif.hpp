@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/output_file.hpp"
-#include "cli/png.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/images/png.hpp"
 
 namespace branchgrpo::cli {
 

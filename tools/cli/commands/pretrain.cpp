@@ -13,9 +13,14 @@
 #include <map>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "branchgrpo/app/moving_shapes.hpp"
@@ -28,10 +33,10 @@
 #include "branchgrpo/torch/optim.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "cli/commands.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/number_options.hpp"
-#include "cli/output_file.hpp"
-#include "cli/png.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/images/png.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -85,42 +90,70 @@ std::array<std::int64_t, 3> json_triple(const nlohmann::json& value, const std::
   return {json_integer(value[0], key), json_integer(value[1], key), json_integer(value[2], key)};
 }
 
-// The shapes config with the JSON object's fields replacing its own. The data fix in_channels (3 x 2 x 2) and
-// guidance_embed (no guidance); every other flux_config field may be given.
-flux_config config_from_json(const std::string& text) {
-  flux_config config = shapes_flux_config();
+// One --config-json key: the config field it sets. The fields' types decide how the value is read.
+template <class Config>
+struct json_field {
+  std::string_view key;
+  std::variant<std::int64_t Config::*, double Config::*, bool Config::*, std::array<std::int64_t, 3> Config::*> field;
+};
+
+// `config` with the JSON object's fields replacing its own; a key outside `fields` is refused with the list
+// (`what`: "" or " for --video"), then the config's own limits apply (validate). One reader for both families.
+// Example: '{"hidden": 96}' on the shapes config -> hidden 96; '{"in_channels": 4}' -> "--config-json: unknown or
+//   fixed key 'in_channels' (hidden, heads, ...)".
+template <class Config, std::size_t N>
+Config config_from_json(const std::string& text, Config config, const std::array<json_field<Config>, N>& fields,
+                        std::string_view what) {
   const nlohmann::json json = config_json_object(text);
   for (const auto& [key, value] : json.items()) {
-    if (key == "hidden")
-      config.hidden = json_integer(value, key);
-    else if (key == "heads")
-      config.heads = json_integer(value, key);
-    else if (key == "depth_double")
-      config.depth_double = json_integer(value, key);
-    else if (key == "depth_single")
-      config.depth_single = json_integer(value, key);
-    else if (key == "vec_in")
-      config.vec_in = json_integer(value, key);
-    else if (key == "context_in")
-      config.context_in = json_integer(value, key);
-    else if (key == "rope_theta")
-      config.rope_theta = json_number(value, key);
-    else if (key == "mlp_ratio")
-      config.mlp_ratio = json_number(value, key);
-    else if (key == "qkv_bias") {
-      require(value.is_boolean(), "--config-json 'qkv_bias' must be true or false, got ", echo_text(value.dump()));
-      config.qkv_bias = value.get<bool>();
-    } else if (key == "rope_axes") {
-      config.rope_axes = json_triple(value, key);
-    } else {
-      fail("--config-json: unknown or fixed key '", key,
-           "' (hidden, heads, depth_double, depth_single, rope_axes, rope_theta, vec_in, context_in, mlp_ratio, "
-           "qkv_bias)");
+    const auto it = std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.key == key; });
+    if (it == fields.end()) {
+      std::string names;
+      for (const auto& f : fields) names += (names.empty() ? "" : ", ") + std::string(f.key);
+      fail("--config-json: unknown or fixed key '", key, "'", what, " (", names, ")");
     }
+    std::visit(
+        [&]<class T>(T Config::*field) {
+          if constexpr (std::is_same_v<T, std::int64_t>)
+            config.*field = json_integer(value, key);
+          else if constexpr (std::is_same_v<T, double>)
+            config.*field = json_number(value, key);
+          else if constexpr (std::is_same_v<T, bool>) {
+            require(value.is_boolean(), "--config-json '", key, "' must be true or false, got ", echo_text(value.dump()));
+            config.*field = value.template get<bool>();
+          } else {
+            config.*field = json_triple(value, key);
+          }
+        },
+        it->field);
   }
   validate(config);
   return config;
 }
+
+// The image model: the shapes config's fields but in_channels (3 x 2 x 2, the data's) and guidance_embed (no
+// guidance).
+constexpr std::array<json_field<flux_config>, 10> flux_json_fields{{{"hidden", &flux_config::hidden},
+                                                                    {"heads", &flux_config::heads},
+                                                                    {"depth_double", &flux_config::depth_double},
+                                                                    {"depth_single", &flux_config::depth_single},
+                                                                    {"rope_axes", &flux_config::rope_axes},
+                                                                    {"rope_theta", &flux_config::rope_theta},
+                                                                    {"vec_in", &flux_config::vec_in},
+                                                                    {"context_in", &flux_config::context_in},
+                                                                    {"mlp_ratio", &flux_config::mlp_ratio},
+                                                                    {"qkv_bias", &flux_config::qkv_bias}}};
+
+// The video model: the moving-shapes config's fields but in_dim and out_dim (3 pixel channels) and text_len (the
+// prompts').
+constexpr std::array<json_field<wan_config>, 8> wan_json_fields{{{"dim", &wan_config::dim},
+                                                                 {"ffn_dim", &wan_config::ffn_dim},
+                                                                 {"heads", &wan_config::heads},
+                                                                 {"layers", &wan_config::layers},
+                                                                 {"freq_dim", &wan_config::freq_dim},
+                                                                 {"text_dim", &wan_config::text_dim},
+                                                                 {"patch", &wan_config::patch},
+                                                                 {"rope_theta", &wan_config::rope_theta}}};
 
 // The most --threads: 4 per hardware thread (at least 4, at most 1024). More only adds stacks and contention.
 int max_threads() { return static_cast<int>(std::clamp(4u * std::thread::hardware_concurrency(), 4u, 1024u)); }
@@ -157,14 +190,15 @@ double bytes_per_image(const flux_config& c) {
 }
 
 // The memory the sizes imply, checked before the model is built: the weights with their gradients, AdamW
-// moments and EMA copy (5 float32 each), a step's batch, and the sample grids (every prompt x --grid-samples).
-void check_memory(const pretrain_options& o, const flux_config& config) {
-  const double model = 5 * 4 * parameter_estimate(config);
+// moments and EMA copy (5 float32 each), a step's batch, and the sample grids (every prompt x --grid-samples);
+// `parameters` and `sample_bytes` from the family's estimates.
+void check_memory(const pretrain_options& o, double parameters, double sample_bytes, std::int64_t prompts) {
+  const double model = 5 * 4 * parameters;
   require_fits(model, "--config-json = " + echo_text(o.config_json.empty() ? "{}" : o.config_json),
                "the model and its optimizer state");
-  const double image = bytes_per_image(config);
-  require_fits(model + static_cast<double>(o.batch) * image, setting_text("--batch", o.batch), "a training step");
-  require_fits(model + static_cast<double>(shapes_prompt_count) * o.grid_samples * image,
+  require_fits(model + static_cast<double>(o.batch) * sample_bytes, setting_text("--batch", o.batch),
+               "a training step");
+  require_fits(model + static_cast<double>(prompts) * o.grid_samples * sample_bytes,
                setting_text("--grid-samples", o.grid_samples), "the sample grids");
 }
 
@@ -302,36 +336,6 @@ rgb_image image_grid(const torch::Tensor& images, int columns, int scale = 4) {
 
 // ---- The video model (--video) -----------------------------------------------------------------------------------
 
-// The moving-shapes Wan config with the JSON object's fields replacing its own. The data fix in_dim and out_dim
-// (3 pixel channels); text_len follows the prompts.
-wan_config wan_config_from_json(const std::string& text) {
-  wan_config config = moving_shapes_wan_config();
-  const nlohmann::json json = config_json_object(text);
-  for (const auto& [key, value] : json.items()) {
-    if (key == "dim")
-      config.dim = json_integer(value, key);
-    else if (key == "ffn_dim")
-      config.ffn_dim = json_integer(value, key);
-    else if (key == "heads")
-      config.heads = json_integer(value, key);
-    else if (key == "layers")
-      config.layers = json_integer(value, key);
-    else if (key == "freq_dim")
-      config.freq_dim = json_integer(value, key);
-    else if (key == "text_dim")
-      config.text_dim = json_integer(value, key);
-    else if (key == "rope_theta")
-      config.rope_theta = json_number(value, key);
-    else if (key == "patch")
-      config.patch = json_triple(value, key);
-    else
-      fail("--config-json: unknown or fixed key '", key,
-           "' for --video (dim, ffn_dim, heads, layers, freq_dim, text_dim, patch, rope_theta)");
-  }
-  validate(config);
-  return config;
-}
-
 // Parameters of a Wan transformer from its config: per block self- and cross-attention (4 dim^2 each, plus
 // biases), the FFN, the q/k norms and the 6-way modulation; the embeddings and the head.
 double wan_parameter_estimate(const wan_config& c) {
@@ -356,24 +360,84 @@ double bytes_per_clip(const wan_config& c) {
   return 4 * per_block * static_cast<double>(c.layers) + noise;
 }
 
-void check_video_memory(const pretrain_options& o, const wan_config& config) {
-  const double model = 5 * 4 * wan_parameter_estimate(config);
-  require_fits(model, "--config-json = " + echo_text(o.config_json.empty() ? "{}" : o.config_json),
-               "the model and its optimizer state");
-  const double clip = bytes_per_clip(config);
-  require_fits(model + static_cast<double>(o.batch) * clip, setting_text("--batch", o.batch), "a training step");
-  require_fits(model + static_cast<double>(moving_shapes_prompt_count) * o.grid_samples * clip,
-               setting_text("--grid-samples", o.grid_samples), "the sample grids");
-}
-
 // Clips [n, F, 3, H, W] as a grid with one clip per row, its frames left to right.
 rgb_image clip_grid(const torch::Tensor& frames, int scale) {
   return image_grid(frames.reshape({-1, 3, frames.size(3), frames.size(4)}), static_cast<int>(frames.size(1)), scale);
 }
 
-void run_pretrain_video(const pretrain_options& o, const std::filesystem::path& dir) {
-  const wan_config config = wan_config_from_json(o.config_json);
-  check_video_memory(o, config);
+// ---- What both families share ------------------------------------------------------------------------------------
+
+// What a pretraining run gives the files it writes.
+struct pretrained {
+  double last_loss = 0;  // the last logging window's mean loss
+  double seconds = 0;
+  std::int64_t parameters = 0;
+};
+
+// Trains every parameter of `model` by flow matching (train_flow_matching) with an EMA of decay --ema, then puts
+// the EMA weights into the model (what is saved and sampled) and switches it to evaluation.
+template <class Model, class BatchOf, class Velocity>
+pretrained pretrain_model(const pretrain_options& o, Model& model, const std::vector<std::int64_t>& sample_shape,
+                          BatchOf&& batch_of, Velocity&& velocity) {
+  std::vector<torch::Tensor> parameters = model.parameters();
+  pretrained out;
+  for (const torch::Tensor& p : parameters) out.parameters += p.numel();
+  ema_weights ema;
+  ema.decay = o.ema;
+  ema.reset(parameters);
+  const auto start = clock_type::now();
+  out.last_loss = train_flow_matching(o, parameters, ema, sample_shape, std::forward<BatchOf>(batch_of),
+                                      std::forward<Velocity>(velocity), start);
+  out.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  if (o.ema > 0) ema.swap(parameters);
+  model.eval();
+  return out;
+}
+
+// The "branchgrpo.pretrain" metadata: what made the model. `data` names the data set.
+std::string pretrain_text(const pretrain_options& o, std::string_view data, const pretrained& run) {
+  std::ostringstream out;
+  out << "data=" << data << ";steps=" << o.steps << ";batch=" << o.batch << ";lr=" << o.lr << ";warmup=" << o.warmup
+      << ";schedule=cosine to 0.1;ema=" << o.ema << ";t_sampling=" << o.t_sampling << ";seed=" << o.seed
+      << ";weight_decay=0.0001;clip=1;final_loss=" << run.last_loss << ";seconds=" << fixed(run.seconds, 1);
+  return out.str();
+}
+
+// The sample grids' prompts: each of `prompts` --grid-samples times, in order.
+std::vector<std::int64_t> grid_prompts(const pretrain_options& o, std::int64_t prompts) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t p = 0; p < prompts; ++p)
+    for (int s = 0; s < o.grid_samples; ++s) out.push_back(p);
+  return out;
+}
+
+// pretrain.json's fields that do not depend on the family, with the grid's reward per prompt.
+nlohmann::json pretrain_summary(const pretrain_options& o, const std::filesystem::path& dir, const pretrained& run,
+                                const std::vector<double>& sample_alignment, const std::vector<std::int64_t>& grid,
+                                std::int64_t prompts) {
+  std::vector<double> per_prompt(static_cast<std::size_t>(prompts), 0.0);
+  for (std::size_t i = 0; i < grid.size(); ++i)
+    per_prompt[static_cast<std::size_t>(grid[i])] += sample_alignment[i] / o.grid_samples;
+  return {{"out", dir.string()},
+          {"steps", o.steps},
+          {"batch", o.batch},
+          {"seed", o.seed},
+          {"parameters", run.parameters},
+          {"model_bytes", std::filesystem::file_size(dir / "model.safetensors")},
+          {"final_loss", run.last_loss},
+          {"seconds", run.seconds},
+          {"alignment", mean(sample_alignment)},
+          {"alignment_per_prompt", per_prompt}};
+}
+
+void write_summary(const std::filesystem::path& dir, const nlohmann::json& summary) {
+  write_file(dir / "pretrain.json", summary.dump(2) + '\n');
+  std::cout << summary.dump() << '\n';
+}
+
+// ---- The two families ---------------------------------------------------------------------------------------------
+
+void run_pretrain_video(const pretrain_options& o, const std::filesystem::path& dir, const wan_config& config) {
   const std::vector<std::string> prompts = moving_shapes_prompts();
   // The word vectors of each prompt are the text the transformer attends to (pooled: unused by Wan).
   const prompt_embeddings embeddings = shapes_word_embeddings(prompts, config.text_dim, config.text_dim);
@@ -388,16 +452,8 @@ void run_pretrain_video(const pretrain_options& o, const std::filesystem::path& 
     model->head->head->weight.zero_();
     model->head->head->bias.zero_();
   }
-  std::vector<torch::Tensor> parameters = model->parameters();
-  std::int64_t parameter_count = 0;
-  for (const torch::Tensor& p : parameters) parameter_count += p.numel();
-  ema_weights ema;
-  ema.decay = o.ema;
-  ema.reset(parameters);
-
-  const auto start = clock_type::now();
-  const double last_loss = train_flow_matching(
-      o, parameters, ema, {3, moving_shapes_frames, shapes_image_size, shapes_image_size},
+  const pretrained run = pretrain_model(
+      o, *model, {3, moving_shapes_frames, shapes_image_size, shapes_image_size},
       [&](int step) {
         moving_shapes_batch batch =
             make_moving_shapes_batch(o.seed, static_cast<std::uint64_t>(step) * o.batch, o.batch);
@@ -405,82 +461,39 @@ void run_pretrain_video(const pretrain_options& o, const std::filesystem::path& 
       },
       [&](const torch::Tensor& x_t, const torch::Tensor& rows, const torch::Tensor& t) {
         return model->forward(x_t, 1000.0 * t, embeddings.context.index_select(0, rows));
-      },
-      start);
-  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-  if (o.ema > 0) ema.swap(parameters);
-  model->eval();
+      });
 
-  std::ostringstream training;
-  training << "data=moving shapes 3x8x16x16 (moving_shapes.hpp);steps=" << o.steps << ";batch=" << o.batch
-           << ";lr=" << o.lr << ";warmup=" << o.warmup << ";schedule=cosine to 0.1;ema=" << o.ema
-           << ";t_sampling=" << o.t_sampling << ";seed=" << o.seed
-           << ";weight_decay=0.0001;clip=1;final_loss=" << last_loss << ";seconds=" << fixed(seconds, 1);
   save_safetensors(dir / "model.safetensors", wan_state(*model),
                    {{"format", "pt"},
                     {std::string(wan_config_metadata_key), format_wan_config(config)},
                     {"branchgrpo.latent", "pixels: RGB in [-1, 1], 3 x 8 x 16 x 16 [C, F, H, W]; decode (x + 1) / 2"},
-                    {"branchgrpo.pretrain", training.str()}});
+                    {"branchgrpo.pretrain", pretrain_text(o, "moving shapes 3x8x16x16 (moving_shapes.hpp)", run)}});
   save_prompt_file(dir / "prompts.safetensors", embeddings, prompts);
 
   // Samples (ODE, 20 steps, Wan's shift 5) and data clips, --grid-samples per prompt, scored with the rewards.
-  std::vector<std::int64_t> grid_prompts;
-  for (std::int64_t p = 0; p < moving_shapes_prompt_count; ++p)
-    for (int s = 0; s < o.grid_samples; ++s) grid_prompts.push_back(p);
-  const torch::Tensor samples = clip_frames(video_sample_ode(model, embeddings.context, grid_prompts, o.seed));
+  const std::vector<std::int64_t> grid = grid_prompts(o, moving_shapes_prompt_count);
+  const torch::Tensor samples = clip_frames(video_sample_ode(model, embeddings.context, grid, o.seed));
   std::vector<torch::Tensor> data_clips;
-  for (std::size_t i = 0; i < grid_prompts.size(); ++i)
-    data_clips.push_back(moving_shapes_render(moving_shapes_draw(o.seed ^ 0xDA7Aull, i, grid_prompts[i])));
+  for (std::size_t i = 0; i < grid.size(); ++i)
+    data_clips.push_back(moving_shapes_render(moving_shapes_draw(o.seed ^ 0xDA7Aull, i, grid[i])));
   const torch::Tensor data = clip_frames(torch::stack(data_clips));
   // One clip per prompt in the PNG strips (48 rows of 8 frames).
-  const torch::Tensor first = torch::arange(0, static_cast<std::int64_t>(grid_prompts.size()), o.grid_samples);
+  const torch::Tensor first = torch::arange(0, static_cast<std::int64_t>(grid.size()), o.grid_samples);
   write_png((dir / "samples.png").string(), clip_grid(samples.index_select(0, first), o.grid_scale));
   write_png((dir / "data.png").string(), clip_grid(data.index_select(0, first), o.grid_scale));
 
   const moving_shape_alignment alignment;
   const temporal_smoothness smoothness;
-  const std::vector<double> sample_alignment = alignment(samples, grid_prompts);
-  std::vector<double> per_prompt(static_cast<std::size_t>(moving_shapes_prompt_count), 0.0);
-  for (std::size_t i = 0; i < grid_prompts.size(); ++i)
-    per_prompt[static_cast<std::size_t>(grid_prompts[i])] += sample_alignment[i] / o.grid_samples;
-  nlohmann::json summary = {
-      {"out", dir.string()},
-      {"video", true},
-      {"steps", o.steps},
-      {"batch", o.batch},
-      {"seed", o.seed},
-      {"parameters", parameter_count},
-      {"model_bytes", std::filesystem::file_size(dir / "model.safetensors")},
-      {"wan_config", format_wan_config(config)},
-      {"final_loss", last_loss},
-      {"seconds", seconds},
-      {"alignment", mean(sample_alignment)},
-      {"alignment_per_prompt", per_prompt},
-      {"data_alignment", mean(alignment(data, grid_prompts))},
-      {"smoothness", mean(smoothness(samples, grid_prompts))},
-      {"data_smoothness", mean(smoothness(data, grid_prompts))},
-  };
-  write_file(dir / "pretrain.json", summary.dump(2) + '\n');
-  std::cout << summary.dump() << '\n';
+  nlohmann::json summary = pretrain_summary(o, dir, run, alignment(samples, grid), grid, moving_shapes_prompt_count);
+  summary["video"] = true;
+  summary["wan_config"] = format_wan_config(config);
+  summary["data_alignment"] = mean(alignment(data, grid));
+  summary["smoothness"] = mean(smoothness(samples, grid));
+  summary["data_smoothness"] = mean(smoothness(data, grid));
+  write_summary(dir, summary);
 }
 
-void run_pretrain(const pretrain_options& o) {
-  validate(o);
-  // Everything is checked before the output directory is made.
-  const flux_config config = o.video ? shapes_flux_config() : config_from_json(o.config_json);
-  if (!o.video) check_memory(o, config);
-  if (o.video) (void)wan_config_from_json(o.config_json);
-  if (o.threads > 0) torch::set_num_threads(o.threads);
-  const std::filesystem::path dir(o.out);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir))
-    throw write_error(dir, "cannot create the output directory", error ? error.value() : ENOTDIR);
-  if (o.video) {
-    run_pretrain_video(o, dir);
-    return;
-  }
-
+void run_pretrain_image(const pretrain_options& o, const std::filesystem::path& dir, const flux_config& config) {
   const std::vector<std::string> prompts = shapes_prompts();
   const prompt_embeddings embeddings = shapes_word_embeddings(prompts, config.context_in, config.vec_in);
 
@@ -492,16 +505,8 @@ void run_pretrain(const pretrain_options& o) {
     model->final_layer->linear->weight.zero_();
     model->final_layer->linear->bias.zero_();
   }
-  std::vector<torch::Tensor> parameters = model->parameters();
-  std::int64_t parameter_count = 0;
-  for (const torch::Tensor& p : parameters) parameter_count += p.numel();
-  ema_weights ema;
-  ema.decay = o.ema;
-  ema.reset(parameters);
-
-  const auto start = clock_type::now();
-  const double last_loss = train_flow_matching(
-      o, parameters, ema, {3, shapes_image_size, shapes_image_size},
+  const pretrained run = pretrain_model(
+      o, *model, {3, shapes_image_size, shapes_image_size},
       [&](int step) {
         shapes_batch batch = make_shapes_batch(o.seed, static_cast<std::uint64_t>(step) * o.batch, o.batch);
         return data_batch{.x0 = std::move(batch.images), .prompts = std::move(batch.prompts)};
@@ -509,61 +514,56 @@ void run_pretrain(const pretrain_options& o) {
       [&](const torch::Tensor& x_t, const torch::Tensor& rows, const torch::Tensor& t) {
         return model->forward_latents(x_t, embeddings.context.index_select(0, rows),
                                       embeddings.pooled.index_select(0, rows), t);
-      },
-      start);
-  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-  if (o.ema > 0) ema.swap(parameters);  // save and sample the averaged weights
-  model->eval();
+      });
 
-  // The model, its prompts, and what made it.
-  std::ostringstream training;
-  training << "data=shapes 3x16x16 (shapes.hpp);steps=" << o.steps << ";batch=" << o.batch << ";lr=" << o.lr
-           << ";warmup=" << o.warmup << ";schedule=cosine to 0.1;ema=" << o.ema << ";t_sampling=" << o.t_sampling
-           << ";seed=" << o.seed << ";weight_decay=0.0001;clip=1;final_loss=" << last_loss
-           << ";seconds=" << fixed(seconds, 1);
   save_safetensors(dir / "model.safetensors", flux_state(*model),
                    {{"format", "pt"},
                     {std::string(flux_config_metadata_key), format_flux_config(config)},
                     {"branchgrpo.latent", "pixels: RGB in [-1, 1], 3 x 16 x 16; decode (x + 1) / 2 clamped"},
-                    {"branchgrpo.pretrain", training.str()}});
+                    {"branchgrpo.pretrain", pretrain_text(o, "shapes 3x16x16 (shapes.hpp)", run)}});
   save_prompt_file(dir / "prompts.safetensors", embeddings, prompts);
 
   // Samples (ODE, 20 steps, shift 3) and data set images, one row per prompt, scored with the rewards.
-  std::vector<std::int64_t> grid_prompts;
-  for (std::int64_t p = 0; p < shapes_prompt_count; ++p)
-    for (int s = 0; s < o.grid_samples; ++s) grid_prompts.push_back(p);
-  const torch::Tensor samples = shapes_sample_ode(*model, embeddings, grid_prompts, o.seed);
+  const std::vector<std::int64_t> grid = grid_prompts(o, shapes_prompt_count);
+  const torch::Tensor samples = shapes_sample_ode(*model, embeddings, grid, o.seed);
   std::vector<torch::Tensor> data_images;
-  for (std::size_t i = 0; i < grid_prompts.size(); ++i)
-    data_images.push_back(shapes_render(shapes_draw(o.seed ^ 0xDA7Aull, i, grid_prompts[i])));
+  for (std::size_t i = 0; i < grid.size(); ++i)
+    data_images.push_back(shapes_render(shapes_draw(o.seed ^ 0xDA7Aull, i, grid[i])));
   const torch::Tensor data = torch::stack(data_images);
   write_png((dir / "samples.png").string(), image_grid(samples, o.grid_samples, o.grid_scale));
   write_png((dir / "data.png").string(), image_grid(data, o.grid_samples, o.grid_scale));
 
   const shape_alignment alignment;
-  const std::vector<double> sample_alignment = alignment(samples, grid_prompts);
-  const std::vector<double> data_alignment = alignment(data, grid_prompts);
-  std::vector<double> per_prompt(static_cast<std::size_t>(shapes_prompt_count), 0.0);
-  for (std::size_t i = 0; i < grid_prompts.size(); ++i)
-    per_prompt[static_cast<std::size_t>(grid_prompts[i])] += sample_alignment[i] / o.grid_samples;
-  nlohmann::json summary = {
-      {"out", dir.string()},
-      {"steps", o.steps},
-      {"batch", o.batch},
-      {"seed", o.seed},
-      {"parameters", parameter_count},
-      {"model_bytes", std::filesystem::file_size(dir / "model.safetensors")},
-      {"flux_config", format_flux_config(config)},
-      {"final_loss", last_loss},
-      {"seconds", seconds},
-      {"alignment", mean(sample_alignment)},
-      {"alignment_per_prompt", per_prompt},
-      {"data_alignment", mean(data_alignment)},
-      {"jpeg_kb", -mean(jpeg_compressibility{}(samples, grid_prompts))},
-      {"data_jpeg_kb", -mean(jpeg_compressibility{}(data, grid_prompts))},
-  };
-  write_file(dir / "pretrain.json", summary.dump(2) + '\n');
-  std::cout << summary.dump() << '\n';
+  nlohmann::json summary = pretrain_summary(o, dir, run, alignment(samples, grid), grid, shapes_prompt_count);
+  summary["flux_config"] = format_flux_config(config);
+  summary["data_alignment"] = mean(alignment(data, grid));
+  summary["jpeg_kb"] = -mean(jpeg_compressibility{}(samples, grid));
+  summary["data_jpeg_kb"] = -mean(jpeg_compressibility{}(data, grid));
+  write_summary(dir, summary);
+}
+
+void run_pretrain(const pretrain_options& o) {
+  validate(o);
+  // Everything is checked before the output directory is made.
+  std::optional<flux_config> image;
+  std::optional<wan_config> video;
+  if (o.video) {
+    video = config_from_json(o.config_json, moving_shapes_wan_config(), wan_json_fields, " for --video");
+    check_memory(o, wan_parameter_estimate(*video), bytes_per_clip(*video), moving_shapes_prompt_count);
+  } else {
+    image = config_from_json(o.config_json, shapes_flux_config(), flux_json_fields, "");
+    check_memory(o, parameter_estimate(*image), bytes_per_image(*image), shapes_prompt_count);
+  }
+  if (o.threads > 0) torch::set_num_threads(o.threads);
+  const std::filesystem::path dir(o.out);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir))
+    throw write_error(dir, "cannot create the output directory", error ? error.value() : ENOTDIR);
+  if (video)
+    run_pretrain_video(o, dir, *video);
+  else
+    run_pretrain_image(o, dir, *image);
 }
 
 }  // namespace

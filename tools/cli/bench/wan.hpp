@@ -1,7 +1,7 @@
 #pragma once
-// `branchgrpo bench iteration --model wan-tiny | wan`: the iteration harness (bench_harness.hpp) on the Wan2.1
+// `branchgrpo bench iteration --model wan-tiny | wan`: the iteration harness (bench/harness.hpp) on the Wan2.1
 // text-to-video transformer over LibTorch (docs/performance.md). This header is torch-free (the FLOP count and
-// the configs, unit-tested without LibTorch); bench_wan.cpp, built only with LibTorch, TurboJPEG and toml++
+// the configs, unit-tested without LibTorch); bench/wan.cpp, built only with LibTorch, TurboJPEG and toml++
 // (tools/CMakeLists.txt defines BRANCHGRPO_CLI_BENCH_FLUX), holds the run.
 #include <array>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // dance's at equal time and the time per iteration, each as a mean over the seeds with its 95 % Student-t interval
 // (docs/cli.md, docs/results.md). Times are kept on two clocks, wall and process CPU, because a shared machine's
 // load moves the first. The toy trains as `toy --compare` does, the shapes model as `demo` does
-// (cli/method_runs.hpp); with the first seed both reproduce those commands' rewards.
+// (cli/runs/method_runs.hpp); with the first seed both reproduce those commands' rewards.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <time.h>
@@ -36,13 +36,13 @@
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/commands.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/method_runs.hpp"
-#include "cli/number_options.hpp"
-#include "cli/output_file.hpp"
-#include "cli/plot.hpp"
-#include "cli/png.hpp"
-#include "cli/progress_bar.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/runs/method_runs.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/images/plot.hpp"
+#include "cli/images/png.hpp"
+#include "cli/output/progress_bar.hpp"
 
 namespace branchgrpo::cli {
 namespace {

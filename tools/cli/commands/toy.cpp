@@ -29,13 +29,13 @@
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/commands.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/method_runs.hpp"
-#include "cli/number_options.hpp"
-#include "cli/output_file.hpp"
-#include "cli/plot.hpp"
-#include "cli/png.hpp"
-#include "cli/progress_bar.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/runs/method_runs.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/images/plot.hpp"
+#include "cli/images/png.hpp"
+#include "cli/output/progress_bar.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -54,7 +54,7 @@ struct toy_options {
   int nan_leaf_every = 0;
 };
 
-// --- The held-out evaluation (cli/method_runs.hpp, shared with `compare`) -------------------------------------
+// --- The held-out evaluation (cli/runs/method_runs.hpp, shared with `compare`) -------------------------------------
 
 using toy_runs::eval_modes;
 using toy_runs::eval_samples_per_mode;

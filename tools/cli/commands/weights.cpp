@@ -24,7 +24,7 @@
 #include "branchgrpo/model_specs/wan/layout.hpp"
 #include "branchgrpo/safetensors.hpp"
 #include "cli/commands.hpp"
-#include "cli/output_file.hpp"
+#include "cli/output/output_file.hpp"
 
 namespace branchgrpo::cli {
 namespace {

@@ -18,9 +18,9 @@
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
 #include "cli/commands.hpp"
-#include "cli/number_options.hpp"
-#include "cli/output_file.hpp"
-#include "cli/tree_report.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/output/tree_report.hpp"
 
 namespace branchgrpo::cli {
 namespace {

@@ -20,17 +20,17 @@
 #include "branchgrpo/training/methods.hpp"
 #include "cli/commands.hpp"
 #if defined(BRANCHGRPO_CLI_GIF)
-#include "cli/gif.hpp"
+#include "cli/images/gif.hpp"
 #endif
-#include "cli/image_grid.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/method_runs.hpp"
-#include "cli/number_options.hpp"
-#include "cli/output_file.hpp"
-#include "cli/plot.hpp"
-#include "cli/png.hpp"
-#include "cli/run_support.hpp"
-#include "cli/shipped_model.hpp"
+#include "cli/images/image_grid.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/runs/method_runs.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/images/plot.hpp"
+#include "cli/images/png.hpp"
+#include "cli/runs/run_support.hpp"
+#include "cli/runs/shipped_model.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -41,7 +41,7 @@ constexpr bool gif_enabled = true;
 constexpr bool gif_enabled = false;  // a tool built without giflib writes frame strips only
 #endif
 
-// The run configuration, the run and the held-out evaluation: cli/method_runs.hpp, shared with `compare`.
+// The run configuration, the run and the held-out evaluation: cli/runs/method_runs.hpp, shared with `compare`.
 using demo_runs::demo_config;
 using demo_runs::demo_options;
 using demo_runs::evaluate;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/png.hpp"
+#include "cli/images/png.hpp"
 
 namespace branchgrpo::cli {
 

@@ -20,8 +20,8 @@
 #include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "cli/commands.hpp"
-#include "cli/memory_budget.hpp"
-#include "cli/number_options.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/options/number_options.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -141,7 +141,7 @@ void run_prompt_bench(const prompt_bench_options& o) {
   resident_memory memory_resident;
   {
     std::vector<torch::Tensor> context, pooled;
-    for (const auto& file : open_prompt_dataset(dir).files) {
+    for (const auto& file : branchgrpo::detail::prompt_shards(dir)) {  // the shard names only: nothing mapped
       prompt_file loaded = load_prompt_file(file);
       context.push_back(loaded.embeddings.context);
       if (loaded.embeddings.pooled.defined()) pooled.push_back(loaded.embeddings.pooled);
