@@ -11,6 +11,9 @@
 //   per_prompt_running  Flow-GRPO: like leaf_group, but mean and population sigma come from a FIFO buffer
 //                       of each prompt's recent leaf rewards (stateful). Use when a prompt recurs across
 //                       iterations with few samples per iteration.
+//   per_reward<F, N>    MixGRPO's advantage_aggr: each part of a weighted reward fused by F and normalized by N on
+//                       its own, the advantages summed with the weights. Use with several rewards of different
+//                       scales (a combinator over any fusion and normalizer, not one of the list below).
 //
 // A normalizer is any copyable type with
 // `std::vector<double> operator()(const rollout_tree&, const reward_view&)` (concept Normalizer).
@@ -21,4 +24,5 @@
 #include "branchgrpo/advantage/depth_wise.hpp"
 #include "branchgrpo/advantage/leaf_group.hpp"
 #include "branchgrpo/advantage/per_prompt_running.hpp"
+#include "branchgrpo/advantage/per_reward.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"

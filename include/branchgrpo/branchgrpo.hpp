@@ -10,6 +10,7 @@
 #include "branchgrpo/loss.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/pruning.hpp"
+#include "branchgrpo/reward.hpp"
 #include "branchgrpo/rollout.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"

@@ -139,7 +139,8 @@ TEST_CASE("the jitter and the prompt draw shared by the image and the clip data 
   CHECK(branchgrpo::detail::drawn_prompt({}, 0.999999, 12, "shapes") == 11);
   CHECK(branchgrpo::detail::drawn_prompt({}, 0.5, 48, "moving-shapes") == 24);
   CHECK(branchgrpo::detail::drawn_prompt(7, 0.0, 12, "shapes") == 7);
-  CHECK_THROWS_WITH(branchgrpo::detail::drawn_prompt(-1, 0.0, 48, "moving-shapes"), "moving-shapes prompt -1 is outside [0, 48)");
+  CHECK_THROWS_WITH(branchgrpo::detail::drawn_prompt(-1, 0.0, 48, "moving-shapes"),
+                    "moving-shapes prompt -1 is outside [0, 48)");
 }
 
 TEST_CASE("shapes_render: the doc example, value ranges and batches") {
@@ -734,9 +735,38 @@ TEST_CASE("weighted_sum: total, components, NaN and validation") {
                     "weighted_sum reward name 'a' appears twice");
   CHECK_THROWS_WITH((weighted_sum({{"", 1.0, constant({1})}})), "weighted_sum reward 0 has no name");
   CHECK_THROWS_WITH((weighted_sum({{"a", not_a_number, constant({1})}})), "weighted_sum reward 'a' has weight nan");
-  CHECK_THROWS_WITH((weighted_sum({{"a", 1.0, {}}})), "weighted_sum reward 'a' has no scoring function");
+  CHECK_THROWS_WITH((weighted_sum({{"a", 1.0, {}}})),
+                    "weighted_sum reward 'a' needs exactly one scoring function (pointwise or groupwise)");
   weighted_sum short_output({{"a", 1.0, constant({1, 2})}});
   CHECK_THROWS_WITH(short_output(images, prompts), "weighted_sum reward 'a' returned 2 scores for 3 rows");
+}
+
+TEST_CASE("weighted_sum: its parts for per-reward advantages, and a groupwise win-rate term") {
+  const torch::Tensor images = torch::zeros({4, 3, 4, 4});
+  const std::vector<std::int64_t> prompts = zeros(4);
+  const auto constant = [](std::vector<double> values) {
+    return [values](const torch::Tensor&, std::span<const std::int64_t>) { return values; };
+  };
+  static_assert(GroupwiseReward<weighted_sum, torch_backend> && ComponentReward<weighted_sum>);
+  // Two trees of 2 leaves; "wins" is the win rate of {0.2, 0.9 | 0.5, 0.5} within each tree: {0, 1 | 0.5, 0.5}.
+  weighted_sum reward({{.name = "a", .weight = 1.0, .score = constant({1, 2, 3, 4})},
+                       {.name = "wins",
+                        .weight = 2.0,
+                        .score_groups = win_rate<named_reward::pointwise>{.score = constant({0.2, 0.9, 0.5, 0.5})}}});
+  const std::vector<std::uint32_t> keys = {0, 1};
+  const leaf_groups groups{.leaves_per_tree = 2, .keys = keys};
+  CHECK(reward(images, prompts, groups) == std::vector<double>{1, 4, 4, 5});
+  REQUIRE(reward.last_component_rows().size() == 2);
+  CHECK(reward.last_component_rows()[1].name == "wins");
+  CHECK(reward.last_component_rows()[1].weight == 2.0);
+  CHECK(reward.last_component_rows()[1].rows == std::vector<double>{0, 1, 0.5, 0.5});
+  CHECK(reward.last_components().at("wins") == 0.5);
+  CHECK_THROWS_WITH(reward(images, prompts),
+                    "weighted_sum reward 'wins' is groupwise: it scores a leaf against its tree's, and this call gave "
+                    "no groups");
+  const std::vector<std::uint32_t> one = {0};
+  CHECK_THROWS_WITH(reward(images, prompts, leaf_groups{.leaves_per_tree = 2, .keys = one}),
+                    "weighted_sum: 4 rows in 1 groups of 2");
 }
 
 // ---- The shipped model -----------------------------------------------------------------------------------------

@@ -147,6 +147,23 @@ TEST_CASE("a run on a prompt dataset in shards, shuffled per epoch, trains as on
   CHECK_THAT(bg::config_text(mapped), Catch::Matchers::Contains("# input data.embeddings = \"3 shards, "));
 }
 
+TEST_CASE("a [[rewards]] entry with win_rate = true scores each leaf by its win rate within its tree") {
+  const auto model = make_model_dir();
+  std::string toml = run_toml(model, scratch("win_rate") / "run", 1);
+  const std::string jpeg = "weight = 0.1\nparams = { quality = 90 }";
+  REQUIRE(toml.find(jpeg) != std::string::npos);
+  toml.replace(toml.find(jpeg), jpeg.size(), "weight = 0.1\nwin_rate = true\nparams = { quality = 90 }");
+  const bg::run_config config = bg::parse_run_config(toml, "run.toml");
+  CHECK(config.rewards[1].win_rate);
+  CHECK_THAT(bg::config_text(config), Catch::Matchers::Contains("win_rate = true"));
+  auto run = make_run(config);
+  const bg::iteration_stats stats = run->step();
+  CHECK(std::isfinite(stats.reward_mean));
+  // With ties counting 1/2, a tree's m win rates sum to m / 2: the mean over every tree is 1/2 exactly.
+  CHECK(run->last_components().at("jpeg_compressibility") == 0.5);
+  CHECK(run->last_components().at("alignment") > 0);
+}
+
 TEST_CASE("reward parameters are checked with one line naming them") {
   const auto model = make_model_dir();
   const auto with_reward = [&](const std::string& reward) {

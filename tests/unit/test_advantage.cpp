@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <span>
 #include <string>
@@ -400,4 +401,60 @@ TEST_CASE("normalizers are copyable values; the tracker's state takes part in eq
   copy = tracker;
   CHECK(copy == tracker);
   CHECK(std::string(to_string(normalization_scope::per_batch)) == "per_batch");
+}
+
+// ---- per_reward ----------------------------------------------------------------------------------------------
+
+TEST_CASE("per_reward: the doc example, by hand") {
+  const rollout_tree tree = binary_tree();
+  const std::vector<leaf_component> parts = {{.name = "a", .weight = 1.0, .leaf = leaves_a},
+                                             {.name = "b", .weight = 0.5, .leaf = leaves_b}};
+  const std::vector<double> total = {1, 4, 4, 9};  // a + 0.5 b
+  per_reward<uniform_mean, depth_wise> combined;
+  // N(a) = {0, -+1/sqrt 2, -0.92582, 0, -0.46291, 1.38873}; N(b): depth 2 {0, 2, 4, 6}, mu 3, sigma
+  // sqrt(20 / 3) = 2.58199 -> -+1.16190, -+0.38730. A = N(a) + 0.5 N(b).
+  const double h = 1 / std::sqrt(2.0);
+  check_values(combined(tree, {.leaf = total, .fused = {}, .components = parts}),
+               {0, -1.5 * h, 1.5 * h, -0.92582 - 0.58095, -0.19365, -0.46291 + 0.19365, 1.38873 + 0.58095});
+  CHECK(combined.parts.size() == 2);
+  // Without parts: the plain stage, N(tree, {r, F(r)}) on the sum. Depth 2 of {1, 4, 4, 9}: mu 4.5, sigma
+  // sqrt(33 / 3) = 3.31662 -> -1.05529, -0.15076, -0.15076, 1.35680.
+  per_reward<uniform_mean, depth_wise> single;
+  check_values(single(tree, {.leaf = total}), {0, -h, h, -1.05529, -0.15076, -0.15076, 1.35680});
+  CHECK(single(tree, {.leaf = total}) == depth_wise{}(tree, {.leaf = total, .fused = uniform_mean{}(tree, total)}));
+  // The parts keep their count.
+  CHECK_THROWS_WITH(combined(tree, {.leaf = total}), "per_reward was set up for 2 reward parts, this call has 1");
+  per_reward<uniform_mean, depth_wise> fresh;
+  const std::vector<double> short_leaf = {1, 2};
+  const std::vector<leaf_component> bad = {{.name = "short", .weight = 1, .leaf = short_leaf}};
+  CHECK_THROWS_WITH(fresh(tree, {.leaf = total, .components = bad}),
+                    "per_reward part 'short' has 2 leaf scores for 4 leaves");
+}
+
+TEST_CASE("per_reward: a stateful normalizer keeps one state per part, saved and restored") {
+  const rollout_tree tree = binary_tree();
+  const std::vector<leaf_component> parts = {{.name = "a", .weight = 1.0, .leaf = leaves_a},
+                                             {.name = "b", .weight = 2.0, .leaf = leaves_b}};
+  per_reward<uniform_mean, per_prompt_running> running;
+  const std::vector<double> total = {1, 7, 10, 18};
+  const std::vector<double> first = running(tree, {.leaf = total, .components = parts});
+  // Each part's own tracker: a buffer {1, 3, 2, 6} (mean 3, std sqrt 3.5) and b {0, 2, 4, 6} (mean 3, std sqrt 5);
+  // leaf 6: (6 - 3) / (sqrt 3.5 + 1e-4) + 2 (6 - 3) / (sqrt 5 + 1e-4).
+  CHECK(first[6] == Approx(3 / (std::sqrt(3.5) + 1e-4) + 6 / (std::sqrt(5.0) + 1e-4)));
+  CHECK(running.parts[0].buffers.at(0) == std::deque<double>{1, 3, 2, 6});
+  CHECK(running.parts[1].buffers.at(0) == std::deque<double>{0, 2, 4, 6});
+  const component_state saved = running.save_state();
+  CHECK(saved.at("parts") == std::vector<double>{2});
+  CHECK(saved.at("part.1.prompt.0") == std::vector<double>{0, 2, 4, 6});
+  per_reward<uniform_mean, per_prompt_running> restored;
+  restored.load_state(saved);
+  CHECK(restored.parts == running.parts);
+  CHECK(restored(tree, {.leaf = total, .components = parts}) == running(tree, {.leaf = total, .components = parts}));
+  CHECK_THROWS_WITH(restored.load_state({{"part.0.prompt.0", {1}}}),
+                    "per_reward state needs 'parts' = one whole count");
+  CHECK_THROWS_WITH(restored.load_state({{"parts", {1}}, {"part.3.prompt.0", {1}}}),
+                    "per_reward state key 'part.3.prompt.0' is not part.<index below 1>.<key>");
+  static_assert(Stateful<per_reward<uniform_mean, per_prompt_running>>);
+  static_assert(!Stateful<per_reward<uniform_mean, depth_wise>>);
+  static_assert(Normalizer<per_reward<uniform_mean, depth_wise>>);
 }

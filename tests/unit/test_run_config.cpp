@@ -114,6 +114,7 @@ params = { colour_weight = 0.5, mode = "strict", soft = true }
 [[rewards]]
 name = "jpeg_compressibility"
 weight = 0.25
+win_rate = true
 
 [run]
 iterations = 7
@@ -203,6 +204,8 @@ TEST_CASE("every documented key is parsed") {
   CHECK(std::get<bool>(c.rewards[0].params.at("soft")));
   CHECK(c.rewards[1].name == "jpeg_compressibility");
   CHECK(c.rewards[1].weight == 0.25);
+  CHECK(!c.rewards[0].win_rate);
+  CHECK(c.rewards[1].win_rate);
   CHECK(c.run == bg::run_section{.iterations = 7,
                                  .seed = 42,
                                  .output_dir = "out/x",

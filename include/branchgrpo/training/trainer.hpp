@@ -137,23 +137,41 @@ struct scored_leaves {
   std::vector<std::int32_t> kept_trees;        ///< the trees whose leaf rewards are all finite, in order
   std::vector<double> kept_scores;             ///< those trees' leaf rewards, tree.leaves() order
   double mean = 0, std = 0, min = 0, max = 0;  ///< over kept_scores (population std); NaN when none was kept
+  /// A ComponentReward's parts: rows over every leaf (components) and over the kept trees' leaves
+  /// (kept_components), in the reward's order; empty for a reward that reports none.
+  std::vector<reward_component> components = {};
+  std::vector<reward_component> kept_components = {};
 };
 
 /// Stage 2 of an iteration, on rewards already computed: which trees train, and the statistics of their rewards.
 /// Example: 2 trees of 2 leaves, scores {0.1, 0.5, NaN, 0.3} -> kept_trees {0}, kept_scores {0.1, 0.5},
 ///   mean 0.3, std 0.2, min 0.1, max 0.5.
-/// @pre scores.size() == tree.leaf_count() (else invalid_input naming both).
-/// @post kept_scores.size() == kept_trees.size() * tree.leaves_per_tree(); every kept score finite.
-inline scored_leaves keep_finite_trees(const rollout_tree& tree, std::vector<double> scores) {
+///   With components {"a", weight 1, {0.1, 0.2, 0.3, 0.4}} -> kept_components {"a", 1, {0.1, 0.2}}.
+/// @pre scores.size() == tree.leaf_count(), and so every component's rows (else invalid_input naming both).
+/// @post kept_scores.size() == kept_trees.size() * tree.leaves_per_tree(), and so every kept component's rows;
+///       every kept score finite.
+inline scored_leaves keep_finite_trees(const rollout_tree& tree, std::vector<double> scores,
+                                       std::vector<reward_component> components = {}) {
   require(scores.size() == static_cast<std::size_t>(tree.leaf_count()), "reward returned ", scores.size(),
           " scores for ", tree.leaf_count(), " leaves");
+  for (const reward_component& part : components)
+    require(part.rows.size() == scores.size(), "reward part '", part.name, "' returned ", part.rows.size(),
+            " scores for ", tree.leaf_count(), " leaves");
   scored_leaves out{.scores = std::move(scores), .kept_trees = {}, .kept_scores = {}};
+  out.components = std::move(components);
+  for (const reward_component& part : out.components)
+    out.kept_components.push_back({.name = part.name, .weight = part.weight, .rows = {}});
   const std::int32_t leaves_per_tree = tree.leaves_per_tree();
   for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
-    const auto first = out.scores.begin() + static_cast<std::ptrdiff_t>(t) * leaves_per_tree;
+    const auto offset = static_cast<std::ptrdiff_t>(t) * leaves_per_tree;
+    const auto first = out.scores.begin() + offset;
     if (std::all_of(first, first + leaves_per_tree, [](double r) { return std::isfinite(r); })) {
       out.kept_trees.push_back(t);
       out.kept_scores.insert(out.kept_scores.end(), first, first + leaves_per_tree);
+      for (std::size_t c = 0; c < out.components.size(); ++c) {
+        const auto part = out.components[c].rows.begin() + offset;
+        out.kept_components[c].rows.insert(out.kept_components[c].rows.end(), part, part + leaves_per_tree);
+      }
     }
   }
   if (out.kept_scores.empty()) {
@@ -171,8 +189,8 @@ inline scored_leaves keep_finite_trees(const rollout_tree& tree, std::vector<dou
   return out;
 }
 
-/// Stage 2: scores the rollout's leaves (their final latents, each with its tree's prompt) and applies
-/// keep_finite_trees.
+/// Stage 2: scores the rollout's leaves (their final latents, each with its tree's prompt; a groupwise reward also
+/// sees which tree each leaf is of) and applies keep_finite_trees, with the parts of a ComponentReward.
 /// @pre the reward returns one score per leaf (else invalid_input).
 template <Backend B, Reward<B> Score>
 scored_leaves score_leaves(B& backend, Score& reward, const rollout_result<B>& result) {
@@ -180,7 +198,16 @@ scored_leaves score_leaves(B& backend, Score& reward, const rollout_result<B>& r
   std::vector<std::int64_t> leaf_prompts;
   leaf_prompts.reserve(static_cast<std::size_t>(tree.leaf_count()));
   for (std::int32_t leaf : tree.leaves()) leaf_prompts.push_back(tree.info(tree.tree(leaf)).prompt);
-  return keep_finite_trees(tree, reward(leaf_latents(backend, result), leaf_prompts));
+  std::vector<std::uint32_t> keys;
+  for (std::int32_t t = 0; t < tree.tree_count(); ++t) keys.push_back(tree.info(t).key);
+  const leaf_groups groups{.leaves_per_tree = tree.leaves_per_tree(), .keys = keys};
+  std::vector<double> scores = score_rows<B>(reward, leaf_latents(backend, result), leaf_prompts, groups);
+  std::vector<reward_component> components;
+  if constexpr (ComponentReward<Score>) {
+    const std::span<const reward_component> parts = reward.last_component_rows();
+    components.assign(parts.begin(), parts.end());
+  }
+  return keep_finite_trees(tree, std::move(scores), std::move(components));
 }
 
 /// Credit assignment of the kept trees: the fused reward and the advantage of every node, the pruner's mask, and
@@ -210,7 +237,11 @@ edge_credit assign_credit(method<T, S, C, F, N, P>& recipe, const rollout_tree& 
   edge_credit credit{.kept = all_kept ? rollout_tree(full) : detail::select_trees(full, leaves.kept_trees)};
   const rollout_tree& subset = credit.kept;
   credit.fused = recipe.fusion(subset, leaves.kept_scores);
-  credit.advantages = recipe.normalizer(subset, reward_view{.leaf = leaves.kept_scores, .fused = credit.fused});
+  std::vector<leaf_component> parts;
+  for (const reward_component& part : leaves.kept_components)
+    parts.push_back({.name = part.name, .weight = part.weight, .leaf = part.rows});
+  credit.advantages =
+      recipe.normalizer(subset, reward_view{.leaf = leaves.kept_scores, .fused = credit.fused, .components = parts});
   credit.mask = recipe.pruner(subset, prune_context{.iteration = iteration,
                                                     .total_iterations = total_iterations,
                                                     .leaf_rewards = leaves.kept_scores,
@@ -381,39 +412,51 @@ namespace detail {
 
 // The whole forest of an iteration on every rank: each rank's trees' leaf scores and node log-probs, gathered in
 // rank order (shares padded to the largest), set into the forest of every tree (`infos`, all ranks' trees).
+// A reward's parts (components) travel the same way, after the log-probs: every rank has the same reward, so the
+// same parts in the same order.
 struct gathered_forest {
   rollout_tree tree;
   std::vector<double> scores;  // every leaf's reward, tree.leaves() order
+  std::vector<reward_component> components = {};
 };
 
 template <Communicator Comm>
 gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::vector<tree_info> infos,
-                              const rollout_tree& local, std::span<const double> local_scores) {
+                              const rollout_tree& local, std::span<const double> local_scores,
+                              std::span<const reward_component> local_components = {}) {
   const auto trees = static_cast<std::int64_t>(infos.size());
   const int ranks = communicator.size();
   const std::int64_t widest = (trees + ranks - 1) / ranks;  // a share has at most this many trees
   gathered_forest out{.tree = rollout_tree(plan, std::move(infos)), .scores = {}};
   const auto leaves = static_cast<std::size_t>(out.tree.leaves_per_tree());
   const auto nodes = static_cast<std::size_t>(out.tree.nodes_per_tree());
-  const std::size_t per_tree = leaves + nodes;
+  const std::size_t parts = local_components.size();
+  const std::size_t per_tree = leaves + nodes + parts * leaves;
+  const auto at = [](auto begin, std::size_t offset) { return begin + static_cast<std::ptrdiff_t>(offset); };
   std::vector<double> mine(static_cast<std::size_t>(widest) * per_tree, 0.0);
   for (std::int32_t t = 0; t < local.tree_count(); ++t) {
-    const auto at = mine.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * per_tree);
-    std::copy_n(local_scores.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * leaves), leaves, at);
-    std::copy_n(local.log_probs().begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * nodes), nodes,
-                at + static_cast<std::ptrdiff_t>(leaves));
+    const auto tree = static_cast<std::size_t>(t);
+    const auto block = at(mine.begin(), tree * per_tree);
+    std::copy_n(at(local_scores.begin(), tree * leaves), leaves, block);
+    std::copy_n(at(local.log_probs().begin(), tree * nodes), nodes, at(block, leaves));
+    for (std::size_t c = 0; c < parts; ++c)
+      std::copy_n(at(local_components[c].rows.begin(), tree * leaves), leaves, at(block, leaves + nodes + c * leaves));
   }
   const std::vector<double> all = all_gather_values(communicator, std::span<const double>(mine));
   out.scores.resize(static_cast<std::size_t>(trees) * leaves);
+  for (const reward_component& part : local_components)
+    out.components.push_back(
+        {.name = part.name, .weight = part.weight, .rows = std::vector<double>(out.scores.size(), 0.0)});
   const std::span<double> log_probs = out.tree.mutable_log_probs();
   for (int r = 0; r < ranks; ++r) {
     const tree_share share = tree_share::of(trees, r, ranks);
     for (std::int64_t t = share.first; t < share.last; ++t) {
-      const auto from = all.begin() + static_cast<std::ptrdiff_t>(
-                                          (static_cast<std::size_t>(r * widest + t - share.first)) * per_tree);
-      std::copy_n(from, leaves, out.scores.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * leaves));
-      std::copy_n(from + static_cast<std::ptrdiff_t>(leaves), nodes,
-                  log_probs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(t) * nodes));
+      const auto tree = static_cast<std::size_t>(t);
+      const auto from = at(all.begin(), static_cast<std::size_t>(r * widest + t - share.first) * per_tree);
+      std::copy_n(from, leaves, at(out.scores.begin(), tree * leaves));
+      std::copy_n(at(from, leaves), nodes, at(log_probs.begin(), tree * nodes));
+      for (std::size_t c = 0; c < parts; ++c)
+        std::copy_n(at(from, leaves + nodes + c * leaves), leaves, at(out.components[c].rows.begin(), tree * leaves));
     }
   }
   return out;
@@ -477,8 +520,8 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
     leaves = score_leaves(backend, reward, result);
   } else {
     const scored_leaves local = score_leaves(backend, reward, result);
-    whole = detail::gather_forest(communicator, plan, std::move(infos), result.tree, local.scores);
-    leaves = keep_finite_trees(whole->tree, std::move(whole->scores));
+    whole = detail::gather_forest(communicator, plan, std::move(infos), result.tree, local.scores, local.components);
+    leaves = keep_finite_trees(whole->tree, std::move(whole->scores), std::move(whole->components));
     double evaluations = static_cast<double>(stats.rollout_evaluations);
     communicator.all_reduce_sum(std::span<double>(&evaluations, 1));
     stats.rollout_evaluations = static_cast<std::int64_t>(evaluations);

@@ -253,8 +253,10 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
       for (const auto& [key, value] : r.params)  // a std::map: sorted, so equal entries give equal text
         params +=
             (params.empty() ? "" : ", ") + key + " = " + std::visit([](const auto& v) { return toml_value(v); }, value);
+      // win_rate only when set, so that the text of a config without it reads as it did before the key existed.
       list += std::string(i ? ", " : "") + "{ name = " + toml_string(r.name) + ", weight = " + toml_value(r.weight) +
-              ", params = {" + (params.empty() ? "" : " " + params + " ") + "} }";
+              (r.win_rate ? ", win_rate = true" : "") + ", params = {" + (params.empty() ? "" : " " + params + " ") +
+              "} }";
     }
     line("rewards", list + "]");
   }

@@ -140,6 +140,7 @@ struct lora_section {
 struct reward_entry {
   std::string name;
   double weight = 1.0;
+  bool win_rate = false;  ///< score each leaf by the fraction of its tree's leaves it beats (Pref-GRPO)
   std::map<std::string, std::variant<double, std::string, bool>> params = {};
   friend bool operator==(const reward_entry&, const reward_entry&) = default;
 };
@@ -350,6 +351,7 @@ inline reward_entry read_reward(table_reader r) {
         }(),
         ")");
   r.read("weight", entry.weight, in_range(-1e6, 1e6));
+  r.read("win_rate", entry.win_rate);
   table_reader params = r.table("params");
   if (params.raw() != nullptr)
     for (const auto& [key, node] : *params.raw()) {

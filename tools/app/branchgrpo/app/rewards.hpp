@@ -37,6 +37,7 @@
 
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/reward/win_rate.hpp"
 #include "branchgrpo/torch/compat.hpp"
 
 namespace branchgrpo {
@@ -290,19 +291,28 @@ struct shape_alignment {
   friend bool operator==(const shape_alignment&, const shape_alignment&) = default;
 };
 
-/// A reward of a weighted_sum: its name (for logs), weight and scoring function.
+/// A reward of a weighted_sum: its name (for logs), weight and scoring function, pointwise (`score`) or groupwise
+/// (`score_groups`: sees each tree's leaves at once, e.g. win_rate over a pointwise scorer); exactly one is set.
 struct named_reward {
+  using pointwise = std::function<std::vector<double>(const torch::Tensor&, std::span<const std::int64_t>)>;
+  using groupwise =
+      std::function<std::vector<double>(const torch::Tensor&, std::span<const std::int64_t>, const leaf_groups&)>;
   std::string name;
   double weight = 1.0;
-  std::function<std::vector<double>(const torch::Tensor&, std::span<const std::int64_t>)> score;
+  pointwise score = {};
+  groupwise score_groups = {};
 };
 
 /// Several rewards in one: r = sum_i weight_i r_i per row (NaN when any component is NaN for that row).
 /// After each call, last_components() maps each name to the mean of its unweighted scores over the rows where
-/// it is finite (NaN when none is), and last_rows() to its per-row scores, for logging each reward separately.
+/// it is finite (NaN when none is), last_rows() to its per-row scores, for logging each reward separately, and
+/// last_component_rows() lists the parts with their weights (a ComponentReward: per_reward normalizes each).
+/// Called with the leaves' groups (as the trainer does: a GroupwiseReward), groupwise terms get them; called
+/// without, a groupwise term is refused.
 /// Example: {{"align", 1, shape_alignment{}}, {"jpeg", 0.1, jpeg_compressibility{}}} on one image with
 ///   alignment 0.8 and JPEG 0.634 kB -> {0.8 - 0.0634} = {0.7366}; last_components() {align: 0.8, jpeg: -0.634}.
-/// @pre at least one term; names unique and non-empty; weights finite; every score set (else invalid_input).
+/// @pre at least one term; names unique and non-empty; weights finite; exactly one scoring function per term
+///      (else invalid_input).
 class weighted_sum {
  public:
   explicit weighted_sum(std::vector<named_reward> terms) : terms_(std::move(terms)) {
@@ -313,16 +323,39 @@ class weighted_sum {
       require(!term.name.empty(), "weighted_sum reward ", i, " has no name");
       require(names.insert(term.name).second, "weighted_sum reward name '", term.name, "' appears twice");
       require(std::isfinite(term.weight), "weighted_sum reward '", term.name, "' has weight ", term.weight);
-      require(static_cast<bool>(term.score), "weighted_sum reward '", term.name, "' has no scoring function");
+      require(static_cast<bool>(term.score) != static_cast<bool>(term.score_groups), "weighted_sum reward '", term.name,
+              "' needs exactly one scoring function (pointwise or groupwise)");
     }
   }
 
   std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
+    return score(leaves, prompts, nullptr);
+  }
+
+  std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
+                                 const leaf_groups& groups) {
+    require(groups.rows() == prompts.size(), "weighted_sum: ", prompts.size(), " rows in ", groups.keys.size(),
+            " groups of ", groups.leaves_per_tree);
+    return score(leaves, prompts, &groups);
+  }
+
+  [[nodiscard]] const std::map<std::string, double>& last_components() const { return components_; }
+  [[nodiscard]] const std::map<std::string, std::vector<double>>& last_rows() const { return rows_; }
+  [[nodiscard]] std::span<const reward_component> last_component_rows() const { return parts_; }
+  [[nodiscard]] std::span<const named_reward> terms() const { return terms_; }
+
+ private:
+  std::vector<double> score(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
+                            const leaf_groups* groups) {
     std::vector<double> total(prompts.size(), 0.0);
     components_.clear();
     rows_.clear();
+    parts_.clear();
     for (const named_reward& term : terms_) {
-      std::vector<double> scores = term.score(leaves, prompts);
+      require(term.score || groups != nullptr, "weighted_sum reward '", term.name,
+              "' is groupwise: it scores a leaf against its tree's, and this call gave no groups");
+      std::vector<double> scores =
+          term.score ? term.score(leaves, prompts) : term.score_groups(leaves, prompts, *groups);
       require(scores.size() == prompts.size(), "weighted_sum reward '", term.name, "' returned ", scores.size(),
               " scores for ", prompts.size(), " rows");
       double sum = 0;
@@ -335,19 +368,16 @@ class weighted_sum {
         }
       }
       components_[term.name] = finite ? sum / static_cast<double>(finite) : std::numeric_limits<double>::quiet_NaN();
+      parts_.push_back({.name = term.name, .weight = term.weight, .rows = scores});
       rows_[term.name] = std::move(scores);
     }
     return total;
   }
 
-  [[nodiscard]] const std::map<std::string, double>& last_components() const { return components_; }
-  [[nodiscard]] const std::map<std::string, std::vector<double>>& last_rows() const { return rows_; }
-  [[nodiscard]] std::span<const named_reward> terms() const { return terms_; }
-
- private:
   std::vector<named_reward> terms_;
   std::map<std::string, double> components_;
   std::map<std::string, std::vector<double>> rows_;
+  std::vector<reward_component> parts_;
 };
 
 }  // namespace branchgrpo

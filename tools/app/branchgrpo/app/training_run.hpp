@@ -138,6 +138,13 @@ struct reward_params {
 
 namespace detail {
 
+// A [[rewards]] entry with win_rate = true: its pointwise scorer's scores turned into win rates within each tree.
+inline named_reward as_win_rate(named_reward term) {
+  term.score_groups = win_rate<named_reward::pointwise>{.score = std::move(term.score)};
+  term.score = {};
+  return term;
+}
+
 // make_run_reward for video models (see its comment).
 inline weighted_sum make_video_reward(const run_config& config, const run_model& model) {
   std::vector<named_reward> terms;
@@ -198,7 +205,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
            "' scores images; the model makes videos (alignment, smoothness or torchscript)");
     }
     p.finish();
-    terms.push_back(std::move(term));
+    terms.push_back(entry.win_rate ? as_win_rate(std::move(term)) : std::move(term));
   }
   return weighted_sum(std::move(terms));
 }
@@ -214,6 +221,8 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
 ///                           fill_width, travel} over the run's prompts
 ///   smoothness              temporal_smoothness{flicker_scale}
 ///   torchscript             {file, batch}: a TorchScript video reward module on frames in [0, 1]
+/// Any entry with win_rate = true scores each leaf by the fraction of its tree's leaves it beats under that reward
+/// (Pref-GRPO's win rate, core reward/win_rate.hpp).
 /// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>"; an image reward for a video model (or the
 /// reverse) names the entry.
 inline weighted_sum make_run_reward(const run_config& config, const run_model& model) {
@@ -268,7 +277,7 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
       };
     }
     p.finish();
-    terms.push_back(std::move(term));
+    terms.push_back(entry.win_rate ? detail::as_win_rate(std::move(term)) : std::move(term));
   }
   return weighted_sum(std::move(terms));
 }
@@ -684,16 +693,22 @@ class training_run {
 
  private:
   // The Reward the trainer calls: decode, score, keep the images when asked.
+  // The run's reward on decoded leaves, groupwise (its win-rate terms see each tree) and with its parts (for
+  // per-reward advantages).
   struct scorer {
     training_run* run;
-    std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
+    std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
+                                   const leaf_groups& groups) {
       const torch::Tensor images = run->decode(leaves);
       run->last_leaf_count_ = images.size(0);
       if (run->keep_images_) {
         run->last_images_ = images;
         run->last_prompts_.assign(prompts.begin(), prompts.end());
       }
-      return run->reward_(images, prompts);
+      return run->reward_(images, prompts, groups);
+    }
+    [[nodiscard]] std::span<const reward_component> last_component_rows() const {
+      return run->reward_.last_component_rows();
     }
   };
 
