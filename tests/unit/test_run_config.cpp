@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/config/toml_reader.hpp"
 
@@ -71,6 +72,7 @@ kind = "depth_wise"
 scope = "per_batch"
 epsilon = 1e-6
 min_std = 1e-5
+per_reward = true
 
 [pruning]
 active_fraction = 0.5
@@ -177,10 +179,12 @@ TEST_CASE("every documented key is parsed") {
   CHECK(std::get<bg::dance_sde>(c.recipe.stepper.policy).eta == 0.5);
   CHECK(std::get<bg::correlated>(c.recipe.correlator.policy).s == 2.0);
   CHECK(std::get<bg::path_softmax>(c.recipe.fusion.policy).beta == 0.5);
-  const auto& dw = std::get<bg::depth_wise>(c.recipe.normalizer.policy);
+  const auto& dw = std::get<bg::depth_wise>(c.recipe.normalizer.normalizer.policy);
   CHECK(dw.scope == bg::normalization_scope::per_batch);
   CHECK(dw.epsilon == 1e-6);
   CHECK(dw.min_std == 1e-5);
+  CHECK(c.recipe.normalizer.per_reward);
+  CHECK(c.recipe.normalizer.parts.fusion == c.recipe.fusion);  // each part fused with the run's [fusion]
   CHECK(c.recipe.pruner.fraction == 0.5);
   REQUIRE(c.recipe.pruner.pruner.pruners.size() == 2);
   CHECK(std::get<bg::parent_top_k>(c.recipe.pruner.pruner.pruners[0].policy).k == 2);
@@ -256,7 +260,7 @@ kind = "keep_all"
   CHECK(std::get<bg::flow_grpo_sde>(c.recipe.stepper.policy).noise_level == 0.5);
   CHECK(std::get<bg::scaled>(c.recipe.correlator.policy).scale == 3.0);
   CHECK(std::get<bg::split_softmax>(c.recipe.fusion.policy).alpha == 2.0);
-  const auto& running = std::get<bg::per_prompt_running>(c.recipe.normalizer.policy);
+  const auto& running = std::get<bg::per_prompt_running>(c.recipe.normalizer.normalizer.policy);
   CHECK(running.history == 8);
   CHECK(running.epsilon == 0.01);
   CHECK(running.global_std);
@@ -286,7 +290,7 @@ min_std = 1e-4
         bg::flow_grpo_fast{.group_size = 8, .split_step = 2, .sde_steps = 3});
   CHECK(std::holds_alternative<bg::antithetic>(fast.recipe.correlator.policy));
   CHECK(std::holds_alternative<bg::max_reward>(fast.recipe.fusion.policy));
-  CHECK(std::get<bg::leaf_group>(fast.recipe.normalizer.policy).min_std == 1e-4);
+  CHECK(std::get<bg::leaf_group>(fast.recipe.normalizer.normalizer.policy).min_std == 1e-4);
   CHECK(std::holds_alternative<bg::independent>(
       bg::parse_run_config("[correlator]\nkind = \"independent\"\n", "r").recipe.correlator.policy));
   CHECK(std::holds_alternative<bg::orthogonal>(
@@ -558,4 +562,33 @@ TEST_CASE("a policy defined outside the library plus one list entry is readable 
   // The built-in entries read as before.
   CHECK(std::get<bg::path_softmax>(read_fusion("[fusion]\nkind = \"path_softmax\"\nbeta = 0.25\n").policy).beta ==
         0.25);
+}
+
+TEST_CASE("[advantage] per_reward: the run's normalizer takes each reward part on its own") {
+  const bg::rollout_tree tree(bg::split_schedule{.split_steps = {0, 1}, .branching = {2}}(2), bg::numbered_trees(1));
+  const std::vector<double> a = {1, 3, 2, 6}, b = {0, 2, 4, 6}, total = {1, 4, 4, 9};
+  const std::vector<bg::leaf_component> parts = {{.name = "a", .weight = 1.0, .leaf = a},
+                                                 {.name = "b", .weight = 0.5, .leaf = b}};
+  bg::run_config separate =
+      bg::parse_run_config("[advantage]\nkind = \"per_prompt_running\"\nper_reward = true\n", "run.toml");
+  bg::per_reward<bg::any_fusion, bg::any_normalizer> expected{.fusion = separate.recipe.fusion,
+                                                              .normalizer = separate.recipe.normalizer.normalizer};
+  const bg::reward_view view{.leaf = total, .fused = {}, .components = parts};
+  CHECK(separate.recipe.normalizer(tree, view) == expected(tree, view));
+  // Its state: one buffer per part, restored into a fresh run's normalizer.
+  const bg::component_state state = separate.recipe.normalizer.save_state();
+  CHECK(state.at("parts") == std::vector<double>{2});
+  CHECK(state.at("part.0.prompt.0") == a);
+  bg::run_config resumed =
+      bg::parse_run_config("[advantage]\nkind = \"per_prompt_running\"\nper_reward = true\n", "run.toml");
+  resumed.recipe.normalizer.load_state(state);
+  CHECK(resumed.recipe.normalizer(tree, view) == separate.recipe.normalizer(tree, view));
+  CHECK_THAT(bg::config_text(separate), Catch::Matchers::Contains("advantage.per_reward = true"));
+  // Off (the default): [advantage] kind on the total, parts ignored.
+  bg::run_config plain = bg::parse_run_config("", "run.toml");
+  CHECK(!plain.recipe.normalizer.per_reward);
+  const std::vector<double> fused = bg::uniform_mean{}(tree, total);
+  CHECK(plain.recipe.normalizer(tree, {.leaf = total, .fused = fused, .components = parts}) ==
+        bg::depth_wise{}(tree, {.leaf = total, .fused = fused}));
+  CHECK(error_of("[advantage]\nper_reward = 1\n").rfind("run.toml: advantage.per_reward", 0) == 0);
 }

@@ -229,7 +229,8 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   add_policy(out, "rollout.", "stepper", config.recipe.stepper);
   add_policy(out, "correlator.", "kind", config.recipe.correlator);
   add_policy(out, "fusion.", "kind", config.recipe.fusion);
-  add_policy(out, "advantage.", "kind", config.recipe.normalizer);
+  add_policy(out, "advantage.", "kind", config.recipe.normalizer.normalizer);
+  line("advantage.per_reward", toml_value(config.recipe.normalizer.per_reward));
   line("pruning.active_fraction", toml_value(config.recipe.pruner.fraction));
   {
     std::string list = "[";

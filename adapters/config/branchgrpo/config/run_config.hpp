@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "branchgrpo/advantage/catalog.hpp"
+#include "branchgrpo/advantage/per_reward.hpp"
 #include "branchgrpo/config/toml_reader.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
@@ -55,8 +56,40 @@ namespace branchgrpo {
 // Each family's run-time choice is its catalog's any_policy (core/policy_list.hpp: any_topology, any_stepper,
 // any_correlator, any_fusion, any_normalizer) and the pruners a run-time list (any_pruner = active_for<all_in<...>>).
 
+/// The run's advantage stage ([advantage]): `normalizer` (its kind) on the weighted sum of the [[rewards]], or,
+/// with per_reward = true, per_reward over the run's [fusion] and that normalizer: each [[rewards]] entry fused and
+/// normalized on its own, the advantages summed with the entries' weights (MixGRPO's advantage_aggr;
+/// docs/advantage.md). A Normalizer; its state (per_prompt_running's buffers, per part with per_reward) reaches
+/// checkpoints through save_state / load_state.
+struct run_normalizer {
+  any_normalizer normalizer{};
+  bool per_reward = false;
+  /// The per-reward stage, used when per_reward: its fusion is the run's (use_fusion), its normalizer `normalizer`.
+  branchgrpo::per_reward<any_fusion, any_normalizer> parts{};
+
+  /// Sets the fusion each part is fused with: the run's [fusion] (the config reader calls it).
+  void use_fusion(const any_fusion& fusion) { parts.fusion = fusion; }
+
+  std::vector<double> operator()(const rollout_tree& tree, const reward_view& rewards) {
+    if (!per_reward) return normalizer(tree, rewards);
+    if (parts.parts.empty()) parts.normalizer = normalizer;  // the parts are made from [advantage]'s policy
+    return parts(tree, rewards);
+  }
+
+  [[nodiscard]] component_state save_state() const { return per_reward ? parts.save_state() : normalizer.save_state(); }
+  void load_state(const component_state& state) {
+    if (!per_reward) return normalizer.load_state(state);
+    parts.normalizer = normalizer;
+    parts.load_state(state);
+  }
+
+  friend bool operator==(const run_normalizer& a, const run_normalizer& b) {
+    return a.normalizer == b.normalizer && a.per_reward == b.per_reward && a.parts.fusion == b.parts.fusion;
+  }
+};
+
 /// The run's recipe: one method type for every configuration.
-using run_recipe = method<any_topology, any_stepper, any_correlator, any_fusion, any_normalizer, any_pruner>;
+using run_recipe = method<any_topology, any_stepper, any_correlator, any_fusion, run_normalizer, any_pruner>;
 
 /// Whether two run recipes hold equal components (method itself has no operator==).
 inline bool same_recipe(const run_recipe& a, const run_recipe& b) {
@@ -74,7 +107,8 @@ inline run_recipe method_recipe(std::string_view name) {
     out.stepper.policy = recipe.stepper;
     out.correlator.policy = recipe.correlator;
     out.fusion.policy = recipe.fusion;
-    out.normalizer.policy = recipe.normalizer;
+    out.normalizer.normalizer.policy = recipe.normalizer;
+    out.normalizer.use_fusion(out.fusion);
     if constexpr (!std::is_same_v<decltype(recipe.pruner), keep_all>) out.pruner.pruner.pruners = {recipe.pruner};
     return out;
   });
@@ -414,7 +448,13 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
   read_rollout(top.table("rollout"), config.rollout, config.recipe.stepper);
   read_kind(top.table("correlator"), config.recipe.correlator);
   read_kind(top.table("fusion"), config.recipe.fusion);
-  read_kind(top.table("advantage"), config.recipe.normalizer);
+  {
+    table_reader advantage = top.table("advantage");
+    read_policy(advantage, "kind", config.recipe.normalizer.normalizer);
+    advantage.read("per_reward", config.recipe.normalizer.per_reward);
+    advantage.finish();
+    config.recipe.normalizer.use_fusion(config.recipe.fusion);
+  }
   read_pruning(top.table("pruning"), config.recipe.pruner);
   read_loss(top.table("loss"), config.loss);
   read_optimizer(top.table("optimizer"), config.optimizer);
