@@ -3,75 +3,23 @@
 // the server sends them, batching by whole groups, the scorer check, and every fault as one line naming the url,
 // never a hang. Each test stops the server it started.
 #include <catch2/catch.hpp>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "branchgrpo/app/remote_client.hpp"
-
-extern char** environ;
+#include "reward_server_process.hpp"
 
 namespace bg = branchgrpo;
+using branchgrpo::testing::reward_server;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 
 namespace {
-
-// scripts/reward_server.py on a free port, for the lifetime of this object.
-class reward_server {
- public:
-  explicit reward_server(std::vector<std::string> extra) {
-    static int counter = 0;
-    port_file_ = std::filesystem::temp_directory_path() /
-                 ("branchgrpo_remote_port_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove(port_file_);
-    std::vector<std::string> args = {"/usr/bin/python3", BRANCHGRPO_SOURCE_DIR "/scripts/reward_server.py",
-                                     "--port",           "0",
-                                     "--port-file",      port_file_.string()};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    REQUIRE(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) == 0);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (port_.empty()) {
-      std::ifstream(port_file_) >> port_;
-      int status = 0;
-      if (port_.empty() && ::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = 0;
-        FAIL("the reward server exited before listening");
-      }
-      if (std::chrono::steady_clock::now() > deadline) FAIL("the reward server did not start in 30 s");
-      if (port_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  reward_server(const reward_server&) = delete;
-  reward_server& operator=(const reward_server&) = delete;
-  ~reward_server() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-    std::filesystem::remove(port_file_);
-  }
-  [[nodiscard]] std::string url() const { return "http://127.0.0.1:" + port_; }
-
- private:
-  pid_t pid_ = 0;
-  std::filesystem::path port_file_;
-  std::string port_;
-};
 
 // A flat background image (no shape: shapes_alignment scores it 0), float32 [3, 16, 16].
 const std::vector<float> blank(3 * 16 * 16, 0.84F);

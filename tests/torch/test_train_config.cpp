@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "branchgrpo/app/training_run.hpp"
+#include "reward_server_process.hpp"
 
 namespace bg = branchgrpo;
 
@@ -164,6 +165,57 @@ TEST_CASE("a [[rewards]] entry with win_rate = true scores each leaf by its win 
   CHECK(run->last_components().at("alignment") > 0);
 }
 
+TEST_CASE("the remote reward trains as the in-process one; a dead server is one line, and --resume continues") {
+  const auto model = make_model_dir();
+  const std::string rewards =
+      "[[rewards]]\nname = \"alignment\"\n[[rewards]]\nname = \"jpeg_compressibility\"\nweight = 0.1\nparams = "
+      "{ quality = 90 }\n";
+  const auto with_rewards = [&](const std::filesystem::path& out, const std::string& entries) {
+    std::string toml = run_toml(model, out, 2);
+    REQUIRE(toml.find(rewards) != std::string::npos);
+    toml.replace(toml.find(rewards), rewards.size(), entries);
+    return bg::parse_run_config(toml, "run.toml");
+  };
+  auto local = make_run(with_rewards(scratch("local"), "[[rewards]]\nname = \"alignment\"\n"));
+  bg::testing::reward_server server({"--scorer", "shapes_alignment"});
+  const std::string remote_entry = "[[rewards]]\nname = \"remote\"\nparams = { url = \"" + server.url() +
+                                   "\", scorer = \"shapes_alignment\", retries = 0 }\n";
+  const auto remote_dir = scratch("remote");
+  auto remote = make_run(with_rewards(remote_dir, remote_entry));
+  // The same leaves, scored in C++ and by the server (float32 pixels, float64 formula): the rewards to 1e-12, the
+  // trained factors to 1e-9 relative after two iterations.
+  for (int i = 0; i < 2; ++i) {
+    const bg::iteration_stats a = local->step(), b = remote->step();
+    CHECK(b.reward_mean == Approx(a.reward_mean).epsilon(0).margin(1e-12));
+    CHECK(b.reward_max == Approx(a.reward_max).epsilon(0).margin(1e-12));
+  }
+  const auto x = local->trainable(), y = remote->trainable();
+  REQUIRE(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i)
+    CHECK(torch::allclose(x[i].second, y[i].second, /*rtol=*/1e-9, /*atol=*/1e-12));
+
+  // The server dies mid-run: the next iteration is one line naming the url; the checkpoint before it resumes.
+  auto dying = make_run(with_rewards(scratch("dying"), remote_entry));
+  (void)dying->step();
+  const auto checkpoint = dying->save_checkpoint();
+  server.stop();
+  try {
+    (void)dying->step();
+    FAIL("the step did not fail");
+  } catch (const bg::invalid_input& error) {
+    CHECK_THAT(std::string(error.what()), Catch::Matchers::StartsWith("remote reward " + server.url() + "/score: ") &&
+                                              Catch::Matchers::EndsWith("(after 1 attempt)"));
+  }
+  // A server that is not there when the run starts is refused before the first iteration.
+  try {
+    (void)make_run(with_rewards(scratch("nobody"), remote_entry));
+    FAIL("the run started without its server");
+  } catch (const bg::invalid_input& error) {
+    CHECK_THAT(std::string(error.what()), Catch::Matchers::StartsWith("remote reward " + server.url() + "/info: "));
+  }
+  CHECK(std::filesystem::exists(checkpoint));
+}
+
 TEST_CASE("reward parameters are checked with one line naming them") {
   const auto model = make_model_dir();
   const auto with_reward = [&](const std::string& reward) {
@@ -188,6 +240,12 @@ TEST_CASE("reward parameters are checked with one line naming them") {
   CHECK(with_reward("[[rewards]]\nname = \"torchscript\"\n") ==
         "run.toml: rewards[0].params.file: the TorchScript reward needs a file");
   CHECK(with_reward("[[rewards]]\nname = \"jpeg_incompressibility\"\n").empty());
+  CHECK(with_reward("[[rewards]]\nname = \"remote\"\n") ==
+        "run.toml: rewards[0].params.url: the remote reward needs a url");
+  CHECK(with_reward("[[rewards]]\nname = \"remote\"\nparams = { url = \"http://127.0.0.1:9\", timeout = 0 }\n") ==
+        "run.toml: rewards[0].params.timeout = 0: must be in [0.001, 86400]");
+  CHECK(with_reward("[[rewards]]\nname = \"remote\"\nparams = { url = \"http://127.0.0.1:9\", retries = 1.5 }\n") ==
+        "run.toml: rewards[0].params.retries = 1.5: must be an integer");
 }
 
 TEST_CASE("resume continues to exactly the uninterrupted run's weights (CPU, bit-identical)") {

@@ -193,8 +193,8 @@ struct run_section {
 
 /// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment" and "torchscript" score
 /// images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
-inline constexpr std::array<std::string_view, 5> reward_names = {"alignment", "jpeg_compressibility",
-                                                                 "jpeg_incompressibility", "smoothness", "torchscript"};
+inline constexpr std::array<std::string_view, 6> reward_names = {
+    "alignment", "jpeg_compressibility", "jpeg_incompressibility", "smoothness", "torchscript", "remote"};
 
 /// A whole run. Defaults: the shipped shapes model, BranchGRPO's dense tree (the branch method), LoRA rank 16.
 struct run_config {

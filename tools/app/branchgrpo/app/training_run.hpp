@@ -45,6 +45,7 @@
 
 #include "branchgrpo/app/flux_run_model.hpp"
 #include "branchgrpo/app/moving_shapes.hpp"
+#include "branchgrpo/app/remote_reward.hpp"
 #include "branchgrpo/app/rewards.hpp"
 #include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/run_model.hpp"
@@ -145,6 +146,34 @@ inline named_reward as_win_rate(named_reward term) {
   return term;
 }
 
+// A [[rewards]] entry name = "remote": a reward server's scorer (remote_reward.hpp), checked before the run starts
+// (the server answers /info and runs the scorer for the model's media).
+inline named_reward remote_term(const run_config& config, reward_params& p, const run_model& model, std::string label,
+                                double weight) {
+  remote_options options{
+      .url = p.text("url", ""), .scorer = p.text("scorer", ""), .media = model.is_video() ? "video" : "image"};
+  if (options.url.empty()) fail(config.source, ": rewards[", p.index, "].params.url: the remote reward needs a url");
+  const auto seconds = [&](const std::string& key, double fallback, double low, double high) {
+    const double v = p.number(key, fallback);
+    if (!(v >= low && v <= high))
+      p.bad(key, run_number_text(v), "must be in [" + run_number_text(low) + ", " + run_number_text(high) + "]");
+    return v;
+  };
+  const auto whole = [&](const std::string& key, double fallback, double low, double high) {
+    const double v = seconds(key, fallback, low, high);
+    if (v != std::floor(v)) p.bad(key, run_number_text(v), "must be an integer");
+    return v;
+  };
+  options.connect_timeout = seconds("connect_timeout", options.connect_timeout, 0.001, 3600);
+  options.timeout = seconds("timeout", options.timeout, 0.001, 86400);
+  options.retries = static_cast<int>(whole("retries", options.retries, 0, 100));
+  options.backoff = seconds("backoff", options.backoff, 0, 3600);
+  options.batch = static_cast<std::int64_t>(whole("batch", static_cast<double>(options.batch), 1, 1e6));
+  remote_reward reward(std::move(options), model.prompts);
+  reward.check_server();
+  return {.name = std::move(label), .weight = weight, .score = {}, .score_groups = std::move(reward)};
+}
+
 // make_run_reward for video models (see its comment).
 inline weighted_sum make_video_reward(const run_config& config, const run_model& model) {
   std::vector<named_reward> terms;
@@ -183,6 +212,8 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
         }
       }
       term.score = a;
+    } else if (entry.name == "remote") {
+      term = remote_term(config, p, model, label, entry.weight);
     } else if (entry.name == "smoothness") {
       temporal_smoothness smooth;
       smooth.flicker_scale = positive("flicker_scale", smooth.flicker_scale);
@@ -202,7 +233,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
       };
     } else {
       fail(config.source, ": rewards[", i, "].name = '", entry.name,
-           "' scores images; the model makes videos (alignment, smoothness or torchscript)");
+           "' scores images; the model makes videos (alignment, smoothness, torchscript or remote)");
     }
     p.finish();
     terms.push_back(entry.win_rate ? as_win_rate(std::move(term)) : std::move(term));
@@ -221,6 +252,9 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
 ///                           fill_width, travel} over the run's prompts
 ///   smoothness              temporal_smoothness{flicker_scale}
 ///   torchscript             {file, batch}: a TorchScript video reward module on frames in [0, 1]
+/// and for either:
+///   remote                  {url, scorer, connect_timeout, timeout, retries, backoff, batch}: a reward server
+///                           (remote_reward.hpp), checked here (it must answer /info and run the scorer)
 /// Any entry with win_rate = true scores each leaf by the fraction of its tree's leaves it beats under that reward
 /// (Pref-GRPO's win rate, core reward/win_rate.hpp).
 /// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>"; an image reward for a video model (or the
@@ -257,6 +291,8 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
         }
       }
       term.score = a;
+    } else if (entry.name == "remote") {
+      term = detail::remote_term(config, p, model, label, entry.weight);
     } else if (entry.name == "smoothness") {
       fail(config.source, ": rewards[", i, "].name = 'smoothness' scores videos; the model makes images");
     } else if (entry.name == "jpeg_compressibility") {
