@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,29 @@ struct run_summary {
 };
 
 // `iterations` of `recipe` on the toy with `prompts`; the communicator decides this rank's trees.
-template <class Recipe, class Comm>
+// The toy's mode reward r as two weighted parts, r (weight 1) and r^2 (weight 0.5): a ComponentReward, whose parts
+// per_reward advantages normalize one by one, so every rank needs every rank's parts.
+struct two_part_reward {
+  mode_reward<> mode;
+  std::vector<reward_component> parts;
+  std::vector<double> operator()(const host_tensor& leaves, std::span<const std::int64_t> prompts) {
+    const std::vector<double> r = mode(leaves, prompts);
+    std::vector<double> squared(r.size()), total(r.size());
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      squared[i] = r[i] * r[i];
+      total[i] = r[i] + 0.5 * squared[i];
+    }
+    parts = {{.name = "mode", .weight = 1.0, .rows = r}, {.name = "squared", .weight = 0.5, .rows = squared}};
+    return total;
+  }
+  [[nodiscard]] std::span<const reward_component> last_component_rows() const { return parts; }
+};
+
+template <class Recipe, class Comm, class Score = mode_reward<>>
 run_summary train_toy(Recipe recipe, const std::vector<std::int64_t>& prompts, int iterations, int updates,
                       Comm& communicator) {
   auto policy = make_toy_policy(7);
-  mode_reward<> reward;
+  Score reward;
   host_backend backend;
   const auto schedule = shifted_linear_schedule(20);
   run_summary out;
@@ -44,13 +63,14 @@ run_summary train_toy(Recipe recipe, const std::vector<std::int64_t>& prompts, i
 }
 
 // Every rank's summary of the same run on `ranks` threads.
-template <class Recipe>
+template <class Score = mode_reward<>, class Recipe>
 std::vector<run_summary> train_on_ranks(const Recipe& recipe, const std::vector<std::int64_t>& prompts, int ranks,
                                         int iterations, int updates) {
   std::vector<run_summary> out(static_cast<std::size_t>(ranks));
   thread_group group(ranks);
   group.run([&](thread_group::member& member) {
-    out[static_cast<std::size_t>(member.rank())] = train_toy(recipe, prompts, iterations, updates, member);
+    out[static_cast<std::size_t>(member.rank())] =
+        train_toy<Recipe, thread_group::member, Score>(recipe, prompts, iterations, updates, member);
   });
   return out;
 }
@@ -62,12 +82,12 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
   return worst;
 }
 
-template <class Recipe>
+template <class Score = mode_reward<>, class Recipe>
 void check_ranks_match_one_process(const Recipe& recipe, const std::vector<std::int64_t>& prompts, int ranks,
                                    int updates) {
   single_process one;
-  const run_summary alone = train_toy(recipe, prompts, 3, updates, one);
-  const std::vector<run_summary> parts = train_on_ranks(recipe, prompts, ranks, 3, updates);
+  const run_summary alone = train_toy<Recipe, single_process, Score>(recipe, prompts, 3, updates, one);
+  const std::vector<run_summary> parts = train_on_ranks<Score>(recipe, prompts, ranks, 3, updates);
   for (const run_summary& part : parts) {
     CHECK(part.parameters == parts[0].parameters);  // every rank holds the same parameters
     CHECK(max_relative_difference(part.parameters, alone.parameters) < 1e-9);
@@ -113,6 +133,20 @@ TEST_CASE("data parallel: stateful and cross-tree components see the whole fores
     auto grouped =
         method{recipe.topology, recipe.stepper, recipe.correlator, recipe.fusion, leaf_group{}, recipe.pruner};
     check_ranks_match_one_process(grouped, four_prompts, 2, 1);
+    return 0;
+  });
+}
+
+TEST_CASE("data parallel: per-reward advantages get every rank's reward parts", "[distributed][trainer]") {
+  with_method("branch", [](auto recipe) {
+    auto separate = method{recipe.topology,
+                           recipe.stepper,
+                           recipe.correlator,
+                           recipe.fusion,
+                           per_reward<decltype(recipe.fusion), per_prompt_running>{.fusion = recipe.fusion},
+                           recipe.pruner};
+    check_ranks_match_one_process<two_part_reward>(separate, four_prompts, 2, 1);
+    check_ranks_match_one_process<two_part_reward>(separate, {0, 1, 2, 3, 4}, 3, 2);
     return 0;
   });
 }
