@@ -194,6 +194,15 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
   for (std::size_t i = 0; i < x.size(); ++i)
     CHECK(torch::allclose(x[i].second, y[i].second, /*rtol=*/1e-9, /*atol=*/1e-12));
 
+  // win_rate = true on a remote entry: the server's scores become win rates within each tree, mean 1/2 exactly.
+  {
+    const std::string entry =
+        "[[rewards]]\nname = \"remote\"\nwin_rate = true\nparams = { url = \"" + server.url() + "\", retries = 0 }\n";
+    auto ranked = make_run(with_rewards(scratch("remote_win_rate"), entry));
+    (void)ranked->step();
+    CHECK(ranked->last_components().at("remote") == 0.5);
+  }
+
   // The server dies mid-run: the next iteration is one line naming the url; the checkpoint before it resumes.
   auto dying = make_run(with_rewards(scratch("dying"), remote_entry));
   (void)dying->step();

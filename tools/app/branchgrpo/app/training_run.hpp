@@ -139,10 +139,17 @@ struct reward_params {
 
 namespace detail {
 
-// A [[rewards]] entry with win_rate = true: its pointwise scorer's scores turned into win rates within each tree.
+// A [[rewards]] entry with win_rate = true: its scorer's scores (pointwise, or a groupwise one's such as a remote
+// server's) turned into win rates within each tree.
 inline named_reward as_win_rate(named_reward term) {
-  term.score_groups = win_rate<named_reward::pointwise>{.score = std::move(term.score)};
-  term.score = {};
+  if (term.score) {
+    term.score_groups = win_rate<named_reward::pointwise>{.score = std::move(term.score)};
+    term.score = {};
+  } else {
+    term.score_groups = [inner = std::move(term.score_groups)](
+                            const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
+                            const leaf_groups& groups) { return win_rates(inner(leaves, prompts, groups), groups); };
+  }
   return term;
 }
 
@@ -728,9 +735,8 @@ class training_run {
   }
 
  private:
-  // The Reward the trainer calls: decode, score, keep the images when asked.
-  // The run's reward on decoded leaves, groupwise (its win-rate terms see each tree) and with its parts (for
-  // per-reward advantages).
+  // The Reward the trainer calls: decode, score with the run's reward (groupwise: its win-rate and remote terms see
+  // each tree; with its parts, for per-reward advantages), keep the images when asked.
   struct scorer {
     training_run* run;
     std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
