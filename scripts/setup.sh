@@ -37,3 +37,15 @@ if ! /usr/bin/python3 -c 'import ftfy; from transformers import UMT5EncoderModel
   "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --root-user-action=ignore --break-system-packages \
     'transformers==4.46.3' 'ftfy==6.3.1'
 fi
+
+# scripts/track.py (docs/cli.md, "Experiment tracking") and its test run on Debian's python3 as well: tensorboardX
+# 2.6.2.2 writes the TensorBoard event files with numpy and Pillow (Debian's 1.24 and 9.4; no PyTorch needed),
+# tensorboard 2.15.2 is the viewer and the reader the test checks them with. protobuf is pinned to one that both
+# and the optional wandb 0.31 accept (tensorboard 2.15: >= 3.19.6 but not 4.24.0; wandb 0.31: >= 5, < 8). wandb
+# itself stays optional (track.py's --wandb-offline names its pip line).
+if ! /usr/bin/python3 -c 'import tensorboardX; from tensorboard.backend.event_processing import event_accumulator' \
+    2>/dev/null; then
+  echo "setup.sh: installing tensorboard and tensorboardX for /usr/bin/python3"
+  "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --root-user-action=ignore --break-system-packages \
+    'tensorboard==2.15.2' 'tensorboardX==2.6.2.2' 'protobuf==6.33.6'
+fi
