@@ -59,9 +59,9 @@ struct win_rate {
   double tie = 0.5;  ///< what a tie (or a leaf without finite opponents) counts
 
   template <class Tensor>
-    requires requires(Pointwise& s, const Tensor& leaves, std::span<const std::int64_t> prompts) {
-      { s(leaves, prompts) } -> std::same_as<std::vector<double>>;
-    }
+  requires requires(Pointwise& s, const Tensor& leaves, std::span<const std::int64_t> prompts) {
+    { s(leaves, prompts) } -> std::same_as<std::vector<double>>;
+  }
   std::vector<double> operator()(const Tensor& leaves, std::span<const std::int64_t> prompts,
                                  const leaf_groups& groups) {
     const std::vector<double> pointwise = score(leaves, prompts);

@@ -36,13 +36,13 @@
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/commands.hpp"
-#include "cli/options/memory_budget.hpp"
-#include "cli/runs/method_runs.hpp"
-#include "cli/options/number_options.hpp"
-#include "cli/output/output_file.hpp"
 #include "cli/images/plot.hpp"
 #include "cli/images/png.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
 #include "cli/output/progress_bar.hpp"
+#include "cli/runs/method_runs.hpp"
 
 namespace branchgrpo::cli {
 namespace {

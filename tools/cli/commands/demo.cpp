@@ -23,12 +23,12 @@
 #include "cli/images/gif.hpp"
 #endif
 #include "cli/images/image_grid.hpp"
-#include "cli/options/memory_budget.hpp"
-#include "cli/runs/method_runs.hpp"
-#include "cli/options/number_options.hpp"
-#include "cli/output/output_file.hpp"
 #include "cli/images/plot.hpp"
 #include "cli/images/png.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
+#include "cli/runs/method_runs.hpp"
 #include "cli/runs/run_support.hpp"
 #include "cli/runs/shipped_model.hpp"
 

@@ -33,10 +33,10 @@
 #include "branchgrpo/torch/optim.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "cli/commands.hpp"
+#include "cli/images/png.hpp"
 #include "cli/options/memory_budget.hpp"
 #include "cli/options/number_options.hpp"
 #include "cli/output/output_file.hpp"
-#include "cli/images/png.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -119,7 +119,8 @@ Config config_from_json(const std::string& text, Config config, const std::array
           else if constexpr (std::is_same_v<T, double>)
             config.*field = json_number(value, key);
           else if constexpr (std::is_same_v<T, bool>) {
-            require(value.is_boolean(), "--config-json '", key, "' must be true or false, got ", echo_text(value.dump()));
+            require(value.is_boolean(), "--config-json '", key, "' must be true or false, got ",
+                    echo_text(value.dump()));
             config.*field = value.template get<bool>();
           } else {
             config.*field = json_triple(value, key);

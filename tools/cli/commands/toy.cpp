@@ -1,3 +1,5 @@
+#include "branchgrpo/toy.hpp"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -24,18 +26,17 @@
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/rollout/ode_sampler.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
-#include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/commands.hpp"
-#include "cli/options/memory_budget.hpp"
-#include "cli/runs/method_runs.hpp"
-#include "cli/options/number_options.hpp"
-#include "cli/output/output_file.hpp"
 #include "cli/images/plot.hpp"
 #include "cli/images/png.hpp"
+#include "cli/options/memory_budget.hpp"
+#include "cli/options/number_options.hpp"
+#include "cli/output/output_file.hpp"
 #include "cli/output/progress_bar.hpp"
+#include "cli/runs/method_runs.hpp"
 
 namespace branchgrpo::cli {
 namespace {

@@ -24,10 +24,10 @@
 #include "branchgrpo/files/input_file.hpp"
 #include "cli/commands.hpp"
 #include "cli/images/image_grid.hpp"
+#include "cli/images/png.hpp"
 #include "cli/options/memory_budget.hpp"
 #include "cli/options/number_options.hpp"
 #include "cli/output/output_file.hpp"
-#include "cli/images/png.hpp"
 #include "cli/runs/run_support.hpp"
 #include "cli/runs/signals.hpp"
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "cli/output/output_file.hpp"
 #include "cli/images/png.hpp"
+#include "cli/output/output_file.hpp"
 
 namespace branchgrpo::cli {
 

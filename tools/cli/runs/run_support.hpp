@@ -27,8 +27,8 @@
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/images/image_grid.hpp"
-#include "cli/output/output_file.hpp"
 #include "cli/images/png.hpp"
+#include "cli/output/output_file.hpp"
 #include "cli/output/progress_bar.hpp"
 
 namespace branchgrpo::cli {

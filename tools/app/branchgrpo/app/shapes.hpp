@@ -183,9 +183,8 @@ inline std::int64_t drawn_prompt(std::optional<std::int64_t> given, double u7, s
 /// prompts: the batch of the image and of the clip data set alike. `empty` is the shape of a batch of none.
 template <class Draw, class Render>
 std::pair<torch::Tensor, std::vector<std::int64_t>> draw_batch(std::uint64_t seed, std::uint64_t first,
-                                                                std::int64_t count, std::string_view what,
-                                                                Draw&& draw, Render&& render,
-                                                                std::vector<std::int64_t> empty) {
+                                                               std::int64_t count, std::string_view what, Draw&& draw,
+                                                               Render&& render, std::vector<std::int64_t> empty) {
   require(count >= 0, what, " batch size must be non-negative, got ", count);
   std::vector<std::int64_t> prompts;
   std::vector<torch::Tensor> items;
@@ -515,7 +514,8 @@ auto read_model_file(const std::filesystem::path& path, std::string_view config_
   const auto it = metadata.find(std::string(config_key));
   require(it != metadata.end(), path.string(), ": no __metadata__ key '", config_key, "'");
   auto config = parse(it->second, path.string());
-  weights = load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
+  weights =
+      load_safetensors(checkpoint, {.dtype = torch::kFloat32, .allowed_dtypes = model_weight_dtypes, .finite = true});
   return config;
 }
 
@@ -538,8 +538,8 @@ inline shapes_model load_shapes_model(const std::filesystem::path& dir) {
   const std::filesystem::path prompts_path = dir / "prompts.safetensors";
   require(std::filesystem::is_regular_file(model_path), model_path.string(), ": no such file");
   shapes_model out;
-  out.config = detail::read_model_file(model_path, flux_config_metadata_key, parse_flux_config, out.weights,
-                                       out.metadata);
+  out.config =
+      detail::read_model_file(model_path, flux_config_metadata_key, parse_flux_config, out.weights, out.metadata);
   const flux_key_report report = check_flux_tensors(out.config, flux_layout::bfl, detail::tensor_shapes(out.weights));
   require(report.ok(), model_path.string(), ": weights do not match the config: ", report.message());
   prompt_file prompts = load_prompt_file(prompts_path);
