@@ -11,8 +11,8 @@ prompt is not used.
 Options: clip=PATH (a local copy of openai/clip-vit-large-patch14, required), predictor=PATH (the .pth file,
 required), device=, batch=32. Offline: local files only.
 """
-from .scorer_api import (go_offline, import_or_fail, in_batches, int_option, require_images, required_path,
-                         take_options, to_pil, torch_device)
+from .scorer_api import (in_batches, int_option, require_images, required_path, start_torch, take_options, to_pil,
+                         transformers_clip, unit_features)
 
 NAME = "aesthetic"
 VERSION = "laion-v2-l14"
@@ -27,12 +27,9 @@ class Scorer:
         clip_path = required_path(NAME, options, "clip", "a folder holding openai/clip-vit-large-patch14")
         predictor_path = required_path(NAME, options, "predictor", "sac+logos+ava1-l14-linearMSE.pth")
         self.batch = int_option(NAME, options, "batch")
-        go_offline()
-        self.torch = torch = import_or_fail(NAME, "torch")
-        transformers = import_or_fail(NAME, "transformers")
-        self.device = torch_device(NAME, torch, options["device"])
-        self.processor = transformers.CLIPProcessor.from_pretrained(clip_path, local_files_only=True)
-        self.clip = transformers.CLIPModel.from_pretrained(clip_path, local_files_only=True).eval().to(self.device)
+        self.torch, (transformers,), self.device = start_torch(NAME, ["transformers"], options["device"])
+        torch = self.torch
+        self.processor, self.clip = transformers_clip(transformers, clip_path, "CLIPProcessor", clip_path, self.device)
         nn = torch.nn
 
         class AestheticHead(nn.Module):
@@ -57,6 +54,6 @@ class Scorer:
             for chunk in in_batches(items, self.batch):
                 inputs = self.processor(images=[to_pil(item.pixels) for item in chunk], return_tensors="pt")
                 embedding = self.clip.get_image_features(pixel_values=inputs["pixel_values"].to(self.device))
-                embedding = torch.nn.functional.normalize(embedding.float(), dim=-1)
+                embedding = unit_features(torch, embedding)
                 scores.extend(self.head(embedding).squeeze(-1).tolist())
         return scores, {}

@@ -8,8 +8,8 @@ score = scale * max(cosine, 0) with scale 100. Hessel et al.'s CLIP-S (ViT-B/32)
 Options: model=PATH (a local CLIP folder, e.g. a copy of openai/clip-vit-large-patch14, required), scale=100,
 device=, batch=32. Offline: local files only.
 """
-from .scorer_api import (float_option, go_offline, import_or_fail, in_batches, int_option, require_images,
-                         required_path, take_options, to_pil, torch_device)
+from .scorer_api import (float_option, in_batches, int_option, require_images, required_path, start_torch,
+                         take_options, to_pil, transformers_clip, unit_features)
 
 NAME = "clip_score"
 VERSION = "1"
@@ -24,12 +24,9 @@ class Scorer:
         model_path = required_path(NAME, options, "model", "a folder holding a CLIP model and its processor")
         self.scale = float_option(NAME, options, "scale")
         self.batch = int_option(NAME, options, "batch")
-        go_offline()
-        self.torch = torch = import_or_fail(NAME, "torch")
-        transformers = import_or_fail(NAME, "transformers")
-        self.device = torch_device(NAME, torch, options["device"])
-        self.processor = transformers.CLIPProcessor.from_pretrained(model_path, local_files_only=True)
-        self.model = transformers.CLIPModel.from_pretrained(model_path, local_files_only=True).eval().to(self.device)
+        self.torch, (transformers,), self.device = start_torch(NAME, ["transformers"], options["device"])
+        self.processor, self.model = transformers_clip(transformers, model_path, "CLIPProcessor", model_path,
+                                                       self.device)
 
     def score(self, items):
         require_images(items)
@@ -43,7 +40,6 @@ class Scorer:
                 image = self.model.get_image_features(pixel_values=inputs["pixel_values"].to(self.device))
                 text = self.model.get_text_features(input_ids=inputs["input_ids"].to(self.device),
                                                     attention_mask=inputs["attention_mask"].to(self.device))
-                cosine = (torch.nn.functional.normalize(image.float(), dim=-1) *
-                          torch.nn.functional.normalize(text.float(), dim=-1)).sum(-1)
+                cosine = (unit_features(torch, image) * unit_features(torch, text)).sum(-1)
                 scores.extend((self.scale * cosine.clamp(min=0)).tolist())
         return scores, {}

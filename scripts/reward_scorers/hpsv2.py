@@ -10,8 +10,8 @@ architecture and the state dict keys are open_clip's. pretrained=None: nothing i
 
 Options: checkpoint=PATH (HPS_v2.1_compressed.pt, required), device= (default cuda when available), batch=16.
 """
-from .scorer_api import (go_offline, import_or_fail, in_batches, int_option, require_images, required_path,
-                         take_options, to_pil, torch_device)
+from .scorer_api import (in_batches, int_option, require_images, required_path, start_torch, take_options, to_pil,
+                         unit_features)
 
 NAME = "hpsv2"
 VERSION = "2.1"
@@ -25,10 +25,8 @@ class Scorer:
         options = take_options(NAME, options, {"checkpoint": None, "device": None, "batch": "16"})
         checkpoint = required_path(NAME, options, "checkpoint", "the HPS_v2.1_compressed.pt file")
         self.batch = int_option(NAME, options, "batch")
-        go_offline()
-        self.torch = torch = import_or_fail(NAME, "torch")
-        open_clip = import_or_fail(NAME, "open_clip")
-        self.device = torch_device(NAME, torch, options["device"])
+        self.torch, (open_clip,), self.device = start_torch(NAME, ["open_clip"], options["device"])
+        torch = self.torch
         model, _, self.preprocess = open_clip.create_model_and_transforms("ViT-H-14", pretrained=None,
                                                                            precision="fp32", device="cpu")
         state = torch.load(checkpoint, map_location="cpu")
@@ -44,7 +42,7 @@ class Scorer:
             for chunk in in_batches(items, self.batch):
                 images = torch.stack([self.preprocess(to_pil(item.pixels)) for item in chunk]).to(self.device)
                 text = self.tokenizer([item.prompt for item in chunk]).to(self.device)
-                image_features = torch.nn.functional.normalize(self.model.encode_image(images).float(), dim=-1)
-                text_features = torch.nn.functional.normalize(self.model.encode_text(text).float(), dim=-1)
+                image_features = unit_features(torch, self.model.encode_image(images))
+                text_features = unit_features(torch, self.model.encode_text(text))
                 scores.extend((image_features * text_features).sum(-1).tolist())
         return scores, {}

@@ -12,7 +12,7 @@ BLIP loads by name; default the usual cache), device=. Offline: HF_HUB_OFFLINE=1
 """
 import numpy as np
 
-from .scorer_api import go_offline, import_or_fail, require_images, required_path, take_options, to_pil, torch_device
+from .scorer_api import require_images, required_path, start_torch, take_options, to_pil
 
 NAME = "imagereward"
 VERSION = "1.0"
@@ -28,10 +28,7 @@ class Scorer:
         med_config = required_path(NAME, options, "med_config", "ImageReward's med_config.json")
         if options["hf_home"]:
             required_path(NAME, options, "hf_home", "a Hugging Face cache holding bert-base-uncased")
-        go_offline(options["hf_home"])
-        self.torch = torch = import_or_fail(NAME, "torch")
-        image_reward = import_or_fail(NAME, "ImageReward")
-        device = torch_device(NAME, torch, options["device"])
+        self.torch, (image_reward,), device = start_torch(NAME, ["ImageReward"], options["device"], options["hf_home"])
         # A file path as the name: RM.load reads it instead of downloading "ImageReward-v1.0".
         self.model = image_reward.load(model_path, device=str(device), med_config=med_config).eval()
 

@@ -9,8 +9,8 @@ L2-normalised; score = logit_scale.exp() * cosine similarity, about 18 to 24 (lo
 Options: model=PATH (a local copy of PickScore_v1, required), processor=PATH (a local copy of
 CLIP-ViT-H-14-laion2B-s32B-b79K's processor files, required), device=, batch=16. Offline: local files only.
 """
-from .scorer_api import (go_offline, import_or_fail, in_batches, int_option, require_images, required_path,
-                         take_options, to_pil, torch_device)
+from .scorer_api import (in_batches, int_option, require_images, required_path, start_torch, take_options, to_pil,
+                         transformers_clip, unit_features)
 
 NAME = "pickscore"
 VERSION = "1"
@@ -26,12 +26,9 @@ class Scorer:
         processor_path = required_path(NAME, options, "processor",
                                        "a folder holding CLIP-ViT-H-14-laion2B-s32B-b79K's processor")
         self.batch = int_option(NAME, options, "batch")
-        go_offline()
-        self.torch = torch = import_or_fail(NAME, "torch")
-        transformers = import_or_fail(NAME, "transformers")
-        self.device = torch_device(NAME, torch, options["device"])
-        self.processor = transformers.AutoProcessor.from_pretrained(processor_path, local_files_only=True)
-        self.model = transformers.CLIPModel.from_pretrained(model_path, local_files_only=True).eval().to(self.device)
+        self.torch, (transformers,), self.device = start_torch(NAME, ["transformers"], options["device"])
+        self.processor, self.model = transformers_clip(transformers, model_path, "AutoProcessor", processor_path,
+                                                       self.device)
 
     def score(self, items):
         require_images(items)
@@ -45,8 +42,7 @@ class Scorer:
                 image = self.model.get_image_features(pixel_values=image_inputs["pixel_values"].to(self.device))
                 text = self.model.get_text_features(input_ids=text_inputs["input_ids"].to(self.device),
                                                     attention_mask=text_inputs["attention_mask"].to(self.device))
-                image = torch.nn.functional.normalize(image.float(), dim=-1)
-                text = torch.nn.functional.normalize(text.float(), dim=-1)
+                image, text = unit_features(torch, image), unit_features(torch, text)
                 scale = self.model.logit_scale.exp().float()
                 scores.extend((scale * (image * text).sum(-1)).tolist())
         return scores, {}

@@ -136,6 +136,29 @@ def torch_device(scorer, torch, requested):
     return device
 
 
+def start_torch(scorer, modules, requested_device, hf_home=None):
+    """What every torch-based scorer does first, in this order: offline mode (go_offline), torch and then its other
+    heavy packages imported (import_or_fail: one line naming a missing one), and the device of option device=.
+    Returns (torch, [the other modules, in order], device)."""
+    go_offline(hf_home)
+    torch = import_or_fail(scorer, "torch")
+    imported = [import_or_fail(scorer, module) for module in modules]
+    return torch, imported, torch_device(scorer, torch, requested_device)
+
+
+def transformers_clip(transformers, model_path, processor_class, processor_path, device):
+    """A transformers CLIPModel from `model_path` (evaluation, on `device`) and its processor, `processor_class`
+    of transformers, from `processor_path`; local files only."""
+    processor = getattr(transformers, processor_class).from_pretrained(processor_path, local_files_only=True)
+    model = transformers.CLIPModel.from_pretrained(model_path, local_files_only=True).eval().to(device)
+    return processor, model
+
+
+def unit_features(torch, features):
+    """Features as float32 rows of unit L2 norm (what CLIP-style scores take cosines of)."""
+    return torch.nn.functional.normalize(features.float(), dim=-1)
+
+
 # ---- Pixels ---------------------------------------------------------------------------------------------------
 
 def to_rgb8(pixels):
