@@ -76,13 +76,11 @@ std::int64_t image_tokens(const latent_shape& shape) {
 
 void run_flux_iteration_bench(const bench_options& options) {
   // Host memory is checked here for the toy-sized parts; a model on the CPU is checked below once the latent is known.
-  const std::int64_t nodes = validate_bench_options(options, 0);
-  const torch::Device device = bench_device(options.device);
-  const torch::Dtype dtype = bench_dtype(options.dtype);
-  require(options.peak_tflops > 0, "--peak-tflops must be positive, got ", options.peak_tflops);
-  const std::size_t variants = bench_variants(options).size();
-  // Latents and log-probs in float32 / float64 whatever the weights' dtype (the denoiser casts to the weights').
-  const torch_backend backend{.device = device, .dtype = torch::kFloat32};
+  const torch_bench_setup started = start_torch_bench(options);
+  const std::int64_t nodes = started.nodes;
+  const torch::Device& device = started.device;
+  const torch::Dtype dtype = started.dtype;
+  const torch_backend& backend = started.backend;
   const peak_memory_hook hook{.device = device};
   std::vector<variant_run> runs;
   std::ostringstream about;
@@ -139,7 +137,7 @@ void run_flux_iteration_bench(const bench_options& options) {
         .context = torch::randn({options.prompts, options.text_tokens, config.context_in}).to(on_device),
         .pooled = torch::randn({options.prompts, config.vec_in}).to(on_device)};
     auto denoiser = std::make_shared<flux_denoiser>(transformer, embeddings);
-    auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), variants);
+    auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), started.variants);
     synchronize(device);
     const double setup = seconds_since(start);
     const double flops = flux_forward_flops(config, image_tokens(shape), options.text_tokens);

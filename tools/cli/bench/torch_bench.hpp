@@ -3,6 +3,7 @@
 // its FLOP count and its report line:
 //
 //   bench_device(--device), bench_dtype(--dtype)   the flags as LibTorch values, one line naming a bad one
+//   start_torch_bench(options)                     both benches' checked options: nodes, device, dtype, backend
 //   lora_slots                                     several variants' LoRA values on one shared transformer
 //   lora_bench_model<Denoiser>                     one variant's Policy<torch_backend>, synchronized per call
 //   bench_lora(options)                            the adapters every bench trains (attention and MLP)
@@ -58,6 +59,28 @@ inline torch::Dtype bench_dtype(const std::string& text) {
   if (text == "float32") return torch::kFloat32;
   if (text == "bfloat16") return torch::kBFloat16;
   fail("--dtype '", echo_text(text), "' is not float32 or bfloat16");
+}
+
+/// What both LibTorch benches take from their options before building a model.
+struct torch_bench_setup {
+  std::int64_t nodes;     ///< nodes per tree of the widest variant (validate_bench_options)
+  torch::Device device;   ///< --device
+  torch::Dtype dtype;     ///< --dtype of the weights
+  std::size_t variants;   ///< the variants run side by side
+  torch_backend backend;  ///< latents in float32 (log-probs float64) whatever the weights' dtype
+};
+
+/// The options checked in the order every bench reports them: the harness's, --device, --dtype, --peak-tflops.
+inline torch_bench_setup start_torch_bench(const bench_options& options) {
+  const std::int64_t nodes = validate_bench_options(options, 0);
+  const torch::Device device = bench_device(options.device);
+  const torch::Dtype dtype = bench_dtype(options.dtype);
+  require(options.peak_tflops > 0, "--peak-tflops must be positive, got ", options.peak_tflops);
+  return {.nodes = nodes,
+          .device = device,
+          .dtype = dtype,
+          .variants = bench_variants(options).size(),
+          .backend = {.device = device, .dtype = torch::kFloat32}};
 }
 
 /// Waits for the device's queued kernels, so that a call's time is its own (CUDA runs asynchronously).

@@ -49,17 +49,15 @@ std::array<std::int64_t, 4> bench_latent(const bench_options& options, const wan
 }  // namespace
 
 void run_wan_iteration_bench(const bench_options& options) {
-  const std::int64_t nodes = validate_bench_options(options, 0);
-  const torch::Device device = bench_device(options.device);
-  const torch::Dtype dtype = bench_dtype(options.dtype);
-  require(options.peak_tflops > 0, "--peak-tflops must be positive, got ", options.peak_tflops);
+  const torch_bench_setup started = start_torch_bench(options);
+  const std::int64_t nodes = started.nodes;
+  const torch::Device& device = started.device;
+  const torch::Dtype dtype = started.dtype;
+  const torch_backend& backend = started.backend;
   const wan_config config = options.model == "wan" ? wan_config::t2v_1_3b() : wan_bench_tiny_config();
   const std::array<std::int64_t, 4> dims = bench_latent(options, config);
   const latent_shape shape{{dims.begin(), dims.end()}};
   require_rollout_fits(options, nodes, shape, device);
-  const std::size_t variants = bench_variants(options).size();
-  // Latents float32 and log-probs float64 whatever the weights' dtype (the transformer casts to the weights').
-  const torch_backend backend{.device = device, .dtype = torch::kFloat32};
 
   // One transformer with random weights, shared by every variant; each trains its own adapters (lora_slots).
   torch::manual_seed(options.seed);
@@ -71,7 +69,7 @@ void run_wan_iteration_bench(const bench_options& options) {
   // Every prompt padded to text_len by the model: random features of that length, the cost of any prompt.
   const torch::Tensor text = torch::randn({options.prompts, config.text_len, config.text_dim}).to(device);
   auto denoiser = std::make_shared<wan_denoiser>(transformer, text);
-  auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), variants);
+  auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), started.variants);
   synchronize(device);
   const double setup = seconds_since(start);
   const std::int64_t tokens = wan_tokens(config, dims);

@@ -34,6 +34,7 @@
 #include "cli/images/png.hpp"
 #include "cli/options/memory_budget.hpp"
 #include "cli/options/number_options.hpp"
+#include "cli/output/iteration_json.hpp"
 #include "cli/output/output_file.hpp"
 #include "cli/output/progress_bar.hpp"
 #include "cli/runs/method_runs.hpp"
@@ -95,23 +96,9 @@ std::string plural(int count, std::string_view word) {
 }
 
 nlohmann::json iteration_json(const std::string& method, const iteration_stats& s) {
-  return {{"iteration", s.iteration},
-          {"method", method},
-          {"reward_mean", s.reward_mean},
-          {"reward_std", s.reward_std},
-          {"reward_min", s.reward_min},
-          {"reward_max", s.reward_max},
-          {"evaluations", s.rollout_evaluations},
-          {"update_evaluations", s.update_evaluations},
-          {"edges", s.edges},
-          {"edges_trained", s.edges_trained},
-          {"trees_dropped", s.trees_dropped},
-          {"loss", s.loss},
-          {"clip_fraction", s.clip_fraction},
-          {"seconds", s.seconds},
-          {"rollout_seconds", s.rollout_seconds},
-          {"reward_seconds", s.reward_seconds},
-          {"update_seconds", s.update_seconds}};
+  nlohmann::json j = iteration_stats_json(s);
+  j["method"] = method;
+  return j;
 }
 
 void print_iteration_header(std::ostream& out) {

@@ -28,6 +28,7 @@
 #include "branchgrpo/training/trainer.hpp"
 #include "cli/images/image_grid.hpp"
 #include "cli/images/png.hpp"
+#include "cli/output/iteration_json.hpp"
 #include "cli/output/output_file.hpp"
 #include "cli/output/progress_bar.hpp"
 
@@ -128,23 +129,8 @@ inline std::filesystem::path make_directory(const std::filesystem::path& dir) {
 /// gradient norm and each reward's mean unweighted score ("reward/<name>").
 inline nlohmann::json iteration_metrics(const iteration_stats& s, const std::map<std::string, double>& components,
                                         double grad_norm) {
-  nlohmann::json j = {{"iteration", s.iteration},
-                      {"reward_mean", s.reward_mean},
-                      {"reward_std", s.reward_std},
-                      {"reward_min", s.reward_min},
-                      {"reward_max", s.reward_max},
-                      {"evaluations", s.rollout_evaluations},
-                      {"update_evaluations", s.update_evaluations},
-                      {"edges", s.edges},
-                      {"edges_trained", s.edges_trained},
-                      {"trees_dropped", s.trees_dropped},
-                      {"loss", s.loss},
-                      {"clip_fraction", s.clip_fraction},
-                      {"grad_norm", grad_norm},
-                      {"seconds", s.seconds},
-                      {"rollout_seconds", s.rollout_seconds},
-                      {"reward_seconds", s.reward_seconds},
-                      {"update_seconds", s.update_seconds}};
+  nlohmann::json j = iteration_stats_json(s);
+  j["grad_norm"] = grad_norm;
   for (const auto& [name, value] : components) j["reward/" + name] = value;
   return j;
 }
