@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,12 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
     CHECK(b.reward_mean == Approx(a.reward_mean).epsilon(0).margin(1e-12));
     CHECK(b.reward_max == Approx(a.reward_max).epsilon(0).margin(1e-12));
   }
+  // The server's components (shapes_alignment: colour and shape) are logged as remote/<component>; the score is
+  // their colour_weight mix (0.5 by default), so the means mix the same way.
+  const std::map<std::string, double>& parts = remote->last_components();
+  REQUIRE(parts.count("remote/colour") == 1);
+  REQUIRE(parts.count("remote/shape") == 1);
+  CHECK(parts.at("remote") == Approx(0.5 * parts.at("remote/colour") + 0.5 * parts.at("remote/shape")).margin(1e-12));
   const auto x = local->trainable(), y = remote->trainable();
   REQUIRE(x.size() == y.size());
   for (std::size_t i = 0; i < x.size(); ++i)
@@ -204,7 +211,8 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
   }
 
   // The server dies mid-run: the next iteration is one line naming the url; the checkpoint before it resumes.
-  auto dying = make_run(with_rewards(scratch("dying"), remote_entry));
+  const auto dying_dir = scratch("dying");
+  auto dying = make_run(with_rewards(dying_dir, remote_entry));
   (void)dying->step();
   const auto checkpoint = dying->save_checkpoint();
   server.stop();
@@ -223,6 +231,14 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
     CHECK_THAT(std::string(error.what()), Catch::Matchers::StartsWith("remote reward " + server.url() + "/info: "));
   }
   CHECK(std::filesystem::exists(checkpoint));
+  // The server back on its port: --resume continues from the checkpoint to exactly the uninterrupted run's weights.
+  const std::string port = server.url().substr(server.url().rfind(':') + 1);
+  bg::testing::reward_server back({"--scorer", "shapes_alignment", "--port", port});
+  REQUIRE(back.url() == server.url());
+  auto resumed = make_run(with_rewards(dying_dir, remote_entry));
+  REQUIRE(resumed->resume() == checkpoint);
+  (void)resumed->step();
+  CHECK(same_weights(*resumed, *remote));
 }
 
 TEST_CASE("reward parameters are checked with one line naming them") {
@@ -428,4 +444,88 @@ TEST_CASE("bfloat16 runs keep float32 masters in checkpoints and resume bit-iden
   const auto a = straight->named_masters(), b = resumed->named_masters();
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].second, b[i].second));
   CHECK(same_weights(*straight, *resumed));
+}
+
+TEST_CASE("[eval]: a held-out evaluation samples keyed ODE noise under the EMA and scores each prompt's group") {
+  const auto model = make_model_dir();
+  const auto out = scratch("eval");
+  // Three held-out prompts in their own file (the shapes word embeddings, as pretrain writes them).
+  const std::vector<std::string> heldout = {"a yellow circle", "a blue square", "a green triangle"};
+  const bg::flux_config shapes = bg::shapes_flux_config();
+  bg::save_prompt_file(out / "heldout.safetensors",
+                       bg::shapes_word_embeddings(heldout, shapes.context_in, shapes.vec_in), heldout);
+  const auto with_eval = [&](const std::filesystem::path& dir, const std::string& section) {
+    return bg::parse_run_config(run_toml(model, dir, 2) + "[eval]\nembeddings = \"" +
+                                    (out / "heldout.safetensors").string() + "\"\n" + section,
+                                "run.toml");
+  };
+  const std::string section = "every = 1\nsamples = 2\nsteps = 3\nseed = 4\n[[eval.rewards]]\nname = \"alignment\"\n";
+  auto plain = make_run(config_for(model, scratch("eval_plain"), 2));
+  auto run = make_run(with_eval(out / "run", section));
+  CHECK(run->evaluates());
+  CHECK(run->evaluates_after(0));
+  CHECK(run->evaluates_after(2));  // every = 1, and after the last iteration
+  CHECK(run->model().heldout.prompts == heldout);
+
+  bg::single_process one;
+  const bg::heldout_evaluation before = run->evaluate(one);
+  CHECK(before.iteration == 0);
+  CHECK(before.samples_per_prompt == 2);
+  CHECK(before.first_row == 0);
+  CHECK(before.ema);  // optimizer.ema_decay = 0.5 and eval.ema's default
+  REQUIRE(before.images.sizes() == torch::IntArrayRef({6, 3, 16, 16}));
+  REQUIRE(before.rewards.size() == 6);
+  CHECK(before.prompt_of(3) == 1);
+  // Row j * 2 + k: held-out prompt j (table row 12 + j, after the 12 training prompts), the keyed noise of tree
+  // heldout_tree_key + j * 2 + k, 3 Euler steps; scored by the [eval] reward alone, on the held-out prompts.
+  const std::vector<std::int64_t> table_rows = {12, 12, 13, 13, 14, 14};
+  CHECK(torch::equal(before.images, run->sample(run->config().eval_schedule(), table_rows, 4, 0, true)));
+  const std::vector<double> expected =
+      bg::shape_alignment{.prompts = heldout}(before.images, std::vector<std::int64_t>{0, 0, 1, 1, 2, 2});
+  CHECK(before.rewards == expected);
+  CHECK(before.components.size() == 1);
+  CHECK(before.components.at("alignment") == expected);
+
+  // The held-out rows do not touch training: the same iterations as a run without [eval], bit for bit.
+  CHECK(run->step().reward_mean == plain->step().reward_mean);
+  CHECK(same_weights(*run, *plain));
+  // The same noises after training: the weights, not the draws, differ; and under the EMA's, not the trained ones.
+  const bg::heldout_evaluation after = run->evaluate(one);
+  CHECK(after.iteration == 1);
+  CHECK_FALSE(torch::equal(after.images, before.images));
+  CHECK(torch::equal(after.images, run->sample(run->config().eval_schedule(), table_rows, 4, 0, true)));
+  CHECK_FALSE(torch::equal(after.images, run->sample(run->config().eval_schedule(), table_rows, 4, 0, false)));
+  // Deterministic: an evaluation repeated is the same.
+  CHECK(torch::equal(run->evaluate(one).images, after.images));
+
+  // eval.ema = false: the trained weights.
+  auto trained = make_run(with_eval(out / "trained", section + "ema = false\n"));
+  CHECK_FALSE(trained->evaluate(one).ema);
+
+  // Groupwise [eval] rewards rank within a prompt's samples: 2 samples' win rates sum to 1, so the mean is 1/2.
+  auto ranked = make_run(with_eval(out / "ranked", "samples = 2\n[[eval.rewards]]\nname = \"jpeg_compressibility\"\n"
+                                                   "win_rate = true\n"));
+  const bg::heldout_evaluation wins = ranked->evaluate(one);
+  for (std::size_t j = 0; j < 3; ++j)
+    CHECK(wins.components.at("jpeg_compressibility")[2 * j] + wins.components.at("jpeg_compressibility")[2 * j + 1] ==
+          1.0);
+  // Without [[eval.rewards]]: the run's own rewards.
+  auto same_rewards = make_run(with_eval(out / "same", "samples = 2\n"));
+  const bg::heldout_evaluation own = same_rewards->evaluate(one);
+  CHECK(own.components.size() == 2);
+  CHECK(own.components.count("jpeg_compressibility") == 1);
+
+  // Bad input: one line naming the key.
+  CHECK_THROWS_WITH(make_run(with_eval(out / "bad", "[[eval.rewards]]\nname = \"jpeg_compressibility\"\nparams = "
+                                                    "{ quality = 0 }\n")),
+                    "run.toml: eval.rewards[0].params.quality = 0: must be an integer in [1, 100]");
+  const std::vector<std::string> single = {"a red circle"};
+  bg::save_prompt_file(out / "single.safetensors",
+                       bg::shapes_word_embeddings(single, shapes.context_in, shapes.vec_in), single);
+  std::string toml = run_toml(model, out / "one", 2) + "[eval]\nembeddings = \"" +
+                     (out / "single.safetensors").string() + "\"\nsamples = 1\n";
+  CHECK_THROWS_WITH(make_run(bg::parse_run_config(toml, "run.toml")),
+                    "run.toml: eval.samples = 1: " + (out / "single.safetensors").string() +
+                        " holds 1 prompt; an evaluation's interval needs at least 2 samples in all");
+  std::filesystem::remove_all(out);
 }

@@ -592,3 +592,53 @@ TEST_CASE("[advantage] per_reward: the run's normalizer takes each reward part o
         bg::depth_wise{}(tree, {.leaf = total, .fused = fused}));
   CHECK(error_of("[advantage]\nper_reward = 1\n").rfind("run.toml: advantage.per_reward", 0) == 0);
 }
+
+TEST_CASE("[eval]: held-out evaluation keys, their defaults, their checks and what resume may change") {
+  // Off by default, and a config without it writes no eval key (its checkpoints resume as before).
+  const bg::run_config plain = bg::parse_run_config("", "run.toml");
+  CHECK(!plain.eval.enabled());
+  CHECK(bg::config_text(plain, false).find("eval.") == std::string::npos);
+  const bg::run_config config = bg::parse_run_config(
+      "[rollout]\nsteps = 12\nshift = 2.0\n"
+      "[eval]\nembeddings = \"heldout.safetensors\"\nevery = 5\nsamples = 3\nseed = 9\nema = false\n"
+      "[[eval.rewards]]\nname = \"alignment\"\nwin_rate = true\n",
+      "run.toml");
+  CHECK(config.eval.enabled());
+  CHECK(config.eval.every == 5);
+  CHECK(config.eval.samples == 3);
+  CHECK(config.eval.steps == 0);
+  CHECK(config.eval.seed == 9);
+  CHECK(!config.eval.ema);
+  REQUIRE(config.eval_rewards().size() == 1);
+  CHECK(config.eval_rewards()[0].win_rate);
+  // eval.steps = 0: the rollout's steps and shift.
+  CHECK(config.eval_schedule().steps() == 12);
+  CHECK(config.eval_schedule().sigma(1) == config.schedule().sigma(1));
+  const bg::run_config own_steps =
+      bg::parse_run_config("[eval]\nembeddings = \"h.safetensors\"\nsteps = 4\n", "run.toml");
+  CHECK(own_steps.eval_schedule().steps() == 4);
+  CHECK(own_steps.eval_rewards() == own_steps.rewards);  // no [[eval.rewards]]: the run's
+  // The canonical text holds every eval key and round-trips.
+  const std::string text = bg::config_text(config, false);
+  CHECK_THAT(text, Catch::Matchers::Contains("eval.samples = 3\n") && Catch::Matchers::Contains("eval.ema = false\n") &&
+                       Catch::Matchers::Contains("eval.rewards = [{ name = \"alignment\", weight = 1.0, win_rate = true"));
+  CHECK(bg::parse_run_config(text, "canonical.toml").eval == config.eval);
+  CHECK(bg::parse_run_config(bg::config_text(own_steps, false), "canonical.toml").eval == own_steps.eval);
+  // When evaluations happen may change on resume; what an evaluation measures may not.
+  CHECK(bg::resume_may_change("eval.every"));
+  CHECK(bg::resume_may_change("eval.embeddings"));
+  CHECK(!bg::resume_may_change("eval.samples"));
+  CHECK(!bg::resume_may_change("eval.seed"));
+  CHECK(!bg::resume_may_change("input eval.embeddings"));
+  // Bad values: one line naming the key.
+  CHECK(error_of("[eval]\nembeddings = \"h\"\nevery = 0\n") == "run.toml: eval.every = 0: must be at least 1");
+  CHECK(error_of("[eval]\nembeddings = \"h\"\nsamples = 5000\n") ==
+        "run.toml: eval.samples = 5000: must be in [1, 4096]");
+  CHECK(error_of("[eval]\nevery = 3\n") ==
+        "run.toml: eval.every = 3: needs eval.embeddings: the held-out prompts to evaluate on");
+  CHECK(error_of("[eval]\nembeddings = \"h\"\nrewards = []\n") ==
+        "run.toml: eval.rewards = []: needs at least one [[eval.rewards]] entry, or none for the run's");
+  CHECK(error_of("[eval]\nembeddings = \"h\"\n[[eval.rewards]]\nname = \"clip\"\n")
+            .rfind("run.toml: eval.rewards[0].name = 'clip': must be ", 0) == 0);
+  CHECK(error_of("[eval]\nembeddings = \"h\"\nstepz = 2\n").rfind("run.toml: unknown key eval.stepz", 0) == 0);
+}

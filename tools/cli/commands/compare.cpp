@@ -59,6 +59,7 @@ struct compare_options {
   std::string out = "out/compare";
   bool json = false;
   bool quiet = false;
+  std::string remote_reward, remote_scorer;  // shapes: the alignment term from a reward server (as demo's)
 };
 
 constexpr double confidence = 0.95;
@@ -212,6 +213,8 @@ demo_runs::demo_options shapes_options(const compare_options& options, const see
   d.out = options.out;
   d.model = options.model_dir;
   d.seed = setup.seed;
+  d.remote_reward = options.remote_reward;
+  d.remote_scorer = options.remote_scorer;
   const std::vector<std::int64_t> rows = demo_runs::parse_prompt_rows(demo_runs::prompt_rows(d));
   d.prompt_rows.clear();
   for (const std::int64_t i : setup.order) d.prompt_rows.push_back(std::to_string(rows[static_cast<std::size_t>(i)]));
@@ -640,6 +643,10 @@ void validate(compare_options& options) {
           " with --model shapes");
   require(!toy || options.model_dir.empty(), "--model-dir = ", options.model_dir,
           ": only --model shapes loads a model");
+  require(!toy || options.remote_reward.empty(), "--remote-reward = ", options.remote_reward,
+          ": only --model shapes scores with a reward server (the toy's reward is closed-form)");
+  require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ",
+          options.remote_scorer, ": needs --remote-reward");
   if (options.iters == 0) options.iters = toy ? toy_default_iters : shapes_default_iters;
   if (!options.seed_given) options.seed = toy ? toy_default_seed : 0;
   if (options.eval_every == 0) options.eval_every = toy ? 1 : std::max(1, options.iters / 4);
@@ -754,6 +761,9 @@ void add_compare_command(CLI::App& app) {
       ->capture_default_str();
   compare->add_flag("--json", options->json, "One JSON object keyed by method, nothing else");
   compare->add_flag("--quiet", options->quiet, "No progress bar");
+#ifdef BRANCHGRPO_CLI_TORCH
+  demo_runs::add_remote_reward_options(compare, options->remote_reward, options->remote_scorer);
+#endif
   compare->callback([options, seed] {
     options->seed_given = seed->count() > 0;
     run_compare(*options);

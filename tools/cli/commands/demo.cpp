@@ -86,6 +86,10 @@ void write_report(const std::filesystem::path& path, const demo_options& options
         << "pretrained by `branchgrpo pretrain`), LoRA rank " << options.rank << ", AdamW lr " << options.lr << ".\n"
         << "Reward: prompt alignment (colour and shape of the image against \"a <colour> <shape>\", in [0, 1]) + 0.1 "
         << "x JPEG compressibility (-kB at quality 95).\n";
+  if (!options.remote_reward.empty())
+    out << "The alignment term was scored by the reward server at " << options.remote_reward
+        << (options.remote_scorer.empty() ? std::string() : " (scorer " + options.remote_scorer + ")")
+        << " (`--remote-reward`; docs/rewards.md), logged as `remote`.\n";
   out << "Each method: " << iterations << " iterations x " << options.prompts << " prompts, " << options.steps
       << " denoising steps, seed " << options.seed << ", from the same base model, " << options.updates
       << " optimizer steps per iteration.\n"
@@ -213,6 +217,8 @@ void run_demo(demo_options options) {
   // The counts' ranges are checked as the flags are parsed (add_demo_command).
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
   (void)parse_prompt_rows(prompt_rows(options));  // a bad list fails here, before any work
+  require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ",
+          options.remote_scorer, ": needs --remote-reward");
   if (options.quick) options.eval_samples = 1;
   const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
   if (options.methods.empty()) options.methods.assign(method_names.begin(), method_names.end());
@@ -337,6 +343,7 @@ void add_demo_command(CLI::App& app) {
                 "Comma-separated subset of dance, branch, branch-widpru, "
                 "branch-deppru, branch-mix (default: all, in that order)");
   demo->add_flag("--quiet", options->quiet, "No progress bar");
+  demo_runs::add_remote_reward_options(demo, options->remote_reward, options->remote_scorer);
   demo->callback([options] { run_demo(*options); });
 }
 

@@ -15,6 +15,8 @@
 #include "branchgrpo/toy.hpp"
 
 #ifdef BRANCHGRPO_CLI_TORCH
+#include <CLI/CLI.hpp>
+
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -116,7 +118,32 @@ struct demo_options {
   std::vector<std::string> prompt_rows = {};  // --prompt-rows' elements; none: the model's default rows
   std::vector<std::string> methods;           // empty = every method, dance first
   bool quiet = false;
+  // The alignment term scored by a reward server instead of in process ([[rewards]] name = "remote";
+  // docs/rewards.md): its url ("" = in process) and scorer ("" = the server's only one).
+  std::string remote_reward = "";
+  std::string remote_scorer = "";
 };
+
+/// Adds --remote-reward URL and --remote-scorer NAME (demo_options' remote_reward, remote_scorer) to `command`.
+inline void add_remote_reward_options(CLI::App* command, std::string& url, std::string& scorer) {
+  command
+      ->add_option("--remote-reward", url,
+                   "Score the alignment term with a reward server (scripts/reward_server.py, docs/rewards.md) at URL "
+                   "instead of in process; it is checked before the first method runs")
+      ->type_name("URL");
+  command
+      ->add_option("--remote-scorer", scorer,
+                   "With --remote-reward: the server's scorer (default: its only one)")
+      ->type_name("NAME");
+}
+
+/// The alignment term's [[rewards]] entry: in process, or the server's with --remote-reward.
+inline reward_entry alignment_entry(const demo_options& options) {
+  if (options.remote_reward.empty()) return {.name = "alignment", .weight = 1.0, .params = {}};
+  reward_entry remote{.name = "remote", .weight = 1.0, .params = {{"url", options.remote_reward}}};
+  if (!options.remote_scorer.empty()) remote.params["scorer"] = options.remote_scorer;
+  return remote;
+}
 
 inline constexpr std::string_view image_prompt_rows = "1,5,6,11";
 inline constexpr std::string_view video_prompt_rows = "5,14,32,43";
@@ -151,12 +178,10 @@ inline run_config demo_config(const demo_options& options, int iterations, std::
   // Images: alignment + 0.1 JPEG compressibility; videos: alignment (with the motion) + 0.25 smoothness, and
   // Wan's flow shift.
   if (options.video) {
-    config.rewards = {{.name = "alignment", .weight = 1.0, .params = {}},
-                      {.name = "smoothness", .weight = 0.25, .params = {}}};
+    config.rewards = {alignment_entry(options), {.name = "smoothness", .weight = 0.25, .params = {}}};
     config.rollout.shift = 5.0;
   } else {
-    config.rewards = {{.name = "alignment", .weight = 1.0, .params = {}},
-                      {.name = "jpeg_compressibility", .weight = 0.1, .params = {}}};
+    config.rewards = {alignment_entry(options), {.name = "jpeg_compressibility", .weight = 0.1, .params = {}}};
   }
   config.run.iterations = iterations;
   config.run.seed = options.seed;
@@ -211,7 +236,7 @@ inline evaluation evaluate(training_run& run, const demo_options& options) {
     for (int k = 0; k < options.eval_samples; ++k) prompts.push_back(static_cast<std::int64_t>(p));
   evaluation out;
   out.images = run.sample(prompts, options.seed);
-  const std::vector<double> scores = run.score_images(out.images, prompts);
+  const std::vector<double> scores = run.score_images(out.images, prompts, options.eval_samples);
   double sum = 0;
   for (const double s : scores) sum += s;
   out.reward = sum / static_cast<double>(scores.size());

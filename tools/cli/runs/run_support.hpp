@@ -179,30 +179,19 @@ inline std::string metrics_text(const std::filesystem::path& path) {
 }
 }  // namespace detail
 
-/// metrics.jsonl and metrics.csv in a run's output directory, appended one line per iteration (append_to_file:
-/// one write, then fsync; a kill loses at most the line being written). Opening cuts each file in place after its
-/// last whole line of an iteration below `first_iteration` (a resumed run continues from its checkpoint; a fresh
-/// run, first_iteration 0, starts them empty): the kept lines are never rewritten, and a torn last line from a kill
-/// is cut too. Write failures throw write_error naming the file and the system's reason.
-/// Example: metrics.jsonl with iterations 0..5 and a torn line, first_iteration 4 -> iterations 0..3 kept.
-class metrics_files {
+/// A CSV file of rows with an "iteration" column, appended one row per call (append_to_file: one write, then
+/// fsync), its columns the first row's keys. Opening cuts it in place after its last whole row of an iteration
+/// below `first_iteration` (the header stays while a row under it does, and its columns are reused); a fresh run
+/// (first_iteration 0) starts it empty. Missing keys and nulls are written "nan".
+/// Example: rows of iterations 0..5, first_iteration 4 -> the header and rows 0..3 kept.
+class csv_rows {
  public:
-  metrics_files(const std::filesystem::path& dir, int first_iteration)
-      : jsonl_(dir / "metrics.jsonl"), csv_(dir / "metrics.csv") {
-    const auto below = [&](const nlohmann::json& j) {
-      return j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer() &&
-             j["iteration"].get<long long>() < first_iteration;
-    };
-    detail::check_metrics_target(jsonl_);
-    detail::check_metrics_target(csv_);
-    const std::string jsonl = first_iteration > 0 ? detail::metrics_text(jsonl_) : std::string();
-    detail::cut_file(jsonl_, detail::kept_prefix(jsonl, [&](std::string_view line) {
-                       return below(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
-                     }));
-    const std::string csv = first_iteration > 0 ? detail::metrics_text(csv_) : std::string();
+  csv_rows(std::filesystem::path path, int first_iteration) : path_(std::move(path)) {
+    detail::check_metrics_target(path_);
+    const std::string csv = first_iteration > 0 ? detail::metrics_text(path_) : std::string();
     std::size_t iteration_column = std::string::npos;
     bool header = true;
-    detail::cut_file(csv_, detail::kept_prefix(csv, [&](std::string_view line) {
+    detail::cut_file(path_, detail::kept_prefix(csv, [&](std::string_view line) {
                        std::vector<std::string> cells;
                        std::string cell;
                        std::istringstream row{std::string(line)};
@@ -224,7 +213,6 @@ class metrics_files {
   }
 
   void append(const nlohmann::json& j) {
-    append_to_file(jsonl_, j.dump() + "\n");
     std::string lines;
     if (columns_.empty()) {
       for (const auto& item : j.items()) columns_.push_back(item.key());
@@ -242,12 +230,55 @@ class metrics_files {
         lines += it->dump();
       }
     }
-    append_to_file(csv_, lines + '\n');
+    append_to_file(path_, lines + '\n');
   }
 
  private:
-  std::filesystem::path jsonl_, csv_;
+  std::filesystem::path path_;
   std::vector<std::string> columns_;
+};
+
+/// metrics.jsonl, metrics.csv and eval.csv in a run's output directory, appended one line per iteration or held-out
+/// evaluation (append_to_file: one write, then fsync; a kill loses at most the line being written). metrics.jsonl
+/// holds both kinds of rows in the order they happened, an evaluation's marked {"kind": "eval"}; the CSVs one kind
+/// each (their columns differ). Opening cuts each file in place after its last whole line of an iteration below
+/// `first_iteration` (a resumed run continues from its checkpoint; a fresh run, first_iteration 0, starts them
+/// empty): the kept lines are never rewritten, and a torn last line from a kill is cut too. An evaluation row's
+/// iteration is the iterations done before it ran, so a run resumed from checkpoint iter-k keeps the evaluations
+/// after 0..k-1 iterations and runs the one after k again: none is repeated or skipped. Write failures throw
+/// write_error naming the file and the system's reason.
+/// Example: metrics.jsonl with iterations 0..5 and a torn line, first_iteration 4 -> iterations 0..3 kept (and the
+///   evaluations after 0..3 iterations).
+class metrics_files {
+ public:
+  metrics_files(const std::filesystem::path& dir, int first_iteration)
+      : jsonl_(dir / "metrics.jsonl"), csv_(dir / "metrics.csv", first_iteration), eval_csv_(dir / "eval.csv", first_iteration) {
+    const auto below = [&](const nlohmann::json& j) {
+      return j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer() &&
+             j["iteration"].get<long long>() < first_iteration;
+    };
+    detail::check_metrics_target(jsonl_);
+    const std::string jsonl = first_iteration > 0 ? detail::metrics_text(jsonl_) : std::string();
+    detail::cut_file(jsonl_, detail::kept_prefix(jsonl, [&](std::string_view line) {
+                       return below(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
+                     }));
+  }
+
+  /// An iteration's row: metrics.jsonl and metrics.csv.
+  void append(const nlohmann::json& j) {
+    append_to_file(jsonl_, j.dump() + "\n");
+    csv_.append(j);
+  }
+
+  /// A held-out evaluation's row ({"kind": "eval", ...}): metrics.jsonl and eval.csv.
+  void append_evaluation(const nlohmann::json& j) {
+    append_to_file(jsonl_, j.dump() + "\n");
+    eval_csv_.append(j);
+  }
+
+ private:
+  std::filesystem::path jsonl_;
+  csv_rows csv_, eval_csv_;
 };
 
 }  // namespace branchgrpo::cli

@@ -32,8 +32,10 @@
 //   rollout.max_batch, rollout.decode_batch, model.gradient_checkpointing, model.device (the results agree up to
 //   floating-point
 //     rounding: a resumed run stays bit-identical to an uninterrupted one only when these are unchanged)
-//   model.dir, model.weights, model.decoder, data.embeddings (paths: a moved file may be named anew; its
-//     content is compared through its "# input" line, which is an experiment key)
+//   model.dir, model.weights, model.decoder, data.embeddings, eval.embeddings (paths: a moved file may be named
+//     anew; its content is compared through its "# input" line, which is an experiment key)
+//   eval.every (when evaluations happen; what each one measures stays: its prompts, samples, steps, seed, EMA and
+//     rewards are refused, so that every evaluation of a run is comparable with the others)
 // Every other key changes the experiment (the learning rate, steps, topology, rewards, advantage, dtype, seed, the
 // base model's bytes, ...) and is refused.
 #include <algorithm>
@@ -161,11 +163,11 @@ inline std::string input_identity(const std::filesystem::path& path) {
 }
 
 // The keys resume may change (see the file comment).
-inline constexpr std::array<std::string_view, 13> resumable = {
+inline constexpr std::array<std::string_view, 15> resumable = {
     "run.iterations", "run.grid_every",    "run.checkpoint_every", "run.keep_checkpoints",
     "run.output_dir", "rollout.max_batch", "rollout.decode_batch", "model.gradient_checkpointing",
     "model.device",   "model.dir",         "model.weights",        "model.decoder",
-    "data.embeddings"};
+    "data.embeddings", "eval.embeddings",  "eval.every"};
 
 }  // namespace config_text_detail
 
@@ -183,11 +185,18 @@ inline std::vector<std::pair<std::string, std::filesystem::path>> config_inputs(
   if (!m.weights.empty()) out.emplace_back("model.weights", config.input_path(m.weights));
   if (!config.data.embeddings.empty()) out.emplace_back("data.embeddings", config.input_path(config.data.embeddings));
   if (m.decoder != "pixels") out.emplace_back("model.decoder", config.input_path(m.decoder));
-  for (std::size_t i = 0; i < config.rewards.size(); ++i) {
-    const auto it = config.rewards[i].params.find("file");
-    if (it != config.rewards[i].params.end() && std::holds_alternative<std::string>(it->second))
-      out.emplace_back("rewards[" + std::to_string(i) + "].params.file",
-                       config.input_path(std::get<std::string>(it->second)));
+  const auto reward_files = [&](std::string_view section, const std::vector<reward_entry>& rewards) {
+    for (std::size_t i = 0; i < rewards.size(); ++i) {
+      const auto it = rewards[i].params.find("file");
+      if (it != rewards[i].params.end() && std::holds_alternative<std::string>(it->second))
+        out.emplace_back(std::string(section) + "[" + std::to_string(i) + "].params.file",
+                         config.input_path(std::get<std::string>(it->second)));
+    }
+  };
+  reward_files("rewards", config.rewards);
+  if (config.eval.enabled()) {
+    out.emplace_back("eval.embeddings", config.input_path(config.eval.embeddings));
+    reward_files("eval.rewards", config.eval.rewards);
   }
   return out;
 }
@@ -246,10 +255,10 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("lora.rank", toml_value(config.lora.rank));
   line("lora.alpha", toml_value(config.lora.alpha));
   line("lora.targets", toml_value(config.lora.targets));
-  {
+  const auto reward_list = [&](const std::vector<reward_entry>& rewards) {
     std::string list = "[";
-    for (std::size_t i = 0; i < config.rewards.size(); ++i) {
-      const reward_entry& r = config.rewards[i];
+    for (std::size_t i = 0; i < rewards.size(); ++i) {
+      const reward_entry& r = rewards[i];
       std::string params;
       for (const auto& [key, value] : r.params)  // a std::map: sorted, so equal entries give equal text
         params +=
@@ -259,8 +268,9 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
               (r.win_rate ? ", win_rate = true" : "") + ", params = {" + (params.empty() ? "" : " " + params + " ") +
               "} }";
     }
-    line("rewards", list + "]");
-  }
+    return list + "]";
+  };
+  line("rewards", reward_list(config.rewards));
   line("run.iterations", toml_value(config.run.iterations));
   line("run.seed", toml_value(config.run.seed));
   line("run.output_dir", toml_string(config.run.output_dir));
@@ -268,6 +278,17 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("run.checkpoint_every", toml_value(config.run.checkpoint_every));
   line("run.keep_checkpoints", toml_value(config.run.keep_checkpoints));
   line("run.updates_per_iteration", toml_value(config.run.updates_per_iteration));
+  // [eval] only when on, so that the text of a run without it reads as it did before the section existed (its
+  // checkpoints resume).
+  if (const eval_section& e = config.eval; e.enabled()) {
+    line("eval.embeddings", toml_string(e.embeddings));
+    line("eval.every", toml_value(e.every));
+    line("eval.samples", toml_value(e.samples));
+    line("eval.steps", toml_value(e.steps));
+    line("eval.seed", toml_value(e.seed));
+    line("eval.ema", toml_value(e.ema));
+    if (!e.rewards.empty()) line("eval.rewards", reward_list(e.rewards));  // none: the run's [[rewards]]
+  }
   if (inputs)
     for (const auto& [key, path] : config_inputs(config))
       out += "# input " + key + " = " + toml_string(input_identity(path)) + "\n";

@@ -191,6 +191,25 @@ struct run_section {
   friend bool operator==(const run_section&, const run_section&) = default;
 };
 
+/// [eval]: held-out evaluation inside `train` (docs/config.md "[eval]"). On when `embeddings` names a prompt file
+/// (or a shard directory) of prompts the run does not train on: after every `every` iterations (and before the
+/// first, and after the last) each held-out prompt gets `samples` deterministic ODE samples of `steps` Euler steps
+/// from keyed noise (seed `seed`: the same noises at every evaluation and in every run with that seed), under the
+/// EMA's weights when the run keeps an EMA and `ema` is true, scored by `rewards` (the run's [[rewards]] when
+/// empty). metrics.jsonl gets one {"kind": "eval"} row per evaluation.
+struct eval_section {
+  std::string embeddings = "";  ///< "" = no evaluation
+  int every = 10;               ///< iterations between evaluations
+  int samples = 4;              ///< samples per held-out prompt
+  int steps = 0;                ///< ODE steps; 0 = rollout.steps
+  std::uint64_t seed = 0;       ///< the evaluation noises' seed (independent of run.seed: runs compare)
+  bool ema = true;              ///< the EMA's weights when the run keeps one (optimizer.ema_decay > 0)
+  std::vector<reward_entry> rewards = {};  ///< [[eval.rewards]]; empty = the run's [[rewards]]
+
+  [[nodiscard]] bool enabled() const { return !embeddings.empty(); }
+  friend bool operator==(const eval_section&, const eval_section&) = default;
+};
+
 /// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment" and "torchscript" score
 /// images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
 inline constexpr std::array<std::string_view, 6> reward_names = {
@@ -209,6 +228,7 @@ struct run_config {
   lora_section lora;
   std::vector<reward_entry> rewards = {{.name = "alignment", .weight = 1.0, .params = {}}};
   run_section run;
+  eval_section eval;
 
   /// An input path as given, or resolved against base_dir when relative; "" stays "".
   [[nodiscard]] std::filesystem::path input_path(const std::string& path) const {
@@ -217,6 +237,14 @@ struct run_config {
     return p.is_absolute() ? p : base_dir / p;
   }
   [[nodiscard]] sigma_schedule schedule() const { return shifted_linear_schedule(rollout.steps, rollout.shift); }
+  /// The held-out evaluation's ODE schedule: eval.steps (rollout.steps when 0) with the rollout's shift.
+  [[nodiscard]] sigma_schedule eval_schedule() const {
+    return shifted_linear_schedule(eval.steps > 0 ? eval.steps : rollout.steps, rollout.shift);
+  }
+  /// The held-out evaluation's rewards: [[eval.rewards]], or the run's [[rewards]] when it has none.
+  [[nodiscard]] const std::vector<reward_entry>& eval_rewards() const {
+    return eval.rewards.empty() ? rewards : eval.rewards;
+  }
   [[nodiscard]] training_options training() const {
     return {.max_batch = rollout.max_batch,
             .seed = run.seed,
@@ -421,6 +449,26 @@ inline void read_run(table_reader r, run_section& run) {
   r.finish();
 }
 
+inline void read_eval(table_reader r, eval_section& e) {
+  r.read("embeddings", e.embeddings);
+  r.read("every", e.every, at_least(1));
+  // Every sample is a whole ODE solve kept until the grid is drawn: bounded as `sample --samples` is.
+  r.read("samples", e.samples, in_range(1, 4096));
+  r.read("steps", e.steps, in_range(0, 10000));
+  r.read("seed", e.seed);
+  r.read("ema", e.ema);
+  if (r.has("rewards")) {
+    for (table_reader& entry : r.tables("rewards")) e.rewards.push_back(read_reward(entry));
+    if (e.rewards.empty()) r.bad("rewards", "needs at least one [[eval.rewards]] entry, or none for the run's");
+  } else {
+    r.tables("rewards");
+  }
+  if (!e.enabled())
+    for (const std::string_view key : {"every", "samples", "steps", "seed", "ema", "rewards"})
+      if (r.has(key)) r.bad(key, "needs eval.embeddings: the held-out prompts to evaluate on");
+  r.finish();
+}
+
 }  // namespace config_detail
 
 /// Parses and validates a run configuration from TOML text; `source` names it in errors and `base_dir`
@@ -467,6 +515,7 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
     top.tables("rewards");
   }
   read_run(top.table("run"), config.run);
+  read_eval(top.table("eval"), config.eval);
   top.finish();
 
   // Cross-checks, in the words of the library's own validation.

@@ -37,7 +37,7 @@ inline run_model load_image_run_model(const run_config& config) {
     out.transformer = make_in_place<flux_transformer>(config, flux);
     if (!m.weights.empty()) load_flux_weights(*out.transformer, load_weights_file(config));
   }
-  if (!config.data.embeddings.empty() || m.dir.empty()) load_run_prompts(config, "flux", flux, out);
+  load_run_prompts(config, "flux", flux, out);
   require_guidance_negatives(config, out);
   const std::int64_t h = m.latent_height > 0 ? m.latent_height : shapes_image_size;
   const std::int64_t w = m.latent_width > 0 ? m.latent_width : shapes_image_size;

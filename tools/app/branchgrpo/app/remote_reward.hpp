@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -63,15 +65,28 @@ class remote_reward {
                        .pixels = row});
       sent.push_back(r);
     }
+    last_components_->clear();
     if (items.empty()) return out;
     const remote_scores scores = client_->score(items);
     for (std::size_t i = 0; i < sent.size(); ++i) out[sent[i]] = scores.scores[i];
+    for (const auto& [name, values] : scores.components) {
+      std::vector<double>& rows_of = (*last_components_)[name];
+      rows_of.assign(rows_prompts.size(), std::numeric_limits<double>::quiet_NaN());
+      for (std::size_t i = 0; i < sent.size(); ++i) rows_of[sent[i]] = values[i];
+    }
     return out;
   }
+
+  /// The named components the server returned with the last call's scores, one value per row (NaN for a row not
+  /// sent); empty when it returned none. Copies of this reward share them.
+  /// Example: shapes_alignment's {"colour": [...], "shape": [...]} -> logged as reward/remote/colour, .../shape.
+  [[nodiscard]] std::map<std::string, std::vector<double>> last_components() const { return *last_components_; }
 
  private:
   std::shared_ptr<remote_client> client_;  // shared: a weighted_sum term is a copyable std::function
   std::vector<std::string> prompts_;
+  std::shared_ptr<std::map<std::string, std::vector<double>>> last_components_ =
+      std::make_shared<std::map<std::string, std::vector<double>>>();
 };
 
 }  // namespace branchgrpo

@@ -297,15 +297,21 @@ struct named_reward {
   using pointwise = std::function<std::vector<double>(const torch::Tensor&, std::span<const std::int64_t>)>;
   using groupwise =
       std::function<std::vector<double>(const torch::Tensor&, std::span<const std::int64_t>, const leaf_groups&)>;
+  /// Named parts behind the last call's scores, one value per row (a reward server's components): logged, never
+  /// summed.
+  using detail_rows = std::function<std::map<std::string, std::vector<double>>()>;
   std::string name;
   double weight = 1.0;
   pointwise score = {};
   groupwise score_groups = {};
+  detail_rows details = {};
 };
 
 /// Several rewards in one: r = sum_i weight_i r_i per row (NaN when any component is NaN for that row).
 /// After each call, last_components() maps each name to the mean of its unweighted scores over the rows where
-/// it is finite (NaN when none is), last_rows() to its per-row scores, for logging each reward separately, and
+/// it is finite (NaN when none is), and each of a term's details to "<name>/<detail>" likewise (a server's
+/// components: "remote/colour"); last_rows() maps the same keys to their per-row scores, for logging each reward
+/// separately; and
 /// last_component_rows() lists the parts with their weights (a ComponentReward: per_reward normalizes each).
 /// Called with the leaves' groups (as the trainer does: a GroupwiseReward), groupwise terms get them; called
 /// without, a groupwise term is refused.
@@ -358,20 +364,31 @@ class weighted_sum {
           term.score ? term.score(leaves, prompts) : term.score_groups(leaves, prompts, *groups);
       require(scores.size() == prompts.size(), "weighted_sum reward '", term.name, "' returned ", scores.size(),
               " scores for ", prompts.size(), " rows");
-      double sum = 0;
-      std::size_t finite = 0;
-      for (std::size_t r = 0; r < scores.size(); ++r) {
-        total[r] += term.weight * scores[r];  // NaN propagates: the row fails
-        if (std::isfinite(scores[r])) {
-          sum += scores[r];
-          ++finite;
-        }
-      }
-      components_[term.name] = finite ? sum / static_cast<double>(finite) : std::numeric_limits<double>::quiet_NaN();
+      for (std::size_t r = 0; r < scores.size(); ++r) total[r] += term.weight * scores[r];  // NaN: the row fails
+      components_[term.name] = finite_mean(scores);
       parts_.push_back({.name = term.name, .weight = term.weight, .rows = scores});
       rows_[term.name] = std::move(scores);
+      if (term.details)
+        for (auto& [detail, values] : term.details()) {
+          require(values.size() == prompts.size(), "weighted_sum reward '", term.name, "' detail '", detail, "' has ",
+                  values.size(), " values for ", prompts.size(), " rows");
+          components_[term.name + "/" + detail] = finite_mean(values);
+          rows_[term.name + "/" + detail] = std::move(values);
+        }
     }
     return total;
+  }
+
+  // The mean of the finite values (NaN when none is).
+  static double finite_mean(std::span<const double> values) {
+    double sum = 0;
+    std::size_t finite = 0;
+    for (const double v : values)
+      if (std::isfinite(v)) {
+        sum += v;
+        ++finite;
+      }
+    return finite ? sum / static_cast<double>(finite) : std::numeric_limits<double>::quiet_NaN();
   }
 
   std::vector<named_reward> terms_;

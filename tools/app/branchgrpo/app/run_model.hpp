@@ -37,6 +37,17 @@ namespace branchgrpo {
 /// [rows, F', 3, H, W] in [-1, 1].
 using latent_decoder_fn = std::function<torch::Tensor(const torch::Tensor& leaves)>;
 
+/// Prompts the run evaluates on and never trains on ([eval] embeddings): their rows, strings and, under
+/// classifier-free guidance, negatives (as run_model's own). Empty without [eval].
+struct heldout_prompt_set {
+  prompt_table embeddings;
+  std::vector<std::string> prompts;
+  prompt_embeddings negative_embeddings = {};
+  std::vector<std::int64_t> negative_index = {};
+
+  [[nodiscard]] bool empty() const { return prompts.empty(); }
+};
+
 /// What a run trains: the transformer (base weights loaded, no adapters yet) — a FLUX one for images or a Wan one
 /// for videos, exactly one of the two —, the prompt table (for Wan the context is the text the model attends to;
 /// pooled is unused), the latent shape ([C, h, w] or [C, F, h, w]) and the decoder (empty: the latents are the
@@ -54,6 +65,8 @@ struct run_model {
   /// each prompt's negative row in it; empty without guidance.
   prompt_embeddings negative_embeddings = {};
   std::vector<std::int64_t> negative_index = {};
+  /// The held-out prompts of [eval] (empty without it).
+  heldout_prompt_set heldout = {};
 
   [[nodiscard]] bool is_video() const { return video_transformer != nullptr; }
   /// The transformer as a module (LoRA, parameters, device moves).
@@ -91,24 +104,25 @@ inline void check_run_memory_before_loading(const run_config& config, const memo
 
 namespace detail {
 
-/// The negatives of `file` that the config's guidance uses, into `out` (nothing when model.guidance_scale is 1):
-/// every prompt's own negative, or the one model.negative_prompt names. One line naming the key or the file
-/// otherwise.
+/// The negatives of `file` that the config's guidance uses, into `negatives` and `index` (each of the file's
+/// `prompt_count` prompts' negative row; nothing when model.guidance_scale is 1): every prompt's own negative, or
+/// the one model.negative_prompt names. One line naming the key or the file otherwise.
 inline void take_negative_prompts(const run_config& config, prompt_dataset& file, const std::string& source,
-                                  run_model& out) {
+                                  std::size_t prompt_count, prompt_embeddings& negatives,
+                                  std::vector<std::int64_t>& index) {
   const model_section& m = config.model;
   if (m.guidance_scale == 1.0) return;
   require(file.has_negatives(), source, ": model.guidance_scale = ", m.guidance_scale,
           " needs negative prompts, and the file has none (write them with scripts/export_prompt_embeddings.py "
           "--negative-prompt, or set model.guidance_scale = 1)");
-  out.negative_embeddings = std::move(file.negative_embeddings);
-  out.negative_index = std::move(file.negative_index);
+  negatives = std::move(file.negative_embeddings);
+  index = std::move(file.negative_index);
   if (m.negative_prompt.empty()) return;
   const auto found = std::find(file.negative_prompts.begin(), file.negative_prompts.end(), m.negative_prompt);
   require(found != file.negative_prompts.end(), config.source, ": model.negative_prompt = \"",
           echo_middle(m.negative_prompt, 80), "\" is none of the ", file.negative_prompts.size(),
           " negative prompts of ", source);
-  out.negative_index.assign(out.prompts.size(), found - file.negative_prompts.begin());
+  index.assign(prompt_count, found - file.negative_prompts.begin());
 }
 
 /// The text encoder a named config's released weights were trained with ("" for the test and shipped shapes).
@@ -138,18 +152,36 @@ inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& 
                           {.dtype = run_dtype(config), .allowed_dtypes = model_weight_dtypes, .finite = true});
 }
 
-/// data.embeddings (a prompt file or a shard directory, mapped: open_prompt_dataset) into `out`: checked against
-/// the model's `shape` (flux_config or wan_config), made for `family` and its encoder, with the negatives the
-/// config's guidance uses. One line naming the file otherwise.
+/// data.embeddings (a prompt file or a shard directory, mapped: open_prompt_dataset; when given, or without
+/// model.dir) into `out`, then eval.embeddings (with [eval]) into out.heldout: each checked against the model's
+/// `shape` (flux_config or wan_config), made for `family` and its encoder, with the negatives the config's
+/// guidance uses. One line naming the file otherwise.
 template <class Shape>
 void load_run_prompts(const run_config& config, std::string_view family, const Shape& shape, run_model& out) {
-  const std::filesystem::path path = config.input_path(config.data.embeddings);
-  prompt_dataset file = open_prompt_dataset(path);
-  check_prompt_dataset(file, shape, path.string());
-  check_prompt_source(file.source_metadata(), family, expected_encoder(config.model), path.string());
-  out.embeddings = file.rows;
-  out.prompts = std::move(file.prompts);
-  take_negative_prompts(config, file, path.string(), out);
+  const auto open = [&](const std::string& key_value) {
+    const std::filesystem::path path = config.input_path(key_value);
+    prompt_dataset file = open_prompt_dataset(path);
+    check_prompt_dataset(file, shape, path.string());
+    check_prompt_source(file.source_metadata(), family, expected_encoder(config.model), path.string());
+    return std::pair{std::move(file), path.string()};
+  };
+  if (!config.data.embeddings.empty() || config.model.dir.empty()) {
+    auto [file, source] = open(config.data.embeddings);
+    out.embeddings = file.rows;
+    out.prompts = std::move(file.prompts);
+    take_negative_prompts(config, file, source, out.prompts.size(), out.negative_embeddings, out.negative_index);
+  }
+  if (config.eval.enabled()) {
+    auto [file, source] = open(config.eval.embeddings);
+    heldout_prompt_set& heldout = out.heldout;
+    heldout.embeddings = file.rows;
+    heldout.prompts = std::move(file.prompts);
+    take_negative_prompts(config, file, source, heldout.prompts.size(), heldout.negative_embeddings,
+                          heldout.negative_index);
+    require(heldout.prompts.size() * static_cast<std::size_t>(config.eval.samples) >= 2, config.source,
+            ": eval.samples = ", config.eval.samples, ": ", source, " holds ", heldout.prompts.size(),
+            " prompt; an evaluation's interval needs at least 2 samples in all");
+  }
 }
 
 /// Throws invalid_input unless the run's guidance (model.guidance_scale != 1) has its negative prompts.

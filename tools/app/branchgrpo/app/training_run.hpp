@@ -28,6 +28,7 @@
 // changes the experiment is refused naming the keys; the keys that may change are listed in the log.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -178,7 +179,13 @@ inline named_reward remote_term(const run_config& config, reward_params& p, cons
   options.batch = static_cast<std::int64_t>(whole("batch", static_cast<double>(options.batch), 1, 1e6));
   remote_reward reward(std::move(options), model.prompts);
   reward.check_server();
-  return {.name = std::move(label), .weight = weight, .score = {}, .score_groups = std::move(reward)};
+  // The server's named components reach the logs as reward/<label>/<component> (a copy shares the last ones).
+  named_reward::detail_rows details = [reward] { return reward.last_components(); };
+  return {.name = std::move(label),
+          .weight = weight,
+          .score = {},
+          .score_groups = std::move(reward),
+          .details = std::move(details)};
 }
 
 // make_run_reward for video models (see its comment).
@@ -325,6 +332,27 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
   return weighted_sum(std::move(terms));
 }
 
+/// The held-out evaluation's reward ([eval]): config.eval_rewards() over the run's prompts followed by the held-out
+/// ones (a held-out sample of prompt j is scored as table row model.prompts.size() + j), built as make_run_reward
+/// builds the run's. Errors of an [[eval.rewards]] entry name it: "<file>: eval.rewards[0].params.quality = 0: ...".
+/// @pre model.heldout holds the held-out prompts (config.eval.enabled()).
+inline weighted_sum make_eval_reward(const run_config& config, const run_model& model) {
+  run_config scored = config;
+  scored.rewards = config.eval_rewards();
+  run_model every_prompt = model;
+  every_prompt.prompts.insert(every_prompt.prompts.end(), model.heldout.prompts.begin(), model.heldout.prompts.end());
+  if (config.eval.rewards.empty()) return make_run_reward(scored, every_prompt);  // the run's entries, as named
+  try {
+    return make_run_reward(scored, every_prompt);
+  } catch (const invalid_input& error) {
+    // make_run_reward names the entries of the list it was given as rewards[i]; here that list is eval.rewards.
+    std::string line = error.what();
+    const std::string entry = config.source + ": rewards[";
+    if (line.starts_with(entry)) line.replace(0, entry.size(), config.source + ": eval.rewards[");
+    throw invalid_input(line);
+  }
+}
+
 /// The trainable tensors of `model` by name, in the order of the denoisers' trainable_parameters(): the LoRA
 /// factors ("<layer>.lora_A.weight", "<layer>.lora_B.weight") when it has adapters, else every weight.
 inline std::vector<std::pair<std::string, torch::Tensor>> named_trainable(torch::nn::Module& model) {
@@ -388,6 +416,22 @@ using run_velocity_model = classifier_free_guidance<run_denoiser>;
 /// evaluation never reuses a training draw.
 inline constexpr std::uint32_t heldout_tree_key = 0xFFFE0000u;
 
+/// One held-out evaluation (training_run::evaluate): every held-out prompt's eval.samples samples, in prompt order
+/// (sample k of held-out prompt j is row j * samples + k), scored by the [eval] rewards.
+struct heldout_evaluation {
+  int iteration = 0;                      ///< the iterations done when it ran (the weights of checkpoint iter-<it>)
+  std::int64_t samples_per_prompt = 0;    ///< eval.samples
+  std::vector<double> rewards;            ///< every row's weighted reward (NaN where a reward failed)
+  std::map<std::string, std::vector<double>> components;  ///< every row's unweighted score per [eval] reward
+  torch::Tensor images;         ///< this rank's rows, decoded ([rows, 3, H, W] or clips; all rows on one process)
+  std::int64_t first_row = 0;   ///< the row of images' first
+  bool ema = false;             ///< under the EMA's weights
+  double seconds = 0;
+
+  /// The held-out prompt (index into model().heldout.prompts) of row `row`.
+  [[nodiscard]] std::int64_t prompt_of(std::int64_t row) const { return row / samples_per_prompt; }
+};
+
 /// One training run (see the file comment).
 /// @pre config validated (parse_run_config); model.transformer has no adapters; the model's prompts index
 ///      model.embeddings' rows.
@@ -412,13 +456,19 @@ class training_run {
     if (backend_.device.is_cuda()) allow_tf32(config_.model.tf32);
     // The prompt table stays where it is (in memory on the host, or in its mapped files): each call copies only
     // its batch's rows to the device, so the device holds no 8 MiB per FLUX prompt (docs/prompt_embeddings.md).
+    // Rows: the N training prompts, the E held-out ones ([eval]: row N + j is held-out prompt j), then each set's
+    // negatives, so that negative_rows[p] is prompt row p's negative for p < N + E.
     prompt_table table = model_.embeddings;
+    if (!model_.heldout.empty()) table.append(model_.heldout.embeddings);
     std::vector<std::int64_t> negative_rows;
-    if (!model_.negative_index.empty()) {  // negatives after the prompts: row N + j is negative j
-      const std::int64_t n = table.size();
-      table.append(prompt_table(model_.negative_embeddings));
-      for (const std::int64_t j : model_.negative_index) negative_rows.push_back(n + j);
-    }
+    const auto append_negatives = [&](const prompt_embeddings& negatives, const std::vector<std::int64_t>& index) {
+      if (index.empty()) return;
+      const std::int64_t first = table.size();
+      table.append(prompt_table(negatives));
+      for (const std::int64_t j : index) negative_rows.push_back(first + j);
+    };
+    append_negatives(model_.negative_embeddings, model_.negative_index);
+    append_negatives(model_.heldout.negative_embeddings, model_.heldout.negative_index);
     run_denoiser denoiser =
         model_.is_video()
             ? run_denoiser(wan_denoiser(model_.video_transformer, table))
@@ -433,6 +483,11 @@ class training_run {
             .bf16_autocast = config_.model.autocast && backend_.dtype != torch::kFloat32,
             .master_weights = config_.model.master_weights,
             .autocast_dtype = backend_.dtype == torch::kFloat16 ? torch::kFloat16 : torch::kBFloat16});
+    if (config_.eval.enabled()) {
+      require(!model_.heldout.empty(), config_.source, ": eval.embeddings = \"", config_.eval.embeddings,
+              "\": the run model holds no held-out prompts (load it with load_run_model)");
+      eval_reward_.emplace(make_eval_reward(config_, model_));
+    }
   }
   training_run(const training_run&) = delete;
   training_run& operator=(const training_run&) = delete;
@@ -503,6 +558,12 @@ class training_run {
   /// keeps an EMA (optimizer.ema_decay > 0), under the EMA's weights (swapped in for the call, then back).
   torch::Tensor sample(std::span<const std::int64_t> prompts, std::uint64_t seed, std::uint32_t first = 0,
                        bool use_ema = true) {
+    return sample(schedule_, prompts, seed, first, use_ema);
+  }
+
+  /// sample on `schedule` (evaluate's eval.steps) instead of the rollout's.
+  torch::Tensor sample(const sigma_schedule& schedule, std::span<const std::int64_t> prompts, std::uint64_t seed,
+                       std::uint32_t first, bool use_ema) {
     torch::NoGradGuard no_grad;
     struct ema_swap {
       autograd_policy<run_velocity_model>* policy;
@@ -525,14 +586,89 @@ class training_run {
     };
     std::vector<torch::Tensor> images;
     for (const torch::Tensor& x :
-         sample_ode(backend_, *denoiser_, schedule_, model_.shape, prompts, root_key, config_.rollout.max_batch))
+         sample_ode(backend_, *denoiser_, schedule, model_.shape, prompts, root_key, config_.rollout.max_batch))
       images.push_back(decode(x));
     return torch::cat(images, 0);
   }
 
-  /// Scores decoded leaves (images [rows, 3, H, W] or clips [rows, F, 3, H, W], in [-1, 1]) with the run's reward.
-  std::vector<double> score_images(const torch::Tensor& images, std::span<const std::int64_t> prompts) {
-    return reward_(images, prompts);
+  /// Whether the run evaluates on held-out prompts ([eval]), and whether it does after `done` iterations: before
+  /// the first (done = 0), after every eval.every, and after the last.
+  [[nodiscard]] bool evaluates() const { return eval_reward_.has_value(); }
+  [[nodiscard]] bool evaluates_after(int done) const {
+    return evaluates() && (done % config_.eval.every == 0 || done == config_.run.iterations);
+  }
+
+  /// The held-out evaluation ([eval]) of the current weights, as one rank of `communicator` (every rank calls it):
+  /// each rank samples and scores its tree_share of the held-out prompts, and every rank gets every row's scores.
+  /// Row j * S + k (S = eval.samples) is sample k of held-out prompt j: the deterministic Euler ODE on eval.steps
+  /// from the keyed normals {eval.seed, iteration 0, tree heldout_tree_key + j * S + k} (the same noises at every
+  /// evaluation, in every run with that seed, on any number of ranks), under the EMA's weights when eval.ema and
+  /// the run keeps an EMA. The rewards see each prompt's S samples as one group (win rates rank within it).
+  /// Example: 2 held-out prompts, samples = 2 -> rows {p0 k0, p0 k1, p1 k0, p1 k1}, rewards.size() == 4.
+  /// @pre evaluates().
+  template <Communicator Comm>
+  heldout_evaluation evaluate(Comm& communicator) {
+    require(evaluates(), config_.source, ": evaluate: the run has no [eval] section");
+    const auto start = std::chrono::steady_clock::now();
+    const std::int64_t prompts = static_cast<std::int64_t>(model_.heldout.prompts.size());
+    const std::int64_t samples = config_.eval.samples, rows = prompts * samples;
+    const std::int64_t first_table_row = static_cast<std::int64_t>(model_.prompts.size());
+    const tree_share share = tree_share::of(prompts, communicator.rank(), communicator.size());
+    heldout_evaluation out{.iteration = iteration_,
+                           .samples_per_prompt = samples,
+                           .rewards = {},
+                           .components = {},
+                           .images = {},
+                           .first_row = share.first * samples,
+                           .ema = config_.eval.ema && config_.optimizer.ema_decay > 0,
+                           .seconds = 0};
+    std::vector<std::int64_t> table_rows;
+    std::vector<std::uint32_t> groups_keys;
+    for (std::int64_t j = share.first; j < share.last; ++j) {
+      groups_keys.push_back(static_cast<std::uint32_t>(j));
+      table_rows.insert(table_rows.end(), static_cast<std::size_t>(samples), first_table_row + j);
+    }
+    // Every rank's rows in one buffer of zeros, this rank's filled in: one all_reduce_sum gives all of them
+    // everywhere (a NaN stays NaN). Part 0 is the weighted sum, part 1 + t reward t's.
+    const std::span<const named_reward> terms = eval_reward_->terms();
+    std::vector<double> all(static_cast<std::size_t>(rows) * (1 + terms.size()), 0.0);
+    if (!table_rows.empty()) {
+      out.images = sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row),
+                          out.ema);
+      const leaf_groups groups{.leaves_per_tree = static_cast<std::int32_t>(samples), .keys = groups_keys};
+      const std::vector<double> total = (*eval_reward_)(out.images, table_rows, groups);
+      const auto put = [&](std::size_t part, const std::vector<double>& values) {
+        std::copy(values.begin(), values.end(),
+                  all.begin() + static_cast<std::ptrdiff_t>(part * static_cast<std::size_t>(rows) +
+                                                            static_cast<std::size_t>(out.first_row)));
+      };
+      put(0, total);
+      for (std::size_t t = 0; t < terms.size(); ++t) put(1 + t, eval_reward_->last_rows().at(terms[t].name));
+    }
+    communicator.all_reduce_sum(all);
+    const auto part = [&](std::size_t p) {
+      const auto begin = all.begin() + static_cast<std::ptrdiff_t>(p * static_cast<std::size_t>(rows));
+      return std::vector<double>(begin, begin + rows);
+    };
+    out.rewards = part(0);
+    for (std::size_t t = 0; t < terms.size(); ++t) out.components[terms[t].name] = part(1 + t);
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
+  }
+
+  /// Scores decoded samples (images [rows, 3, H, W] or clips [rows, F, 3, H, W], in [-1, 1]) with the run's reward;
+  /// rows [g S, (g + 1) S) are one group (S = rows_per_group: a prompt's samples), which a groupwise reward (a
+  /// win rate, a reward server) sees together.
+  /// Example: 2 prompts x 4 samples, rows_per_group 4 -> groups {0, 1} of 4 rows each.
+  /// @pre prompts.size() is a multiple of rows_per_group >= 1 (else invalid_input naming both).
+  std::vector<double> score_images(const torch::Tensor& images, std::span<const std::int64_t> prompts,
+                                   std::int64_t rows_per_group) {
+    const auto rows = static_cast<std::int64_t>(prompts.size());
+    require(rows_per_group >= 1 && rows % rows_per_group == 0, "score_images: ", rows, " rows in groups of ",
+            rows_per_group);
+    std::vector<std::uint32_t> keys(static_cast<std::size_t>(rows / rows_per_group));
+    for (std::size_t g = 0; g < keys.size(); ++g) keys[g] = static_cast<std::uint32_t>(g);
+    return reward_(images, prompts, leaf_groups{.leaves_per_tree = static_cast<std::int32_t>(rows_per_group), .keys = keys});
   }
   /// The mean unweighted score of each reward over the rows of the last score_images call (held-out scores; the
   /// training iterations' are last_components()).
@@ -758,6 +894,8 @@ class training_run {
   run_model model_;
   weighted_sum reward_;
   sigma_schedule schedule_;
+  sigma_schedule eval_schedule_ = config_.eval_schedule();
+  std::optional<weighted_sum> eval_reward_;  // [eval]: over the training then the held-out prompts
   torch_backend backend_;
   run_recipe recipe_;
   std::unique_ptr<run_velocity_model> denoiser_;

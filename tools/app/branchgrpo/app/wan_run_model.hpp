@@ -40,7 +40,7 @@ inline run_model load_video_run_model(const run_config& config) {
     out.video_transformer = make_in_place<wan_transformer>(config, wan);
     if (!m.weights.empty()) load_wan_weights(*out.video_transformer, load_weights_file(config));
   }
-  if (!config.data.embeddings.empty() || m.dir.empty()) load_run_prompts(config, "wan", wan, out);
+  load_run_prompts(config, "wan", wan, out);
   require_guidance_negatives(config, out);
   // The rollout adds the velocity to the latent: a Wan shape whose out_dim differs (the reference tests' tiny one)
   // can be loaded and checked, not sampled.
