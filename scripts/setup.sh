@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(cmake g++ catch2 librandom123-dev libcli11-dev nlohmann-json3-dev libeigen3-dev libxtensor-dev
           libbenchmark-dev libopenblas0-pthread python3 python3-numpy python3-pil libtorch-dev libgloo-dev python3-torch
-          clang libtomlplusplus-dev libturbojpeg0-dev libpng-dev libgif-dev libcurl4-openssl-dev)
+          python3-torchvision clang libtomlplusplus-dev libturbojpeg0-dev libpng-dev libgif-dev libcurl4-openssl-dev)
 
 missing=()
 for package in "${packages[@]}"; do
@@ -36,6 +36,16 @@ if ! /usr/bin/python3 -c 'import ftfy; from transformers import UMT5EncoderModel
   echo "setup.sh: installing transformers and ftfy for /usr/bin/python3"
   "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --root-user-action=ignore --break-system-packages \
     'transformers==4.46.3' 'ftfy==6.3.1'
+fi
+
+# scripts/export_reward.py's HPS-v2.1 export and its test build open_clip models on Debian's python3 too.
+# open-clip-torch 2.24.0 supports torch 1.13; its torchvision is Debian's python3-torchvision 0.14 (above), which
+# pip counts as installed, so no PyPI torch is pulled in. timm 0.6.13 and sentencepiece 0.2.0 are its remaining
+# requirements, pinned.
+if ! /usr/bin/python3 -c 'import open_clip' 2>/dev/null; then
+  echo "setup.sh: installing open-clip-torch for /usr/bin/python3"
+  "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --root-user-action=ignore --break-system-packages \
+    'open-clip-torch==2.24.0' 'timm==0.6.13' 'sentencepiece==0.2.0'
 fi
 
 # scripts/track.py (docs/cli.md, "Experiment tracking") and its test run on Debian's python3 as well: tensorboardX

@@ -15,6 +15,7 @@
 
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/flux/autoencoder.hpp"
+#include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
 #include "branchgrpo/training/concepts.hpp"
@@ -384,6 +385,93 @@ def forward(self, images: Tensor) -> Tensor:
   CHECK(arity.find("argument") != std::string::npos);
   CHECK(arity.find('\n') == std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("TorchScript reward: the embedded prompt list is checked against the run's") {
+  const auto dir = fresh_dir("torchscript_prompts");
+  torch::jit::Module listed = scripted_reward();
+  c10::impl::GenericList exported(c10::StringType::get());
+  exported.push_back("a cat");
+  exported.push_back("a dog");
+  listed.register_attribute(torchscript_prompts_attribute, c10::ListType::ofStrings(), exported);
+  listed.save((dir / "listed.pt").string());
+  const torchscript_reward reward = load_torchscript_reward(dir / "listed.pt");
+  const std::string name = (dir / "listed.pt").string();
+  REQUIRE(torchscript_prompts(reward.module, reward.path) == std::vector<std::string>{"a cat", "a dog"});
+
+  std::ostringstream log;
+  const std::vector<std::string> same = {"a cat", "a dog"};
+  check_torchscript_prompts(reward.module, reward.path, same, "p.safetensors", log);
+  CHECK(log.str().empty());
+  const std::vector<std::string> changed = {"a cat", "a bird"};
+  CHECK(error_of([&] { check_torchscript_prompts(reward.module, reward.path, changed, "p.safetensors", log); }) ==
+        "TorchScript reward '" + name +
+            "' was exported for another prompt list than p.safetensors: prompt 1 is 'a dog' there, 'a bird' here (2 "
+            "prompts there, 2 here); re-export it with scripts/export_reward.py --prompts p.safetensors");
+  const std::vector<std::string> longer = {"a cat", "a dog", "a cow"};
+  CHECK(error_of([&] { check_torchscript_prompts(reward.module, reward.path, longer, "p/", log); }) ==
+        "TorchScript reward '" + name +
+            "' was exported for another prompt list than p/: the first 2 prompts are the same (2 prompts there, 3 "
+            "here); re-export it with scripts/export_reward.py --prompts p/");
+
+  // A module without the list (exported by hand): accepted, with one warning line.
+  scripted_reward().save((dir / "unlisted.pt").string());
+  const torchscript_reward unlisted = load_torchscript_reward(dir / "unlisted.pt");
+  CHECK_FALSE(torchscript_prompts(unlisted.module, unlisted.path).has_value());
+  check_torchscript_prompts(unlisted.module, unlisted.path, changed, "p.safetensors", log);
+  CHECK(log.str().starts_with("warning: TorchScript reward '" + (dir / "unlisted.pt").string() +
+                              "' holds no prompt list"));
+  CHECK(log.str().find('\n') == log.str().size() - 1);
+
+  // An attribute of that name that is not a list of strings.
+  torch::jit::Module odd = scripted_reward();
+  odd.register_attribute(torchscript_prompts_attribute, c10::IntType::get(), 3);
+  odd.save((dir / "odd.pt").string());
+  const torchscript_reward odd_reward = load_torchscript_reward(dir / "odd.pt");
+  CHECK(error_of([&] { torchscript_prompts(odd_reward.module, odd_reward.path); }) ==
+        "TorchScript reward '" + (dir / "odd.pt").string() +
+            "': attribute training_prompts is a Int, not a list of prompts");
+  std::filesystem::remove_all(dir);
+}
+
+// scripts/export_reward.py's modules against their Python scores: run by ctest as test_export_reward_cpp after
+// tests/reference/test_export_reward.py has written, into $BRANCHGRPO_EXPORTED_REWARDS, prompts.safetensors (the
+// run's prompt file) and per model NAME.pt with NAME.check.safetensors (images, prompt ids, the Python scores).
+TEST_CASE("Exported reward modules score as in Python", "[.exported_reward]") {
+  const char* root = std::getenv("BRANCHGRPO_EXPORTED_REWARDS");
+  REQUIRE(root != nullptr);
+  const std::filesystem::path dir(root);
+  const std::vector<std::string> prompts = open_prompt_dataset(dir / "prompts.safetensors").prompts;
+  std::vector<std::string> other = prompts;
+  other.back() += " (edited)";
+  int modules = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".pt") continue;
+    ++modules;
+    const std::string stem = entry.path().stem().string();
+    INFO(stem);
+    torchscript_reward reward = load_torchscript_reward(entry.path());
+    std::ostringstream log;
+    check_torchscript_prompts(reward.module, reward.path, prompts, "prompts.safetensors", log);
+    CHECK(log.str().empty());
+    CHECK(error_of([&] {
+            check_torchscript_prompts(reward.module, reward.path, other, "prompts.safetensors");
+          }).find("prompt " + std::to_string(prompts.size() - 1) + " is '" + prompts.back() + "' there") !=
+          std::string::npos);
+    const auto check = load_safetensors(dir / (stem + ".check.safetensors"));
+    const torch::Tensor ids = check.at("prompts").to(torch::kInt64).contiguous();
+    const std::vector<std::int64_t> prompt_ids(ids.data_ptr<std::int64_t>(),
+                                               ids.data_ptr<std::int64_t>() + ids.numel());
+    reward.batch = 3;  // chunks: the module sees batches of another size than at export
+    const std::vector<double> scores = reward(check.at("images"), prompt_ids);
+    const torch::Tensor expected = check.at("scores").to(torch::kFloat64);
+    REQUIRE(scores.size() == static_cast<std::size_t>(expected.numel()));
+    for (std::size_t i = 0; i < scores.size(); ++i) {
+      const double want = expected[static_cast<std::int64_t>(i)].item<double>();
+      CHECK(scores[i] == Approx(want).epsilon(1e-5).margin(1e-6));
+    }
+  }
+  CHECK(modules >= 2);
 }
 
 TEST_CASE("TorchScript decoder and loading errors") {

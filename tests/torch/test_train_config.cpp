@@ -271,6 +271,25 @@ TEST_CASE("reward parameters are checked with one line naming them") {
         "run.toml: rewards[0].params.timeout = 0: must be in [0.001, 86400]");
   CHECK(with_reward("[[rewards]]\nname = \"remote\"\nparams = { url = \"http://127.0.0.1:9\", retries = 1.5 }\n") ==
         "run.toml: rewards[0].params.retries = 1.5: must be an integer");
+
+  // A TorchScript reward exported (scripts/export_reward.py) for another prompt list is refused as the run starts.
+  const bg::run_model run_model =
+      bg::load_run_model(bg::parse_run_config("[model]\ndir = \"" + model.string() + "\"\n", "run.toml"));
+  torch::jit::Module listed("listed_reward");
+  listed.define(
+      "def forward(self, images: Tensor, prompts: Tensor) -> Tensor:\n    return images.mean(dim=[1, 2, 3])\n");
+  c10::impl::GenericList exported(c10::StringType::get());
+  for (const std::string& prompt : run_model.prompts) exported.push_back(prompt);
+  exported.push_back("one prompt more");
+  listed.register_attribute(bg::torchscript_prompts_attribute, c10::ListType::ofStrings(), exported);
+  const std::filesystem::path listed_file = model / "listed_reward.pt";
+  listed.save(listed_file.string());
+  const std::string count = std::to_string(run_model.prompts.size());
+  const std::string prompt_file = (model / "prompts.safetensors").string();
+  CHECK(with_reward("[[rewards]]\nname = \"torchscript\"\nparams = { file = \"" + listed_file.string() + "\" }\n") ==
+        "TorchScript reward '" + listed_file.string() + "' was exported for another prompt list than " + prompt_file +
+            ": the first " + count + " prompts are the same (" + std::to_string(run_model.prompts.size() + 1) +
+            " prompts there, " + count + " here); re-export it with scripts/export_reward.py --prompts " + prompt_file);
 }
 
 TEST_CASE("resume continues to exactly the uninterrupted run's weights (CPU, bit-identical)") {

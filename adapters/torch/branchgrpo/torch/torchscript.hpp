@@ -11,12 +11,17 @@
 //
 // Scores of rows whose image holds a NaN or an infinity are NaN (the trainer drops their trees) whatever the
 // module returns for them: the module sees zeros in their place, so one failed leaf cannot poison the batch.
+//
+//   check_torchscript_prompts(module, path, prompts, source)  a reward indexes its own prompt list: refuses one
+//                                          exported (scripts/export_reward.py) for another list than the run's
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <iostream>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +81,60 @@ inline torch::jit::Module load_torchscript(const std::filesystem::path& path, to
   require(module.find_method("forward").has_value(), "TorchScript file '", path.string(), "' has no forward method");
   module.eval();
   return module;
+}
+
+/// The module attribute scripts/export_reward.py stores the exported-for prompt list in (List[str], index order).
+inline constexpr const char* torchscript_prompts_attribute = "training_prompts";
+
+/// The prompt list a reward module was exported for (attribute "training_prompts"), or nullopt for a module
+/// without one (exported by hand, or before scripts/export_reward.py embedded the list).
+/// Example: a module exported for prompts.safetensors holding "a cat\na dog" -> {"a cat", "a dog"}.
+/// @post throws invalid_input naming `path` when the attribute is there but is not a list of strings.
+inline std::optional<std::vector<std::string>> torchscript_prompts(const torch::jit::Module& module,
+                                                                   const std::filesystem::path& path) {
+  if (!module.hasattr(torchscript_prompts_attribute)) return std::nullopt;
+  const torch::jit::IValue value = module.attr(torchscript_prompts_attribute);
+  require(value.isList(), "TorchScript reward '", path.string(), "': attribute ", torchscript_prompts_attribute,
+          " is a ", value.tagKind(), ", not a list of prompts");
+  std::vector<std::string> prompts;
+  for (const torch::jit::IValue& item : value.toListRef()) {
+    require(item.isString(), "TorchScript reward '", path.string(), "': attribute ", torchscript_prompts_attribute,
+            " holds a ", item.tagKind(), ", not only prompt strings");
+    prompts.push_back(item.toStringRef());
+  }
+  return prompts;
+}
+
+/// Checks that a reward module scores the run's prompt list: its forward takes indices into the list it was
+/// exported for, so a module made for another list would silently score every leaf against the wrong text.
+/// `prompt_source` names where the run's prompts come from (the prompt-embeddings file or shard directory).
+/// A module without an embedded list is accepted with one "warning:" line on `log` (it cannot be checked).
+/// Example: a module exported for {"a cat", "a dog"} and a run on {"a cat", "a bird"} from prompts.safetensors
+///   throws "TorchScript reward 'hps.pt' was exported for another prompt list than prompts.safetensors: prompt 1
+///   is 'a dog' there, 'a bird' here (2 prompts there, 2 here); re-export it with scripts/export_reward.py
+///   --prompts prompts.safetensors".
+/// @post returns normally iff the lists are equal or the module has none; else throws invalid_input (one line).
+inline void check_torchscript_prompts(const torch::jit::Module& module, const std::filesystem::path& path,
+                                      std::span<const std::string> prompts, const std::string& prompt_source,
+                                      std::ostream& log = std::cerr) {
+  const std::optional<std::vector<std::string>> exported = torchscript_prompts(module, path);
+  if (!exported) {
+    log << "warning: TorchScript reward '" << path.string() << "' holds no prompt list (attribute "
+        << torchscript_prompts_attribute << "; exported by hand or by an older script), so it is not checked against "
+        << prompt_source << ": its prompt indices are trusted to mean the run's prompts\n";
+    return;
+  }
+  if (std::equal(exported->begin(), exported->end(), prompts.begin(), prompts.end())) return;
+  const auto [there, here] = std::mismatch(exported->begin(), exported->end(), prompts.begin(), prompts.end());
+  const std::size_t at = static_cast<std::size_t>(there - exported->begin());
+  std::string difference;
+  if (there != exported->end() && here != prompts.end())
+    difference = "prompt " + std::to_string(at) + " is '" + *there + "' there, '" + *here + "' here";
+  else
+    difference = "the first " + std::to_string(at) + " prompts are the same";
+  fail("TorchScript reward '", path.string(), "' was exported for another prompt list than ", prompt_source, ": ",
+       difference, " (", exported->size(), " prompts there, ", prompts.size(),
+       " here); re-export it with scripts/export_reward.py --prompts ", prompt_source);
 }
 
 namespace detail {

@@ -92,13 +92,19 @@ inline latent_shape run_latent_shape(const run_config& config, const flux_config
   return run_latent_shape(config, run_transformer(flux));
 }
 
+/// Where the run's prompts come from: data.embeddings (a prompt file or a shard directory) when set, else the
+/// model directory's prompts.safetensors.
+/// Example: data.embeddings = "prompts/" in /runs/a.toml -> "/runs/prompts/".
+inline std::filesystem::path run_prompt_path(const run_config& config) {
+  return !config.data.embeddings.empty() ? config.input_path(config.data.embeddings)
+                                         : config.input_path(config.model.dir) / "prompts.safetensors";
+}
+
 /// The text length of the run's prompt embeddings (the context tensor's second dimension, from the header of
 /// data.embeddings (its first shard for a directory) or model.dir's prompts.safetensors); 512 (FLUX's T5 length) when
 /// the file has no such tensor.
 inline std::int64_t run_text_tokens(const run_config& config) {
-  const std::filesystem::path path = !config.data.embeddings.empty()
-                                         ? config.input_path(config.data.embeddings)
-                                         : config.input_path(config.model.dir) / "prompts.safetensors";
+  const std::filesystem::path path = run_prompt_path(config);
   const safetensors_file file(std::filesystem::is_directory(path) ? detail::prompt_shards(path).front() : path);
   const safetensors_tensor* context = file.find("context");
   return context != nullptr && context->shape.size() == 3 ? context->shape[1] : 512;

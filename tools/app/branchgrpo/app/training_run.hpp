@@ -241,6 +241,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
       // The leaves reach the reward as frames in [-1, 1] (the run decodes first); the module takes [0, 1].
       auto module = std::make_shared<torchscript_video_reward>(load_torchscript_video_reward(
           config.input_path(file), [](const torch::Tensor& x) { return (x + 1.0) / 2.0; }, run_device(config)));
+      check_torchscript_prompts(module->module, module->path, model.prompts, run_prompt_path(config).string());
       module->batch = static_cast<std::int64_t>(batch);
       term.score = [module](const torch::Tensor& frames, std::span<const std::int64_t> prompts) {
         return (*module)(frames, prompts);
@@ -260,7 +261,8 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
 /// The [[rewards]] entries as one weighted_sum over images in [-1, 1] (image models):
 ///   alignment               shape_alignment{colour_weight, colour_width, fill_width} over the run's prompts
 ///   jpeg_compressibility    {quality}          jpeg_incompressibility {quality}
-///   torchscript             {file, batch}: a TorchScript reward module on images in [0, 1] (torchscript.hpp)
+///   torchscript             {file, batch}: a TorchScript reward module on images in [0, 1] (torchscript.hpp),
+///                           refused when exported for another prompt list (check_torchscript_prompts)
 /// or over clips [rows, F, 3, H, W] in [-1, 1] (video models, video_rewards.hpp):
 ///   alignment               moving_shape_alignment{colour_weight, shape_weight, motion_weight, colour_width,
 ///                           fill_width, travel} over the run's prompts
@@ -321,6 +323,7 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
         p.bad("batch", detail::run_number_text(batch), "must be an integer >= 1");
       auto module = std::make_shared<torchscript_reward>(load_torchscript_reward(
           config.input_path(file), [](const torch::Tensor& x) { return unit_images(x); }, run_device(config)));
+      check_torchscript_prompts(module->module, module->path, model.prompts, run_prompt_path(config).string());
       module->batch = static_cast<std::int64_t>(batch);
       term.score = [module](const torch::Tensor& images, std::span<const std::int64_t> prompts) {
         return (*module)(images, prompts);
