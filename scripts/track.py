@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Experiment tracking for `branchgrpo train` as a sidecar: metrics and leaf grids to TensorBoard (and wandb).
+"""Experiment tracking for `branchgrpo train` as a sidecar: metrics, leaf grids and held-out evaluations to
+TensorBoard (and wandb).
 
     python3 scripts/track.py RUN_DIR --tensorboard LOGDIR [--wandb-offline WANDB_DIR [--project P] [--name N]]
                              [--follow [--poll SECONDS] | --once]
@@ -12,6 +13,13 @@ RUN_DIR is a run's `run.output_dir` (docs/cli.md, "branchgrpo train"). What is r
                           edges, edges_trained, trees_dropped, loss, clip_fraction, grad_norm, seconds,
                           rollout_seconds, reward_seconds, update_seconds, and any key a later version adds) is
                           logged as a scalar under its own name (a NaN is written by train as null: skipped).
+                          With [eval], also one row per held-out evaluation, {"kind": "eval", "iteration": k, ...}
+                          with k the iterations done before it (it sits before iteration k's own row; the last, k =
+                          run.iterations, after the last iteration's): every number key of it is logged as
+                          eval/<key> at step k (eval/reward_mean, eval/reward_low, eval/reward/<name>/high,
+                          eval/prompts, eval/seconds, ...; "ema", a boolean, and nulls are not). The evaluation
+                          after k iterations and iteration k share the step and nothing else: each has its own
+                          tags and its own record of what was written.
   grids/iter-NNNNNN.png   the leaf images written after N iterations completed, i.e. those of iteration N - 1 of
                           metrics.jsonl; logged as the image "grids/leaves" at step N - 1, next to that iteration's
                           scalars. A grid is taken once its iteration's line is in metrics.jsonl and the grid is
@@ -19,26 +27,34 @@ RUN_DIR is a run's `run.output_dir` (docs/cli.md, "branchgrpo train"). What is r
                           the previous start's grid of an iteration is not taken in place of the new one.
   grids/iter-NNNNNN.gif   (train writes none today: a video run's grid is a PNG of frame strips) its FIRST FRAME is
                           logged as above; a .png of the same N wins.
-  config.toml             run.iterations (default 100) and run.grid_every (default 10): --follow ends after the
-                          final iteration's line (iteration = run.iterations - 1) and its final grid (waits up to
-                          30 s for it). Re-read when it changes (a resume may raise run.iterations).
+  eval/iter-NNNNNN.png    the grid of the evaluation after N iterations: the image "eval/grid" at step N, taken by
+                          the rule of the leaf grids once the evaluation's row is in metrics.jsonl. A video run's
+                          eval/iter-NNNNNN.gif: its first frame, when there is no .png of the same N.
+  config.toml             run.iterations (default 100), run.grid_every (default 10) and eval.embeddings (non-empty:
+                          [eval] is on): --follow ends after the final iteration's line (iteration =
+                          run.iterations - 1) and its final grid and, with [eval], the final evaluation's row (k =
+                          run.iterations) and its grid (waits up to 30 s for the grids). Re-read when it changes (a
+                          resume may raise run.iterations).
 
-Resume and restarts: `train --resume` cuts metrics.jsonl after the checkpoint's iteration and appends from there
-(the kept lines are never rewritten). Each poll reads only what was appended; when the file shrank, was replaced,
-or the last line read is no longer where it was, it is read again from the start. Either way an iteration is
-logged at most once: the iterations written (scalars and grids apart) are kept in LOGDIR/track_state.json, so a
-second track.py on the same LOGDIR (after a restart, or with --once again) writes only what is new, and the
-values of an iteration that train wrote again after a resume are the first ones seen (bit-identical on CPU).
+Resume and restarts: `train --resume` from checkpoint iter-K cuts metrics.jsonl after the last line of an
+iteration (or evaluation) before K and appends from there (the kept lines are never rewritten; the evaluation after
+K iterations is cut and written again). Each poll reads only what was appended; when the file shrank, was
+replaced, or the last line read is no longer where it was, it is read again from the start. Either way an
+iteration, and an evaluation, is logged at most once: the steps written (iterations' scalars, leaf grids,
+evaluations' scalars, evaluation grids, each apart) are kept in LOGDIR/track_state.json (a state written before
+the evaluations were tracked reads as none of them written), so a second track.py on the same LOGDIR (after a
+restart, or with --once again) writes only what is new, and the values of an iteration or evaluation that train
+wrote again after a resume are the first ones seen (bit-identical on CPU).
 Each batch is recorded as pending in the state before it is written and as done after the writer's flush; a
 track.py killed in between (SIGKILL) finds on its next start which of the pending steps reached its event file
 (read with tensorboard's own event-file loader) and writes only the others. A lock file
 (LOGDIR/track_state.lock) keeps a second track.py off a LOGDIR in use.
 
 Lines: a partial last line (train is writing it) is left for the next poll. A complete line that is not a JSON
-object with an integer "iteration" in [0, 2^31) is reported on stderr in one line, `track.py: RUN/metrics.jsonl:7:
-malformed line skipped: ...`, once per process, and skipped.
+object with an integer "iteration" in [0, 2^31), or has a "kind" other than "eval", is reported on stderr in one
+line, `track.py: RUN/metrics.jsonl:7: malformed line skipped: ...`, once per process, and skipped.
 
---follow polls every --poll seconds (default 2) until the final line, or SIGINT / SIGTERM: the batch being
+--follow polls every --poll seconds (default 2) until the end (config.toml above), or SIGINT / SIGTERM: the batch being
 written is finished and flushed, the state saved, exit 0. --once (the default) logs what is there and exits.
 
 TensorBoard writer: tensorboardX 2.6.2.2. It writes TensorBoard's event format with numpy, protobuf and Pillow
@@ -51,11 +67,12 @@ anyway. Tested here with /usr/bin/python3 3.11, numpy 1.24.2 (Debian), Pillow 9.
 pinned too, for a reproducible install: 6.33.6 is accepted by tensorboard 2.15 (>= 3.19.6, not 4.24.0),
 tensorboardX 2.6.2.2 (>= 3.20) and wandb 0.31 (>= 5, < 8, not 5.28.0 / 5.29.0) alike (7.36 worked here as well).
 
-wandb (optional, not in setup.sh): --wandb-offline WANDB_DIR logs the same scalars (x-axis: the metric
-"iteration", defined as every key's step metric) and grids to an offline run (WANDB_MODE=offline: nothing is sent;
-upload later with `wandb sync`). Its run id is kept in the state, so a restarted track.py continues the same run
-(a new offline-run-* directory with the same id). Install: python3 -m pip install 'wandb==0.31.0' (tested here;
-Debian's /usr/bin/python3 needs --break-system-packages, as the error line without it says).
+wandb (optional, not in setup.sh): --wandb-offline WANDB_DIR logs the same scalars and grids under the same names
+(x-axis: the metric "iteration", defined as every key's step metric; an evaluation's rows carry its k) to an
+offline run (WANDB_MODE=offline: nothing is sent; upload later with `wandb sync`). Its run id is kept in the
+state, so a restarted track.py continues the same run (a new offline-run-* directory with the same id). Install:
+python3 -m pip install 'wandb==0.31.0' (tested here; Debian's /usr/bin/python3 needs --break-system-packages, as
+the error line without it says).
 
 Exit status: 0 done (or stopped by a signal); 1 a file that cannot be read or written, or a missing package;
 2 bad arguments.

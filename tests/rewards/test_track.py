@@ -9,8 +9,9 @@ the last) and their grids eval/iter-NNNNNN.png (N = k). track.py runs as a subpr
 back with tensorboard's own EventAccumulator and every scalar is checked exactly (value as float32, step = the
 line's "iteration", each step once; an evaluation's keys under eval/), and every image (step, size, pixels).
 Resume is simulated as train does it (metrics.jsonl cut in place after the last line before the checkpoint's
-iteration, then appended, the grids rewritten), while track.py follows the file and across restarts of track.py. wandb: the
-offline run is checked when wandb is importable, else that test is skipped; its missing-package line always is.
+iteration, then appended, the grids rewritten), while track.py follows the file and across restarts of track.py.
+wandb: the offline run is checked when wandb is importable, else that test is skipped; its missing-package line
+always is.
 
 Usage: test_track.py (needs tensorboard, tensorboardX, Pillow, numpy: scripts/setup.sh installs them)
 """
@@ -448,8 +449,9 @@ class TrackTest(unittest.TestCase):
         probe = subprocess.run([sys.executable, "-c", "import wandb"], capture_output=True, env=self.env)
         if probe.returncode != 0:
             self.skipTest("wandb is not installed (optional: python3 -m pip install 'wandb==0.31.0')")
-        self.config(iterations=10, grid_every=2)
-        self.append(line(row(0)) + line(row(1)))
+        self.config(iterations=10, grid_every=2, eval_every=2)
+        self.append(line(eval_row(0)) + line(row(0)) + line(row(1)))
+        self.grid(0, (6, 7, 8), folder="eval")
         self.grid(2, (3, 4, 5))
         wandb_dir = os.path.join(self.root, "wandb")
         self.track("--wandb-offline", wandb_dir, "--project", "p", "--name", "n", "--once")
@@ -457,8 +459,11 @@ class TrackTest(unittest.TestCase):
         runs = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*-%s" % run_id))
         self.assertEqual(len(runs), 1, os.listdir(os.path.join(wandb_dir, "wandb")))
         self.assertTrue(os.path.exists(os.path.join(runs[0], "run-%s.wandb" % run_id)))
-        self.assertTrue(glob.glob(os.path.join(runs[0], "files", "media", "images", "grids", "leaves_*.png")))
-        self.check_scalars(self.events()[0], {0: row(0), 1: row(1)})
+        for name in ("grids/leaves", "eval/grid"):
+            self.assertTrue(glob.glob(os.path.join(runs[0], "files", "media", "images", name + "_*.png")), name)
+        scalars = self.events()[0]
+        self.check_scalars(scalars, {0: row(0), 1: row(1)})
+        self.check_evaluations(scalars, {0: eval_row(0)})
 
 
 if __name__ == "__main__":
