@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Experiment tracking for `branchgrpo train` as a sidecar: metrics and leaf grids to TensorBoard (and wandb).
+"""Experiment tracking for `branchgrpo train` as a sidecar: metrics, leaf grids and held-out evaluations to
+TensorBoard (and wandb).
 
     python3 scripts/track.py RUN_DIR --tensorboard LOGDIR [--wandb-offline WANDB_DIR [--project P] [--name N]]
                              [--follow [--poll SECONDS] | --once]
@@ -12,6 +13,13 @@ RUN_DIR is a run's `run.output_dir` (docs/cli.md, "branchgrpo train"). What is r
                           edges, edges_trained, trees_dropped, loss, clip_fraction, grad_norm, seconds,
                           rollout_seconds, reward_seconds, update_seconds, and any key a later version adds) is
                           logged as a scalar under its own name (a NaN is written by train as null: skipped).
+                          With [eval], also one row per held-out evaluation, {"kind": "eval", "iteration": k, ...}
+                          with k the iterations done before it (it sits before iteration k's own row; the last, k =
+                          run.iterations, after the last iteration's): every number key of it is logged as
+                          eval/<key> at step k (eval/reward_mean, eval/reward_low, eval/reward/<name>/high,
+                          eval/prompts, eval/seconds, ...; "ema", a boolean, and nulls are not). The evaluation
+                          after k iterations and iteration k share the step and nothing else: each has its own
+                          tags and its own record of what was written.
   grids/iter-NNNNNN.png   the leaf images written after N iterations completed, i.e. those of iteration N - 1 of
                           metrics.jsonl; logged as the image "grids/leaves" at step N - 1, next to that iteration's
                           scalars. A grid is taken once its iteration's line is in metrics.jsonl and the grid is
@@ -19,26 +27,34 @@ RUN_DIR is a run's `run.output_dir` (docs/cli.md, "branchgrpo train"). What is r
                           the previous start's grid of an iteration is not taken in place of the new one.
   grids/iter-NNNNNN.gif   (train writes none today: a video run's grid is a PNG of frame strips) its FIRST FRAME is
                           logged as above; a .png of the same N wins.
-  config.toml             run.iterations (default 100) and run.grid_every (default 10): --follow ends after the
-                          final iteration's line (iteration = run.iterations - 1) and its final grid (waits up to
-                          30 s for it). Re-read when it changes (a resume may raise run.iterations).
+  eval/iter-NNNNNN.png    the grid of the evaluation after N iterations: the image "eval/grid" at step N, taken by
+                          the rule of the leaf grids once the evaluation's row is in metrics.jsonl. A video run's
+                          eval/iter-NNNNNN.gif: its first frame, when there is no .png of the same N.
+  config.toml             run.iterations (default 100), run.grid_every (default 10) and eval.embeddings (non-empty:
+                          [eval] is on): --follow ends after the final iteration's line (iteration =
+                          run.iterations - 1) and its final grid and, with [eval], the final evaluation's row (k =
+                          run.iterations) and its grid (waits up to 30 s for the grids). Re-read when it changes (a
+                          resume may raise run.iterations).
 
-Resume and restarts: `train --resume` cuts metrics.jsonl after the checkpoint's iteration and appends from there
-(the kept lines are never rewritten). Each poll reads only what was appended; when the file shrank, was replaced,
-or the last line read is no longer where it was, it is read again from the start. Either way an iteration is
-logged at most once: the iterations written (scalars and grids apart) are kept in LOGDIR/track_state.json, so a
-second track.py on the same LOGDIR (after a restart, or with --once again) writes only what is new, and the
-values of an iteration that train wrote again after a resume are the first ones seen (bit-identical on CPU).
+Resume and restarts: `train --resume` from checkpoint iter-K cuts metrics.jsonl after the last line of an
+iteration (or evaluation) before K and appends from there (the kept lines are never rewritten; the evaluation after
+K iterations is cut and written again). Each poll reads only what was appended; when the file shrank, was
+replaced, or the last line read is no longer where it was, it is read again from the start. Either way an
+iteration, and an evaluation, is logged at most once: the steps written (iterations' scalars, leaf grids,
+evaluations' scalars, evaluation grids, each apart) are kept in LOGDIR/track_state.json (a state written before
+the evaluations were tracked reads as none of them written), so a second track.py on the same LOGDIR (after a
+restart, or with --once again) writes only what is new, and the values of an iteration or evaluation that train
+wrote again after a resume are the first ones seen (bit-identical on CPU).
 Each batch is recorded as pending in the state before it is written and as done after the writer's flush; a
 track.py killed in between (SIGKILL) finds on its next start which of the pending steps reached its event file
 (read with tensorboard's own event-file loader) and writes only the others. A lock file
 (LOGDIR/track_state.lock) keeps a second track.py off a LOGDIR in use.
 
 Lines: a partial last line (train is writing it) is left for the next poll. A complete line that is not a JSON
-object with an integer "iteration" in [0, 2^31) is reported on stderr in one line, `track.py: RUN/metrics.jsonl:7:
-malformed line skipped: ...`, once per process, and skipped.
+object with an integer "iteration" in [0, 2^31), or has a "kind" other than "eval", is reported on stderr in one
+line, `track.py: RUN/metrics.jsonl:7: malformed line skipped: ...`, once per process, and skipped.
 
---follow polls every --poll seconds (default 2) until the final line, or SIGINT / SIGTERM: the batch being
+--follow polls every --poll seconds (default 2) until the end (config.toml above), or SIGINT / SIGTERM: the batch being
 written is finished and flushed, the state saved, exit 0. --once (the default) logs what is there and exits.
 
 TensorBoard writer: tensorboardX 2.6.2.2. It writes TensorBoard's event format with numpy, protobuf and Pillow
@@ -51,11 +67,12 @@ anyway. Tested here with /usr/bin/python3 3.11, numpy 1.24.2 (Debian), Pillow 9.
 pinned too, for a reproducible install: 6.33.6 is accepted by tensorboard 2.15 (>= 3.19.6, not 4.24.0),
 tensorboardX 2.6.2.2 (>= 3.20) and wandb 0.31 (>= 5, < 8, not 5.28.0 / 5.29.0) alike (7.36 worked here as well).
 
-wandb (optional, not in setup.sh): --wandb-offline WANDB_DIR logs the same scalars (x-axis: the metric
-"iteration", defined as every key's step metric) and grids to an offline run (WANDB_MODE=offline: nothing is sent;
-upload later with `wandb sync`). Its run id is kept in the state, so a restarted track.py continues the same run
-(a new offline-run-* directory with the same id). Install: python3 -m pip install 'wandb==0.31.0' (tested here;
-Debian's /usr/bin/python3 needs --break-system-packages, as the error line without it says).
+wandb (optional, not in setup.sh): --wandb-offline WANDB_DIR logs the same scalars and grids under the same names
+(x-axis: the metric "iteration", defined as every key's step metric; an evaluation's rows carry its k) to an
+offline run (WANDB_MODE=offline: nothing is sent; upload later with `wandb sync`). Its run id is kept in the
+state, so a restarted track.py continues the same run (a new offline-run-* directory with the same id). Install:
+python3 -m pip install 'wandb==0.31.0' (tested here; Debian's /usr/bin/python3 needs --break-system-packages, as
+the error line without it says).
 
 Exit status: 0 done (or stopped by a signal); 1 a file that cannot be read or written, or a missing package;
 2 bad arguments.
@@ -84,8 +101,19 @@ WANDB_PIP = "'wandb==0.31.0'"
 STATE_NAME = "track_state.json"
 STATE_FORMAT = "branchgrpo-track-1"
 GRID_TAG = "grids/leaves"
+EVAL_PREFIX = "eval/"     # an evaluation row's keys are logged as eval/<key>, apart from the iterations' own
+EVAL_GRID_TAG = EVAL_PREFIX + "grid"
 GRID_NAME = re.compile(r"^iter-(\d{6,})\.(png|gif)$")
-BATCH = 256              # iterations (or grids) per flush and state update
+# What is logged, each a set of steps in the state: an iteration's scalars and leaf grid (step = the iteration),
+# an evaluation's scalars and grid (step = the iterations done before it: the evaluation after k iterations and
+# the training row of iteration k share step k, and each has its own set).
+STREAMS = ("scalars", "images", "eval_scalars", "eval_images")
+IMAGE_TAGS = {"images": GRID_TAG, "eval_images": EVAL_GRID_TAG}
+# Per image stream: the folder of its grids in RUN_DIR, the stream of the rows they go with, and N - step for a grid
+# iter-N: grids/iter-N shows iteration N - 1 (N counts the iterations completed), eval/iter-N the evaluation after
+# N iterations.
+GRID_SOURCES = {"images": ("grids", "scalars", 1), "eval_images": ("eval", "eval_scalars", 0)}
+BATCH = 256              # rows (or grids) per flush and state update
 FINAL_GRID_WAIT = 30.0   # seconds --follow waits for the final grid after the final line
 DEFAULT_ITERATIONS, DEFAULT_GRID_EVERY = 100, 10  # docs/config.md, [run]
 
@@ -140,14 +168,15 @@ def range_text(numbers):
 
 
 class State:
-    """LOGDIR/track_state.json: the run it belongs to, the iterations written, the wandb run id, a pending batch."""
+    """LOGDIR/track_state.json: the run it belongs to, the steps written per stream, the wandb run id, a pending
+    batch. A state from before the evaluations (no "eval_*" keys) reads as none written."""
 
     def __init__(self, logdir, run_dir):
         self.path = os.path.join(logdir, STATE_NAME)
         self.run_dir = run_dir
-        self.scalars, self.images = set(), set()
+        self.written = {stream: set() for stream in STREAMS}
         self.wandb_id = None
-        self.pending = None  # {"events": file name in LOGDIR, "scalars": ranges, "images": ranges}
+        self.pending = None  # {"events": file name in LOGDIR, and per stream its steps as ranges}
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
@@ -160,16 +189,16 @@ class State:
         if data.get("run_dir") != run_dir:
             raise Failure("%s: this LOGDIR tracks %s, not %s: give each run its own --tensorboard directory"
                           % (self.path, data.get("run_dir"), run_dir), 2)
-        self.scalars = from_ranges(data.get("scalars", []), self.path)
-        self.images = from_ranges(data.get("images", []), self.path)
+        for stream in STREAMS:
+            self.written[stream] = from_ranges(data.get(stream, []), self.path)
         self.wandb_id = data.get("wandb_id")
         self.pending = data.get("pending")
         if self.pending is not None and not isinstance(self.pending, dict):
             raise Failure("%s: the state's \"pending\" is not an object" % self.path)
 
     def save(self):
-        data = {"format": STATE_FORMAT, "run_dir": self.run_dir, "scalars": to_ranges(self.scalars),
-                "images": to_ranges(self.images), "wandb_id": self.wandb_id, "pending": self.pending}
+        data = {"format": STATE_FORMAT, "run_dir": self.run_dir, "wandb_id": self.wandb_id, "pending": self.pending}
+        data.update((stream, to_ranges(steps)) for stream, steps in self.written.items())
         temporary = self.path + ".tmp"
         try:
             with open(temporary, "w", encoding="utf-8") as f:
@@ -195,8 +224,8 @@ class MetricsReader:
         self.tail = b""        # the last whole line consumed (its last 4096 bytes), to notice a rewrite
         self.inode = None
         self.lineno = 0
-        self.lines = []        # iterations of the valid lines of the current file, in file order
-        self.position = {}     # iteration -> its index in self.lines (the first line of that iteration)
+        self.lines = []        # (stream, iteration) of the valid lines of the current file, in file order
+        self.position = {}     # (stream, iteration) -> its index in self.lines (the first such line)
 
     def _changed(self, info):
         if info.st_ino != self.inode or info.st_size < self.offset:
@@ -208,7 +237,8 @@ class MetricsReader:
             return f.read(len(self.tail)) != self.tail
 
     def poll(self):
-        """The new valid lines [(iteration, {key: number})]; None when there is no file yet."""
+        """The new valid lines [(stream, iteration, {key: number})], stream "scalars" for an iteration's line and
+        "eval_scalars" for an evaluation's (its keys prefixed with eval/); None when there is no file yet."""
         try:
             info = os.stat(self.path)
             if not stat.S_ISREG(info.st_mode):
@@ -233,9 +263,8 @@ class MetricsReader:
             self.lineno += 1
             row = self._parse(line)
             if row is not None:
-                if row[0] not in self.position:
-                    self.position[row[0]] = len(self.lines)
-                self.lines.append(row[0])
+                self.position.setdefault(row[:2], len(self.lines))
+                self.lines.append(row[:2])
                 rows.append(row)
         whole = data[:end + 1]
         self.offset += len(whole)
@@ -258,24 +287,27 @@ class MetricsReader:
                 reason = "not a JSON object"
             elif type(iteration) is not int or not 0 <= iteration < 2**31:
                 reason = "no integer \"iteration\" in [0, 2^31)"
+            elif "kind" in obj and obj["kind"] != "eval":  # a kind of row this script does not know: not guessed at
+                reason = "unknown \"kind\" %s" % json.dumps(obj["kind"])[:40]
         if reason is not None:
             key = (self.lineno, line)
             if key not in self.reported:
                 self.reported.add(key)
                 say("%s:%d: malformed line skipped: %s" % (self.path, self.lineno, reason))
             return None
+        evaluation = "kind" in obj
         values = {}
         for k, v in obj.items():
             if k != "iteration" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 try:
-                    values[k] = float(v)
+                    values[EVAL_PREFIX + k if evaluation else k] = float(v)
                 except OverflowError:  # an integer past a double's range: no point
                     pass
-        return iteration, values
+        return ("eval_scalars" if evaluation else "scalars"), iteration, values
 
-    def followed(self, iteration):
-        """Whether a valid line comes after the first line of `iteration`."""
-        return self.position[iteration] + 1 < len(self.lines)
+    def followed(self, stream, iteration):
+        """Whether a valid line (of either kind) comes after the first line of (stream, iteration)."""
+        return self.position[stream, iteration] + 1 < len(self.lines)
 
 
 def read_image(path):
@@ -316,8 +348,8 @@ class TensorBoardSink:
         for key, value in values.items():
             self.writer.add_scalar(key, value, global_step=iteration)
 
-    def image(self, iteration, pixels):
-        self.writer.add_image(GRID_TAG, pixels, global_step=iteration, dataformats="HWC")
+    def image(self, stream, step, pixels):
+        self.writer.add_image(IMAGE_TAGS[stream], pixels, global_step=step, dataformats="HWC")
 
     def flush(self):
         if self.writer is not None:
@@ -368,8 +400,9 @@ class WandbSink:
     def scalars(self, iteration, values):
         self.run.log(dict(values, iteration=iteration))
 
-    def image(self, iteration, pixels):
-        self.run.log({"iteration": iteration, GRID_TAG: self.wandb.Image(pixels, caption="iteration %d" % iteration)})
+    def image(self, stream, step, pixels):
+        caption = ("evaluation after %d iterations" if stream == "eval_images" else "iteration %d") % step
+        self.run.log({"iteration": step, IMAGE_TAGS[stream]: self.wandb.Image(pixels, caption=caption)})
 
     def flush(self):
         pass  # the offline run's file is written by wandb's service; finish() ends it
@@ -379,53 +412,69 @@ class WandbSink:
             self.run.finish()
 
 
+def stream_of_tag(tag):
+    """Which stream a tag of this script's event files belongs to."""
+    if tag in (GRID_TAG, EVAL_GRID_TAG):
+        return "images" if tag == GRID_TAG else "eval_images"
+    return "eval_scalars" if tag.startswith(EVAL_PREFIX) else "scalars"
+
+
 def recover_pending(state, logdir):
     """A batch recorded as pending (track.py killed while writing it): its steps found in its event file count as
     written (never written twice; a step cut short loses its missing tags), the others are written again."""
-    pending = state.pending
-    scalars = from_ranges(pending.get("scalars", []), state.path)
-    images = from_ranges(pending.get("images", []), state.path)
-    found_scalars, found_images = set(), set()
-    events = pending.get("events")
+    pending = {stream: from_ranges(state.pending.get(stream, []), state.path) for stream in STREAMS}
+    found = {stream: set() for stream in STREAMS}
+    events = state.pending.get("events")
     try:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         if events and os.path.exists(os.path.join(logdir, events)):
             for event in EventFileLoader(os.path.join(logdir, events)).Load():
                 for value in event.summary.value:
-                    (found_images if value.tag == GRID_TAG else found_scalars).add(event.step)
+                    found[stream_of_tag(value.tag)].add(event.step)
     except ImportError:
         say("%s: the last batch was interrupted and tensorboard (to read it back) is not installed: its "
-            "iterations count as written (%s)" % (state.path, pip_line(TENSORBOARD_PIP)))
-        found_scalars, found_images = scalars, images
+            "steps count as written (%s)" % (state.path, pip_line(TENSORBOARD_PIP)))
+        found = pending
     except Exception as e:  # a torn record at the end of the file: what was read before it counts
         say("%s: %s" % (os.path.join(logdir, events), e))
-    kept_s, kept_i = scalars & found_scalars, images & found_images
-    state.scalars |= kept_s
-    state.images |= kept_i
+    kept = {stream: pending[stream] & found[stream] for stream in STREAMS}
+    for stream in STREAMS:
+        state.written[stream] |= kept[stream]
     state.pending = None
     state.save()
-    again = (scalars - kept_s) | (images - kept_i)
-    say("recovered an interrupted batch: iterations %s found in %s, %s to be written again"
-        % (range_text(kept_s | kept_i), events, range_text(again)))
+
+    def found_and_again(streams):
+        return (range_text(set().union(*(kept[s] for s in streams))),
+                range_text(set().union(*(pending[s] - kept[s] for s in streams))))
+    iterations_found, iterations_again = found_and_again(("scalars", "images"))
+    message = "recovered an interrupted batch: iterations %s found in %s, %s to be written again" % (
+        iterations_found, events, iterations_again)
+    if pending["eval_scalars"] or pending["eval_images"]:
+        message += "; evaluations %s found, %s to be written again" % found_and_again(("eval_scalars", "eval_images"))
+    say(message)
 
 
 def run_settings(path, cached):
-    """(run.iterations, run.grid_every) from config.toml, re-read when it changed; (None, None) when unknown."""
+    """(run.iterations, run.grid_every, whether [eval] is on) from config.toml, re-read when it changed;
+    (None, None, None) when unknown."""
+    unknown = (None, None, None)
     try:
         mtime = os.stat(path).st_mtime_ns
     except OSError:
-        return None, (None, None)
+        return None, unknown
     if cached and cached[0] == mtime:
         return cached, cached[1]
-    settings = (None, None)
+    settings = unknown
     if tomllib is not None:
         try:
             with open(path, "rb") as f:
-                run = tomllib.load(f).get("run", {})
+                config = tomllib.load(f)
+            run, evaluation = config.get("run", {}), config.get("eval", {})
             iterations = run.get("iterations", DEFAULT_ITERATIONS)
             grid_every = run.get("grid_every", DEFAULT_GRID_EVERY)
-            if type(iterations) is int and type(grid_every) is int:
-                settings = (iterations, grid_every)
+            embeddings = evaluation.get("embeddings", "")  # docs/config.md, [eval]: "" = no evaluation
+            if type(iterations) is int and type(grid_every) is int and isinstance(embeddings, str):
+                settings = (iterations, grid_every, embeddings != "")
         except (OSError, ValueError, AttributeError):
             pass
     return (mtime, settings), settings
@@ -458,118 +507,142 @@ class Tracker:
         if self.state.pending:
             recover_pending(self.state, self.logdir)
         self.reader = MetricsReader(self.metrics_path)
-        self.values = {}        # iteration -> scalars, read but not yet written
+        self.values = {}        # (stream, step) -> scalars, read but not yet written, in file order
         self.bad_images = {}    # path -> (size, mtime) of an image that could not be read (reported once)
         self.settings_cache = None
         self.final_seen_at = None
-        self.new_scalars, self.new_images = set(), set()
+        self.new = {stream: set() for stream in STREAMS}
 
-    def grids(self):
-        """The grids that may be logged now: [(iteration, path, stat)], a PNG before a GIF of the same N."""
-        directory = os.path.join(self.run_dir, "grids")
+    def grids(self, stream):
+        """The grids of an image stream that may be logged now: [(step, path, stat)], a PNG before a GIF of the
+        same N."""
+        folder, row_stream, offset = GRID_SOURCES[stream]
         found = {}
         try:
-            entries = list(os.scandir(directory))
+            entries = list(os.scandir(os.path.join(self.run_dir, folder)))
         except OSError:
             return []
         for entry in entries:
             match = GRID_NAME.match(entry.name)
-            if not match or int(match.group(1)) == 0:
+            if not match or int(match.group(1)) < offset:
                 continue
-            iteration = int(match.group(1)) - 1
-            if iteration in found and found[iteration].name.endswith(".png"):
+            step = int(match.group(1)) - offset
+            if step in found and found[step].name.endswith(".png"):
                 continue
-            found[iteration] = entry
+            found[step] = entry
         out = []
-        for iteration, entry in sorted(found.items()):
-            if iteration in self.state.images or iteration not in self.reader.position:
+        for step, entry in sorted(found.items()):
+            if step in self.state.written[stream] or (row_stream, step) not in self.reader.position:
                 continue
             try:
                 info = entry.stat()
             except OSError:
                 continue
-            # A grid is written after its iteration's line: it is this start's when a line follows, or when it is
-            # no older than the file's last write (a resumed run's old grids are older than the cut).
-            if not (self.reader.followed(iteration) or info.st_mtime_ns >= self.reader.mtime_ns):
+            # A grid is written after its row (and before the next row of either kind): it is this start's when a
+            # line follows, or when it is no older than the file's last write (a resumed run's old grids are older
+            # than the cut).
+            if not (self.reader.followed(row_stream, step) or info.st_mtime_ns >= self.reader.mtime_ns):
                 continue
             if self.bad_images.get(entry.path) == (info.st_size, info.st_mtime_ns):
                 continue
-            out.append((iteration, entry.path, info))
+            out.append((step, entry.path, info))
         return out
 
-    def write(self, scalars, images):
-        """One batch: recorded as pending, written to every sink, flushed, recorded as done."""
+    def write(self, items):
+        """One batch of (stream, step, scalars or pixels): recorded as pending, written to every sink, flushed,
+        recorded as done."""
         events = self.sinks[0].open()
         for sink in self.sinks[1:]:
             sink.open()
-        self.state.pending = {"events": events, "scalars": to_ranges(i for i, _ in scalars),
-                              "images": to_ranges(i for i, _ in images)}
+        steps = {stream: {step for s, step, _ in items if s == stream} for stream in STREAMS}
+        self.state.pending = {"events": events}
+        self.state.pending.update((stream, to_ranges(steps[stream])) for stream in STREAMS)
         self.state.save()
-        for iteration, values in scalars:
+        for stream, step, payload in items:
             for sink in self.sinks:
-                sink.scalars(iteration, values)
-        for iteration, pixels in images:
-            for sink in self.sinks:
-                sink.image(iteration, pixels)
+                if stream in IMAGE_TAGS:
+                    sink.image(stream, step, payload)
+                else:
+                    sink.scalars(step, payload)
         for sink in self.sinks:
             sink.flush()
-        done_s, done_i = {i for i, _ in scalars}, {i for i, _ in images}
-        self.state.scalars |= done_s
-        self.state.images |= done_i
-        self.new_scalars |= done_s
-        self.new_images |= done_i
+        for stream in STREAMS:
+            self.state.written[stream] |= steps[stream]
+            self.new[stream] |= steps[stream]
         self.state.pending = None
         self.state.save()
 
+    def write_in_batches(self, items):
+        for start in range(0, len(items), BATCH):
+            self.write(items[start:start + BATCH])
+
     def poll(self):
-        """Logs what is new. Returns True when the run's final iteration and its final grid are logged."""
+        """Logs what is new. Returns True when the run's final iteration and its final grid are logged (with [eval],
+        the final evaluation and its grid too)."""
         rows = self.reader.poll()
-        for iteration, values in rows or []:
-            if iteration not in self.state.scalars and iteration not in self.values:
-                self.values[iteration] = values
-        pending = sorted(self.values.items())
-        for start in range(0, len(pending), BATCH):
-            self.write(pending[start:start + BATCH], [])
+        for stream, step, values in rows or []:
+            if step not in self.state.written[stream] and (stream, step) not in self.values:
+                self.values[stream, step] = values
+        self.write_in_batches([(stream, step, values) for (stream, step), values in self.values.items()])
         self.values.clear()
         if rows is not None:
             images = []
-            for iteration, path, info in self.grids():
-                try:
-                    images.append((iteration, read_image(path)))
-                except ImportError as e:
-                    raise Failure("reading %s needs numpy and Pillow (%s)" % (path, e))
-                except Exception as e:  # Pillow's errors have no common base
-                    self.bad_images[path] = (info.st_size, info.st_mtime_ns)
-                    say("%s: cannot read the image, skipped: %s" % (path, e))
-                if len(images) == BATCH:
-                    self.write([], images)
-                    images = []
-            if images:
-                self.write([], images)
-        self.settings_cache, (iterations, grid_every) = run_settings(
+            for stream in GRID_SOURCES:
+                for step, path, info in self.grids(stream):
+                    try:
+                        images.append((stream, step, read_image(path)))
+                    except ImportError as e:
+                        raise Failure("reading %s needs numpy and Pillow (%s)" % (path, e))
+                    except Exception as e:  # Pillow's errors have no common base
+                        self.bad_images[path] = (info.st_size, info.st_mtime_ns)
+                        say("%s: cannot read the image, skipped: %s" % (path, e))
+                    if len(images) == BATCH:
+                        self.write(images)
+                        images = []
+            self.write_in_batches(images)
+        self.settings_cache, (iterations, grid_every, evaluates) = run_settings(
             os.path.join(self.run_dir, "config.toml"), self.settings_cache)
-        if iterations is None or iterations - 1 not in self.state.scalars:
+        if iterations is None:
             return False
-        final = iterations - 1
-        if grid_every == 0 or final in self.state.images:
+        # The end: the last iteration's row and grid and, with [eval], the evaluation after the last iteration
+        # (step = run.iterations, its row after the last iteration's) and its grid.
+        final_rows = [("scalars", iterations - 1)] + ([("eval_scalars", iterations)] if evaluates else [])
+        final_grids = (([("images", iterations - 1)] if grid_every != 0 else [])
+                       + ([("eval_images", iterations)] if evaluates else []))
+        written = self.state.written
+        if any(step not in written[stream] for stream, step in final_rows):
+            return False
+        missing = [(stream, step) for stream, step in final_grids if step not in written[stream]]
+        if not missing:
             return True
         if self.final_seen_at is None:
             self.final_seen_at = time.monotonic()
-        if time.monotonic() - self.final_seen_at >= FINAL_GRID_WAIT:
-            say("%s: no grid of the final iteration %d after %g s; stopping"
-                % (os.path.join(self.run_dir, "grids"), final, FINAL_GRID_WAIT))
-            return True
-        return False
+        if time.monotonic() - self.final_seen_at < FINAL_GRID_WAIT:
+            return False
+        for stream, step in missing:
+            what = "the final evaluation (after %d iterations)" if stream == "eval_images" else "the final iteration %d"
+            say("%s: no grid of %s after %g s; stopping"
+                % (os.path.join(self.run_dir, GRID_SOURCES[stream][0]), what % step, FINAL_GRID_WAIT))
+        return True
 
     def close(self):
         for sink in self.sinks:
             sink.close()
 
     def summary(self):
-        return "%s: %s (%s), %s; %s and %s logged in all" % (
-            self.logdir, count(len(self.new_scalars), "new iteration"), range_text(self.new_scalars),
-            count(len(self.new_images), "new grid"), count(len(self.state.scalars), "iteration"),
-            count(len(self.state.images), "grid"))
+        new, written = self.new, self.state.written
+        text = "%s: %s (%s), %s" % (self.logdir, count(len(new["scalars"]), "new iteration"),
+                                    range_text(new["scalars"]), count(len(new["images"]), "new grid"))
+        evaluations = written["eval_scalars"] or written["eval_images"]  # a run without [eval]: not mentioned
+        if evaluations:
+            text += ", %s (%s), %s" % (count(len(new["eval_scalars"]), "new evaluation"),
+                                       range_text(new["eval_scalars"]), count(len(new["eval_images"]),
+                                                                               "new evaluation grid"))
+        text += "; %s and %s" % (count(len(written["scalars"]), "iteration"), count(len(written["images"]), "grid"))
+        if evaluations:
+            text += ", %s and %s" % (count(len(written["eval_scalars"]), "evaluation"),
+                                     count(len(written["eval_images"]), "evaluation grid"))
+        return text + " logged in all"
 
 
 def parse_arguments(argv):

@@ -2,13 +2,16 @@
 """Tests scripts/track.py (experiment tracking as a sidecar; docs/cli.md, "Experiment tracking").
 
 Each test builds a fake `branchgrpo train` output directory in a temporary folder: config.toml ([run]
-iterations, grid_every), metrics.jsonl with the real keys (nlohmann's compact, sorted dump; a NaN as null) and
-grids/iter-NNNNNN.png (N = iterations completed: the leaves of iteration N - 1) written with Pillow. track.py runs
-as a subprocess; its event files are read back with tensorboard's own EventAccumulator and every scalar is
-checked exactly (value as float32, step = the line's "iteration", each step once), and every image (step, size,
-pixels). Resume is simulated as train does it (metrics.jsonl cut in place after the checkpoint's iteration, then
-appended, the grids rewritten), while track.py follows the file and across restarts of track.py. wandb: the
-offline run is checked when wandb is importable, else that test is skipped; its missing-package line always is.
+iterations, grid_every; [eval] every, embeddings), metrics.jsonl with the real keys (nlohmann's compact, sorted
+dump; a NaN as null), grids/iter-NNNNNN.png (N = iterations completed: the leaves of iteration N - 1) written with
+Pillow and, with [eval], the evaluation rows ({"kind": "eval", "iteration": k}, before iteration k's row and after
+the last) and their grids eval/iter-NNNNNN.png (N = k). track.py runs as a subprocess; its event files are read
+back with tensorboard's own EventAccumulator and every scalar is checked exactly (value as float32, step = the
+line's "iteration", each step once; an evaluation's keys under eval/), and every image (step, size, pixels).
+Resume is simulated as train does it (metrics.jsonl cut in place after the last line before the checkpoint's
+iteration, then appended, the grids rewritten), while track.py follows the file and across restarts of track.py.
+wandb: the offline run is checked when wandb is importable, else that test is skipped; its missing-package line
+always is.
 
 Usage: test_track.py (needs tensorboard, tensorboardX, Pillow, numpy: scripts/setup.sh installs them)
 """
@@ -39,6 +42,8 @@ REWARDS = ("alignment", "smoothness")
 KEYS = ("reward_mean", "reward_std", "reward_min", "reward_max", "evaluations", "update_evaluations", "edges",
         "edges_trained", "trees_dropped", "loss", "clip_fraction", "grad_norm", "seconds", "rollout_seconds",
         "reward_seconds", "update_seconds") + tuple("reward/" + name for name in REWARDS)
+EVAL_KEYS = ("prompts", "samples", "steps", "seconds", "reward_mean", "reward_low", "reward_high", "reward_failed",
+             "reward/alignment", "reward/alignment/low", "reward/alignment/high", "reward/alignment/failed")
 TIMEOUT = 60
 
 
@@ -52,6 +57,16 @@ def row(iteration, shift=0.0):
          "reward_std": 0.05, "reward_min": 0.01, "reward_max": 0.9}
     for n, name in enumerate(REWARDS):
         j["reward/" + name] = 0.2 * (n + 1) + iteration / 100 + shift
+    return j
+
+
+def eval_row(done, shift=0.0):
+    """The metrics line of the held-out evaluation after `done` iterations ("ema", a boolean, is no scalar)."""
+    j = {"kind": "eval", "iteration": done, "prompts": 4, "samples": 2, "steps": 3, "ema": True,
+         "seconds": 0.4 + done / 100, "reward_mean": 0.61 + done / 10 + shift, "reward_low": 0.58 + done / 10,
+         "reward_high": 0.64 + done / 10, "reward_failed": 0}
+    for suffix in ("", "/low", "/high", "/failed"):
+        j["reward/alignment" + suffix] = j["reward_" + (suffix[1:] or "mean")]
     return j
 
 
@@ -90,10 +105,12 @@ class TrackTest(unittest.TestCase):
                     stream.close()
 
     # --- the fake run --------------------------------------------------------------------------------------
-    def config(self, iterations, grid_every):
+    def config(self, iterations, grid_every, eval_every=None):
         with open(os.path.join(self.run_dir, "config.toml"), "w") as f:
             f.write("[model]\ndir = \"models/shapes-tiny\"\n\n[run]\niterations = %d\ngrid_every = %d\n"
                     "output_dir = \"%s\"\n" % (iterations, grid_every, self.run_dir))
+            if eval_every is not None:
+                f.write("\n[eval]\nembeddings = \"heldout.safetensors\"\nevery = %d\n" % eval_every)
 
     def append(self, text):
         with open(self.metrics, "a") as f:
@@ -106,10 +123,11 @@ class TrackTest(unittest.TestCase):
         kept = [l for l in lines[:-1] if json.loads(l)["iteration"] <= iteration]
         os.truncate(self.metrics, sum(len(l) + 1 for l in kept))
 
-    def grid(self, completed, colour, size=(12, 8), gif_second=None):
+    def grid(self, completed, colour, size=(12, 8), gif_second=None, folder="grids"):
         """grids/iter-<completed>.png (or a 2-frame .gif when gif_second is a colour), written as train does: into
-        a temporary name, then renamed."""
-        path = os.path.join(self.grids, "iter-%06d.%s" % (completed, "gif" if gif_second else "png"))
+        a temporary name, then renamed. folder="eval": the grid of the evaluation after `completed` iterations."""
+        os.makedirs(os.path.join(self.run_dir, folder), exist_ok=True)
+        path = os.path.join(self.run_dir, folder, "iter-%06d.%s" % (completed, "gif" if gif_second else "png"))
         pixels = np.zeros((size[1], size[0], 3), dtype=np.uint8)
         pixels[:, :] = colour
         pixels[0, 0] = (255, 255, 255)
@@ -143,38 +161,46 @@ class TrackTest(unittest.TestCase):
         except (OSError, ValueError):
             return None
 
-    def wait_for(self, scalars, process, images=None):
+    def wait_for(self, scalars, process, images=None, **streams):
+        """Until the state holds these ranges (streams: eval_scalars=..., eval_images=...)."""
+        wanted = dict(streams, scalars=scalars, **({} if images is None else {"images": images}))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             state = self.state()
-            if state and state["scalars"] == scalars and (images is None or state["images"] == images):
+            if state and all(state.get(stream) == ranges for stream, ranges in wanted.items()):
                 return
             if process.poll() is not None:
                 self.fail("track.py --follow ended early: %s" % (process.communicate(),))
             time.sleep(0.05)
-        self.fail("track.py did not log %s (state: %s)" % (scalars, self.state()))
+        self.fail("track.py did not log %s (state: %s)" % (wanted, self.state()))
 
-    def events(self):
-        """{tag: [(step, value)]} and [(step, width, height, pixels)] as TensorBoard reads LOGDIR."""
+    def events(self, image_tag="grids/leaves"):
+        """{tag: [(step, value)]} and the images of `image_tag`, [(step, width, height, pixels)], as TensorBoard
+        reads LOGDIR."""
         accumulator = event_accumulator.EventAccumulator(
             self.logdir, size_guidance={event_accumulator.SCALARS: 0, event_accumulator.IMAGES: 0})
         accumulator.Reload()
         tags = accumulator.Tags()
         scalars = {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in tags["scalars"]}
         images = []
-        for tag in tags["images"]:
-            self.assertEqual(tag, "grids/leaves")
-            for e in accumulator.Images(tag):
+        self.assertLessEqual(set(tags["images"]), {"grids/leaves", "eval/grid"})
+        if image_tag in tags["images"]:
+            for e in accumulator.Images(image_tag):
                 pixels = np.asarray(Image.open(io.BytesIO(e.encoded_image_string)).convert("RGB"))
                 images.append((e.step, e.width, e.height, pixels))
         return scalars, sorted(images, key=lambda image: image[0])
 
-    def check_scalars(self, scalars, expected):
-        """expected: {iteration: row}; each tag has each step once, in step order, with the row's value."""
-        self.assertEqual(set(scalars), set(KEYS))
-        for key in KEYS:
+    def check_scalars(self, scalars, expected, prefix="", keys=KEYS):
+        """expected: {iteration: row}; each tag has each step once, with the row's value. prefix="eval/",
+        keys=EVAL_KEYS: the evaluations' tags, which are all the others."""
+        self.assertEqual({tag for tag in scalars if tag.startswith("eval/") == bool(prefix)},
+                         {prefix + key for key in keys})
+        for key in keys:
             want = [(i, f32(j[key])) for i, j in sorted(expected.items()) if j.get(key) is not None]
-            self.assertEqual(sorted(scalars[key]), want, key)
+            self.assertEqual(sorted(scalars[prefix + key]), want, key)
+
+    def check_evaluations(self, scalars, expected):
+        self.check_scalars(scalars, expected, prefix="eval/", keys=EVAL_KEYS)
 
     def event_files(self):
         return sorted(glob.glob(os.path.join(self.logdir, "events.out.tfevents.*")))
@@ -283,37 +309,118 @@ class TrackTest(unittest.TestCase):
         self.assertEqual([image[0] for image in images], [2])
         np.testing.assert_array_equal(images[0][3], final)
 
+    def test_evaluations_are_logged_apart_from_the_iterations_of_the_same_step(self):
+        self.config(iterations=4, grid_every=2, eval_every=2)
+        # A state file from before the evaluations (no eval_* keys) is read as none of them written.
+        os.makedirs(self.logdir)
+        with open(os.path.join(self.logdir, "track_state.json"), "w") as f:
+            json.dump({"format": "branchgrpo-track-1", "run_dir": os.path.realpath(self.run_dir), "scalars": [],
+                       "images": [], "wandb_id": None, "pending": None}, f)
+        rows = {i: row(i) for i in range(4)}
+        evaluations = {k: eval_row(k) for k in (0, 2, 4)}
+        evaluations[2]["reward/alignment/low"] = None  # fewer than 2 finite samples: no point
+        self.append(line(evaluations[0]) + line(rows[0]) + line(rows[1]) + line(evaluations[2]) + line(rows[2])
+                    + line(rows[3]) + line(evaluations[4]))
+        leaves = [self.grid(2, (10, 20, 30)), self.grid(4, (40, 50, 60))]
+        first = self.grid(0, (1, 2, 3), folder="eval")
+        second = self.grid(2, (4, 5, 6), size=(6, 4), folder="eval")
+        self.grid(2, (90, 90, 90), gif_second=(0, 0, 0), folder="eval")  # a video run's GIF: the PNG wins
+        final = self.grid(4, (7, 8, 9), gif_second=(0, 0, 200), folder="eval")  # a GIF alone: its first frame
+        self.grid(6, (0, 0, 0), folder="eval")  # no row after 6 iterations: not logged
+        result = self.track("--once")
+        self.assertEqual(result.stderr, "")
+        self.assertIn("4 new iterations (0..3), 2 new grids, 3 new evaluations (0, 2, 4), 3 new evaluation grids; "
+                      "4 iterations and 2 grids, 3 evaluations and 3 evaluation grids logged in all", result.stdout)
+        scalars, images = self.events()
+        self.check_scalars(scalars, rows)
+        self.check_evaluations(scalars, evaluations)
+        self.assertEqual([image[0] for image in images], [1, 3])
+        for (_, _, _, pixels), want in zip(images, leaves):
+            np.testing.assert_array_equal(pixels, want)
+        evaluation_images = self.events("eval/grid")[1]
+        self.assertEqual([(step, w, h) for step, w, h, _ in evaluation_images], [(0, 12, 8), (2, 6, 4), (4, 12, 8)])
+        for (_, _, _, pixels), want in zip(evaluation_images, (first, second, final)):
+            np.testing.assert_array_equal(pixels, want)
+        state = self.state()
+        self.assertEqual((state["eval_scalars"], state["eval_images"]), ([[0, 0], [2, 2], [4, 4]],) * 2)
+        # The final row and grids are there, [eval] is on: --follow ends at once; then nothing is written again.
+        stdout, stderr = self.follow().communicate(timeout=20)
+        self.assertIn("0 new iterations (none), 0 new grids, 0 new evaluations (none)", stdout)
+        self.assertEqual(stderr, "")
+
+    def test_follow_through_a_resume_logs_each_evaluation_once(self):
+        self.config(iterations=4, grid_every=0, eval_every=2)
+        evaluations = {0: eval_row(0), 2: eval_row(2)}
+        self.append(line(evaluations[0]) + line(row(0)) + line(row(1)) + line(evaluations[2]))
+        self.grid(0, (1, 1, 1), folder="eval")
+        first_grid_2 = self.grid(2, (2, 2, 2), folder="eval")
+        self.grid(4, (3, 3, 3), folder="eval")  # a grid of evaluation 4 from before the resume
+        os.utime(os.path.join(self.run_dir, "eval", "iter-000004.png"), ns=(10**18, 10**18))
+        process = self.follow()
+        self.wait_for([[0, 1]], process, eval_scalars=[[0, 0], [2, 2]], eval_images=[[0, 0], [2, 2]])
+
+        # train --resume from checkpoint iter-000002: the evaluation after 2 iterations is cut and written again
+        # (already logged: kept as first seen, its new grid too), then iterations 2, 3 and the final evaluation.
+        self.cut_after(1)
+        self.append(line(eval_row(2, shift=100)))
+        self.grid(2, (99, 99, 99), folder="eval")
+        evaluations[4] = eval_row(4, shift=100)
+        self.append(line(row(2)) + line(row(3)) + line(evaluations[4]))
+        self.wait_for([[0, 3]], process, eval_scalars=[[0, 0], [2, 2], [4, 4]])
+        time.sleep(0.3)  # the final evaluation's row is the last: the old grid is older than it, so not taken
+        self.assertIsNone(process.poll(), "ended before the final evaluation's grid")
+        self.assertEqual(self.state()["eval_images"], [[0, 0], [2, 2]])
+        final = self.grid(4, (4, 44, 144), folder="eval")
+        stdout, stderr = process.communicate(timeout=20)
+        self.assertEqual((process.returncode, stderr), (0, ""))
+        self.assertIn("4 new iterations (0..3), 0 new grids, 3 new evaluations (0, 2, 4), 3 new evaluation grids",
+                      stdout)
+
+        self.assertIn("0 new evaluations (none), 0 new evaluation grids", self.track("--once").stdout)
+        scalars, _ = self.events()
+        self.check_scalars(scalars, {i: row(i) for i in range(4)})
+        self.check_evaluations(scalars, evaluations)
+        images = self.events("eval/grid")[1]
+        self.assertEqual([image[0] for image in images], [0, 2, 4])
+        np.testing.assert_array_equal(images[1][3], first_grid_2)
+        np.testing.assert_array_equal(images[2][3], final)
+
     def test_a_malformed_line_is_one_line_naming_file_and_line(self):
         self.config(iterations=10, grid_every=0)
         self.append(line(row(0)) + '{"iteration": 1, "reward_mean": \n' + '{"reward_mean": 0.5}\n' + "[1, 2]\n"
-                    + line(row(1)) + '{"iteration": -3}\n' + line(row(2)))
+                    + line(row(1)) + '{"iteration": -3}\n' + line(row(2)) + '{"iteration": 3, "kind": "other"}\n')
         result = self.track("--once")
         messages = result.stderr.splitlines()
-        self.assertEqual(len(messages), 4, result.stderr)
-        for message, number in zip(messages, (2, 3, 4, 6)):
+        self.assertEqual(len(messages), 5, result.stderr)
+        for message, number in zip(messages, (2, 3, 4, 6, 8)):
             self.assertTrue(message.startswith("track.py: %s:%d: malformed line skipped: " % (self.metrics, number)),
                             message)
+        self.assertTrue(messages[-1].endswith('unknown "kind" "other"'), messages[-1])
         self.check_scalars(self.events()[0], {i: row(i) for i in range(3)})
 
     def test_an_interrupted_batch_is_not_written_twice(self):
-        self.config(iterations=10, grid_every=0)
-        self.append("".join(line(row(i)) for i in range(4)))
+        self.config(iterations=10, grid_every=0, eval_every=4)
+        self.append(line(eval_row(0)) + "".join(line(row(i)) for i in range(4)))
         self.track("--once")
-        # As if track.py had been killed (SIGKILL) after writing iterations 2 and 3 but before recording them,
-        # and before writing 4: the state has 2..4 pending in the event file.
+        # As if track.py had been killed (SIGKILL) after writing the evaluation after 0 iterations and iterations
+        # 2 and 3 but before recording them, and before writing the evaluation after 4 and iteration 4: the state
+        # has those pending in the event file.
         path = os.path.join(self.logdir, "track_state.json")
         state = self.state()
-        state["scalars"] = [[0, 1]]
-        state["pending"] = {"events": os.path.basename(self.event_files()[0]), "scalars": [[2, 4]], "images": []}
+        state["scalars"], state["eval_scalars"] = [[0, 1]], []
+        state["pending"] = {"events": os.path.basename(self.event_files()[0]), "scalars": [[2, 4]], "images": [],
+                            "eval_scalars": [[0, 0], [4, 4]]}
         with open(path, "w") as f:
             json.dump(state, f)
-        self.append(line(row(4)))
+        self.append(line(eval_row(4)) + line(row(4)))
         result = self.track("--once")
         self.assertIn("recovered an interrupted batch: iterations 2..3 found in", result.stderr)
-        self.assertIn("4 to be written again", result.stderr)
-        self.assertIn("1 new iteration (4)", result.stdout)
-        self.check_scalars(self.events()[0], {i: row(i) for i in range(5)})
-        self.assertEqual(self.state()["scalars"], [[0, 4]])
+        self.assertIn("4 to be written again; evaluations 0 found, 4 to be written again", result.stderr)
+        self.assertIn("1 new iteration (4), 0 new grids, 1 new evaluation (4)", result.stdout)
+        scalars = self.events()[0]
+        self.check_scalars(scalars, {i: row(i) for i in range(5)})
+        self.check_evaluations(scalars, {0: eval_row(0), 4: eval_row(4)})
+        self.assertEqual((self.state()["scalars"], self.state()["eval_scalars"]), ([[0, 4]], [[0, 0], [4, 4]]))
 
     def test_bad_arguments_and_missing_files(self):
         self.config(iterations=10, grid_every=0)
@@ -342,8 +449,9 @@ class TrackTest(unittest.TestCase):
         probe = subprocess.run([sys.executable, "-c", "import wandb"], capture_output=True, env=self.env)
         if probe.returncode != 0:
             self.skipTest("wandb is not installed (optional: python3 -m pip install 'wandb==0.31.0')")
-        self.config(iterations=10, grid_every=2)
-        self.append(line(row(0)) + line(row(1)))
+        self.config(iterations=10, grid_every=2, eval_every=2)
+        self.append(line(eval_row(0)) + line(row(0)) + line(row(1)))
+        self.grid(0, (6, 7, 8), folder="eval")
         self.grid(2, (3, 4, 5))
         wandb_dir = os.path.join(self.root, "wandb")
         self.track("--wandb-offline", wandb_dir, "--project", "p", "--name", "n", "--once")
@@ -351,8 +459,11 @@ class TrackTest(unittest.TestCase):
         runs = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*-%s" % run_id))
         self.assertEqual(len(runs), 1, os.listdir(os.path.join(wandb_dir, "wandb")))
         self.assertTrue(os.path.exists(os.path.join(runs[0], "run-%s.wandb" % run_id)))
-        self.assertTrue(glob.glob(os.path.join(runs[0], "files", "media", "images", "grids", "leaves_*.png")))
-        self.check_scalars(self.events()[0], {0: row(0), 1: row(1)})
+        for name in ("grids/leaves", "eval/grid"):
+            self.assertTrue(glob.glob(os.path.join(runs[0], "files", "media", "images", name + "_*.png")), name)
+        scalars = self.events()[0]
+        self.check_scalars(scalars, {0: row(0), 1: row(1)})
+        self.check_evaluations(scalars, {0: eval_row(0)})
 
 
 if __name__ == "__main__":
