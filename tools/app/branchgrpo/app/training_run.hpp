@@ -335,18 +335,20 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
   return weighted_sum(std::move(terms));
 }
 
-/// The held-out evaluation's reward ([eval]): config.eval_rewards() over the run's prompts followed by the held-out
-/// ones (a held-out sample of prompt j is scored as table row model.prompts.size() + j), built as make_run_reward
-/// builds the run's. Errors of an [[eval.rewards]] entry name it: "<file>: eval.rewards[0].params.quality = 0: ...".
+/// The held-out evaluation's reward ([eval]): config.eval_rewards() over the held-out prompts (a sample of held-out
+/// prompt j is scored as prompt j of model.heldout.prompts, so a TorchScript reward is one exported for
+/// eval.embeddings), built as make_run_reward builds the run's. Errors of an [[eval.rewards]] entry name it:
+/// "<file>: eval.rewards[0].params.quality = 0: ...".
 /// @pre model.heldout holds the held-out prompts (config.eval.enabled()).
 inline weighted_sum make_eval_reward(const run_config& config, const run_model& model) {
   run_config scored = config;
   scored.rewards = config.eval_rewards();
-  run_model every_prompt = model;
-  every_prompt.prompts.insert(every_prompt.prompts.end(), model.heldout.prompts.begin(), model.heldout.prompts.end());
-  if (config.eval.rewards.empty()) return make_run_reward(scored, every_prompt);  // the run's entries, as named
+  scored.data.embeddings = config.eval.embeddings;  // where the scored prompts come from, for messages
+  run_model heldout = model;
+  heldout.prompts = model.heldout.prompts;
+  if (config.eval.rewards.empty()) return make_run_reward(scored, heldout);  // the run's entries, as named
   try {
-    return make_run_reward(scored, every_prompt);
+    return make_run_reward(scored, heldout);
   } catch (const invalid_input& error) {
     // make_run_reward names the entries of the list it was given as rewards[i]; here that list is eval.rewards.
     std::string line = error.what();
@@ -606,7 +608,8 @@ class training_run {
   /// Row j * S + k (S = eval.samples) is sample k of held-out prompt j: the deterministic Euler ODE on eval.steps
   /// from the keyed normals {eval.seed, iteration 0, tree heldout_tree_key + j * S + k} (the same noises at every
   /// evaluation, in every run with that seed, on any number of ranks), under the EMA's weights when eval.ema and
-  /// the run keeps an EMA. The rewards see each prompt's S samples as one group (win rates rank within it).
+  /// the run keeps an EMA. The rewards see each prompt's S samples as one group (win rates rank within it), and
+  /// prompt j as its index in model().heldout.prompts.
   /// Example: 2 held-out prompts, samples = 2 -> rows {p0 k0, p0 k1, p1 k0, p1 k1}, rewards.size() == 4.
   /// @pre evaluates().
   template <Communicator Comm>
@@ -625,11 +628,12 @@ class training_run {
                            .first_row = share.first * samples,
                            .ema = config_.eval.ema && config_.optimizer.ema_decay > 0,
                            .seconds = 0};
-    std::vector<std::int64_t> table_rows;
+    std::vector<std::int64_t> table_rows, heldout_rows;  // the denoiser's prompt rows, the reward's
     std::vector<std::uint32_t> groups_keys;
     for (std::int64_t j = share.first; j < share.last; ++j) {
       groups_keys.push_back(static_cast<std::uint32_t>(j));
       table_rows.insert(table_rows.end(), static_cast<std::size_t>(samples), first_table_row + j);
+      heldout_rows.insert(heldout_rows.end(), static_cast<std::size_t>(samples), j);
     }
     // Every rank's rows in one buffer of zeros, this rank's filled in: one all_reduce_sum gives all of them
     // everywhere (a NaN stays NaN). Part 0 is the weighted sum, part 1 + t reward t's.
@@ -639,7 +643,7 @@ class training_run {
       out.images = sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row),
                           out.ema);
       const leaf_groups groups{.leaves_per_tree = static_cast<std::int32_t>(samples), .keys = groups_keys};
-      const std::vector<double> total = (*eval_reward_)(out.images, table_rows, groups);
+      const std::vector<double> total = (*eval_reward_)(out.images, heldout_rows, groups);
       const auto put = [&](std::size_t part, const std::vector<double>& values) {
         std::copy(values.begin(), values.end(),
                   all.begin() + static_cast<std::ptrdiff_t>(part * static_cast<std::size_t>(rows) +
@@ -898,7 +902,7 @@ class training_run {
   weighted_sum reward_;
   sigma_schedule schedule_;
   sigma_schedule eval_schedule_ = config_.eval_schedule();
-  std::optional<weighted_sum> eval_reward_;  // [eval]: over the training then the held-out prompts
+  std::optional<weighted_sum> eval_reward_;  // [eval]: over the held-out prompts
   torch_backend backend_;
   run_recipe recipe_;
   std::unique_ptr<run_velocity_model> denoiser_;
