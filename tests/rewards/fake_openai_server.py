@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake OpenAI-compatible chat-completions server for the tests of branchgrpo's VLM judge (Python stdlib only).
 
-POST /v1/chat/completions checks the request's shape as the judge must send it (docs/rewards.md "VLM judge"):
+GET /v1/models lists --model. POST /v1/chat/completions checks the request's shape as the judge must send it (docs/rewards.md "VLM judge"):
 model == --model; one user message whose content is an image_url part holding data:image/png;base64,<8-bit RGB
 PNG> and a text part; max_tokens 1, temperature 0, logprobs true, top_logprobs an integer in [1, 20]. A request
 of another shape is answered 400 {"error": {"message": "<what is wrong>"}}, an unknown model 404 (as vLLM does).
@@ -133,6 +133,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path != "/v1/models":
+            return self.send(404, {"error": {"message": "no route %s" % self.path}})
+        self.send(200, {"object": "list", "data": [{"id": self.server.model, "object": "model", "owned_by": "fake"}]})
 
     def do_POST(self):
         request_bytes = self.rfile.read(int(self.headers.get("Content-Length", 0)))

@@ -119,6 +119,10 @@ TEST_CASE("the judge scores through an OpenAI-compatible server: exact values, t
     reward_server server = judge_server("", log.string());
     bg::vlm_judge_client judge({.url = server.url() + "/", .model = model});
     CHECK(judge.options().url == server.url());
+    judge.check_model();
+    bg::vlm_judge_client other({.url = server.url(), .model = "other/model"});
+    CHECK_THROWS_WITH(other.check_model(),
+                      "vlm judge " + server.url() + ": no model 'other/model' (the server serves: " + model + ")");
     const bg::rgb_image red = image(4, 3, [](int, int) { return std::uint8_t{255}; });
     const bg::rgb_image dark = image(4, 3, [](int, int) { return std::uint8_t{0}; });
     const bg::rgb_image ramp = image(17, 5, [](int x, int y) { return static_cast<std::uint8_t>(x * 15 + y); });

@@ -166,7 +166,7 @@ TEST_CASE("a training run of a Wan model on video latents: rollout, rewards, upd
   bad.rewards = {{.name = "jpeg_compressibility", .weight = 1.0, .params = {}}};
   CHECK(error_of([&] { (void)make_run_reward(bad, model); }) ==
         "config: rewards[0].name = 'jpeg_compressibility' scores images; the model makes videos (alignment, "
-        "smoothness, torchscript or remote)");
+        "smoothness, torchscript, remote or vlm_judge)");
   std::filesystem::remove_all(run.run.output_dir);
 }
 

@@ -5,6 +5,7 @@
 // (png.hpp); vlm_judge.hpp turns decoded leaves into them.
 //
 //   vlm_judge_client judge({.url = "http://127.0.0.1:8000", .model = "Qwen/Qwen2.5-VL-7B-Instruct"});
+//   judge.check_model()                    GET /v1/models: the server serves the model (checked at start)
 //   judge.score("a red circle", png)       POST /v1/chat/completions -> P(yes) in [0, 1]
 //
 // The request (max_tokens 1, temperature 0: the answer is the model's first-token distribution, not a sample):
@@ -24,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "branchgrpo/app/http_client.hpp"
 #include "branchgrpo/core/error.hpp"
@@ -41,6 +43,13 @@ struct vlm_judge_options {
 
 /// The path the judge posts to, under options.url.
 inline constexpr std::string_view vlm_judge_path = "/v1/chat/completions";
+
+/// Whether `url` names the API's /v1 instead of the server's root (a common slip: OpenAI clients take base_url
+/// ".../v1"). Example: "http://h:8000/v1/" -> true; "http://h:8000" -> false.
+inline bool vlm_url_ends_in_v1(std::string_view url) {
+  while (url.ends_with('/')) url.remove_suffix(1);
+  return url.ends_with("/v1");
+}
 
 /// `question` with every "{prompt}" replaced by `prompt`.
 /// Example: ("Does this image show {prompt}? Answer yes or no.", "a red circle") -> "Does this image show a red
@@ -150,6 +159,25 @@ class vlm_judge_client {
 
   [[nodiscard]] const vlm_judge_options& options() const { return options_; }
 
+  /// GET /v1/models: checks that the server serves options.model (before a run's first iteration, so that a wrong
+  /// name or a dead server is one line at start, not after the first rollout).
+  /// Example: model "other/model" on a server of {"test/judge-vl"} -> invalid_input "vlm judge
+  ///   http://127.0.0.1:8000: no model 'other/model' (the server serves: test/judge-vl)".
+  void check_model() {
+    const std::vector<std::string> served = http_.get("/v1/models", [](const nlohmann::json& answer) {
+      std::vector<std::string> ids;
+      if (!answer.is_object() || !answer.contains("data") || !answer["data"].is_array())
+        return std::make_pair(std::string("the answer has no list 'data'"), ids);
+      for (const nlohmann::json& m : answer["data"])
+        if (m.is_object() && m.contains("id") && m["id"].is_string()) ids.push_back(m["id"].get<std::string>());
+      return std::make_pair(std::string(), ids);
+    });
+    std::string names;
+    for (const std::string& id : served) names += (names.empty() ? "" : ", ") + id;
+    require(std::find(served.begin(), served.end(), options_.model) != served.end(), "vlm judge ", options_.url,
+            ": no model '", options_.model, "' (the server serves: ", names.empty() ? std::string("none") : names, ")");
+  }
+
   /// The chat-completions request for one image (the shape in this file's comment).
   [[nodiscard]] std::string request_body(std::string_view prompt, std::span<const std::uint8_t> png) const {
     const std::string image = "data:image/png;base64," +
@@ -175,9 +203,7 @@ class vlm_judge_client {
 
  private:
   static const std::string& checked_root(const std::string& url) {
-    std::string_view root = url;
-    while (root.ends_with('/')) root.remove_suffix(1);
-    require(!root.ends_with("/v1"), "vlm judge url '", url,
+    require(!vlm_url_ends_in_v1(url), "vlm judge url '", url,
             "' ends in /v1: give the server's root (the judge posts to <url>/v1/chat/completions)");
     return url;
   }
