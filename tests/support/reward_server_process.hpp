@@ -1,7 +1,9 @@
 #pragma once
-// scripts/reward_server.py as a child process on a free loopback port, for tests of the remote reward: started
-// with --port 0 --port-file, waited for (30 s at most, or the child's exit), stopped with SIGTERM when the object
-// goes (or by stop(), to simulate a server that dies). BRANCHGRPO_SOURCE_DIR must name the source tree.
+// scripts/reward_server.py (or another server script of the same command line, such as the VLM judge's
+// tests/rewards/fake_openai_server.py) as a child process on a free loopback port, for tests of the remote
+// rewards: started with --port 0 --port-file, waited for (30 s at most, or the child's exit), stopped with SIGTERM
+// when the object goes (or by stop(), to simulate a server that dies). BRANCHGRPO_SOURCE_DIR must name the source
+// tree.
 #include <catch2/catch.hpp>
 #include <signal.h>
 #include <spawn.h>
@@ -19,17 +21,16 @@ extern char** environ;
 
 namespace branchgrpo::testing {
 
-// scripts/reward_server.py on a free port, for the lifetime of this object.
+// `script` (a path under the source tree) on a free port, for the lifetime of this object.
 class reward_server {
  public:
-  explicit reward_server(std::vector<std::string> extra) {
+  explicit reward_server(std::vector<std::string> extra, const std::string& script = "scripts/reward_server.py") {
     static int counter = 0;
     port_file_ = std::filesystem::temp_directory_path() /
                  ("branchgrpo_remote_port_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     std::filesystem::remove(port_file_);
-    std::vector<std::string> args = {"/usr/bin/python3", BRANCHGRPO_SOURCE_DIR "/scripts/reward_server.py",
-                                     "--port",           "0",
-                                     "--port-file",      port_file_.string()};
+    std::vector<std::string> args = {
+        "/usr/bin/python3", BRANCHGRPO_SOURCE_DIR "/" + script, "--port", "0", "--port-file", port_file_.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -41,9 +42,9 @@ class reward_server {
       int status = 0;
       if (port_.empty() && ::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = 0;
-        FAIL("the reward server exited before listening");
+        FAIL(script << " exited before listening");
       }
-      if (std::chrono::steady_clock::now() > deadline) FAIL("the reward server did not start in 30 s");
+      if (std::chrono::steady_clock::now() > deadline) FAIL(script << " did not start in 30 s");
       if (port_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }

@@ -16,6 +16,7 @@
 #include "branchgrpo/app/video_rewards.hpp"
 #include "branchgrpo/torch/wan/denoiser.hpp"
 #include "error_text.hpp"
+#include "reward_server_process.hpp"
 
 using namespace branchgrpo;
 using branchgrpo::testing::error_of;
@@ -161,12 +162,28 @@ TEST_CASE("a training run of a Wan model on video latents: rollout, rewards, upd
   for (std::size_t i = 0; i < after.size(); ++i) moved = moved || !torch::equal(after[i].second, before[i]);
   CHECK(moved);
   CHECK(training.sample(std::vector<std::int64_t>{0, 1}, 5).sizes() == torch::IntArrayRef{2, 4, 3, 8, 8});
+  // vlm_judge on a video model judges each clip's middle frame (index F / 2 = 2 of 4): against the fake OpenAI
+  // server, a fully red middle frame scores (0.05 + 0.8) / 0.9 whatever the other frames hold, a black one 0.05 / 0.9.
+  {
+    branchgrpo::testing::reward_server server({"--model", "m"}, "tests/rewards/fake_openai_server.py");
+    run_config judged = run;
+    judged.rewards = {{.name = "vlm_judge", .weight = 1.0, .params = {{"url", server.url()}, {"model", "m"}}}};
+    weighted_sum judge = make_run_reward(judged, model);
+    torch::Tensor clips = torch::full({2, 4, 3, 8, 8}, -1.0);
+    clips.index_put_({0, 2, 0}, 1.0);
+    clips.index_put_({1, 0, 0}, 1.0);
+    const std::vector<std::int64_t> prompts = {0, 1};
+    const std::vector<double> scores = judge(clips, prompts);
+    REQUIRE(scores.size() == 2);
+    CHECK(scores[0] == Approx(0.85 / 0.9).epsilon(1e-12));
+    CHECK(scores[1] == Approx(0.05 / 0.9).epsilon(1e-12));
+  }
   // An image reward on a video model is refused, naming the entry.
   run_config bad = run;
   bad.rewards = {{.name = "jpeg_compressibility", .weight = 1.0, .params = {}}};
   CHECK(error_of([&] { (void)make_run_reward(bad, model); }) ==
         "config: rewards[0].name = 'jpeg_compressibility' scores images; the model makes videos (alignment, "
-        "smoothness, torchscript or remote)");
+        "smoothness, torchscript, remote or vlm_judge)");
   std::filesystem::remove_all(run.run.output_dir);
 }
 

@@ -4,12 +4,16 @@
 // between writing a checkpoint and renaming it leaves the previous checkpoint usable. (Parsing every key and
 // rejecting bad ones: tests/unit/test_run_config.cpp.)
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "branchgrpo/app/training_run.hpp"
@@ -241,6 +245,69 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
   CHECK(same_weights(*resumed, *remote));
 }
 
+TEST_CASE("a vlm_judge reward trains through an OpenAI-compatible server; each leaf is one request") {
+  const auto model = make_model_dir();
+  const auto log = scratch("vlm_log") / "requests.jsonl";
+  bg::testing::reward_server server({"--model", "test/judge-vl", "--log", log.string()},
+                                    "tests/rewards/fake_openai_server.py");
+  std::string toml = run_toml(model, scratch("vlm"), 1);
+  const std::string alignment = "[[rewards]]\nname = \"alignment\"\n";
+  REQUIRE(toml.find(alignment) != std::string::npos);
+  toml.insert(toml.find(alignment), "[[rewards]]\nname = \"vlm_judge\"\nparams = { url = \"" + server.url() +
+                                        "\", model = \"test/judge-vl\", question = \"Is it {prompt}?\", "
+                                        "retries = 0 }\n");
+  auto run = make_run(bg::parse_run_config(toml, "run.toml"));
+  const bg::iteration_stats stats = run->step();
+  CHECK(std::isfinite(stats.reward_mean));
+  // 2 prompts x 4 leaves, one request each; the fake server's P(yes) is (0.05 + 0.8 r) / 0.9 with r the PNG's mean
+  // red: the reward's mean is the mean of those to 1e-12.
+  std::ifstream lines(log);
+  std::vector<nlohmann::json> requests;
+  for (std::string line; std::getline(lines, line);) requests.push_back(nlohmann::json::parse(line));
+  REQUIRE(requests.size() == 8);
+  const std::vector<std::string> prompts = bg::shapes_prompts();
+  double mean = 0;
+  for (const nlohmann::json& r : requests) {
+    CHECK(r["width"] == 16);
+    const std::string question = r["question"].get<std::string>();
+    CHECK(std::any_of(prompts.begin(), prompts.end(),
+                      [&](const std::string& p) { return question == "Is it " + p + "?"; }));
+    mean += (0.05 + 0.8 * r["red"].get<double>()) / 0.9 / 8;
+  }
+  CHECK(run->last_components().at("vlm_judge") == Approx(mean).epsilon(0).margin(1e-12));
+
+  // A name the server does not serve is refused before the first iteration.
+  const bg::run_config wrong = bg::parse_run_config("[model]\ndir = \"" + model.string() +
+                                                        "\"\n[[rewards]]\nname = \"vlm_judge\"\nparams = { url = \"" +
+                                                        server.url() + "\", model = \"other/model\" }\n",
+                                                    "run.toml");
+  CHECK_THROWS_WITH(bg::make_run_reward(wrong, bg::load_run_model(wrong)),
+                    "vlm judge " + server.url() + ": no model 'other/model' (the server serves: test/judge-vl)");
+}
+
+TEST_CASE("vlm_judge_reward: a clip's middle frame is judged; a non-finite row is NaN and not sent") {
+  bg::testing::reward_server server({"--model", "m"}, "tests/rewards/fake_openai_server.py");
+  bg::vlm_judge_reward judge({.url = server.url(), .model = "m", .patience = {.retries = 0}}, {"a red circle"});
+  // Clips [2, 3 frames, 3, 4, 4]: row 0's middle frame fully red (x = 1 -> byte 255), row 1's red 0 (x = -1); the
+  // other frames the opposite.
+  torch::Tensor clips = torch::full({2, 3, 3, 4, 4}, -1.0);
+  clips.index_put_({0, 1, 0}, 1.0);
+  clips.index_put_({1, 0, 0}, 1.0);
+  clips.index_put_({1, 2, 0}, 1.0);
+  const std::vector<std::int64_t> rows = {0, 0};
+  const std::vector<double> scores = judge(clips, rows);
+  REQUIRE(scores.size() == 2);
+  CHECK(scores[0] == Approx(0.85 / 0.9).epsilon(1e-12));
+  CHECK(scores[1] == Approx(0.05 / 0.9).epsilon(1e-12));
+  torch::Tensor images = torch::zeros({2, 3, 4, 4});
+  images[1][0][2][2] = std::nan("");
+  const std::vector<double> mixed = judge(images, rows);
+  CHECK(mixed[0] == Approx((0.05 + 0.8 * 128 / 255.0) / 0.9).epsilon(1e-12));  // x = 0 -> byte 128
+  CHECK(std::isnan(mixed[1]));
+  CHECK_THROWS_WITH(judge(images, std::vector<std::int64_t>{0, 3}),
+                    "vlm judge row 1 has prompt 3, the prompt list has 1");
+}
+
 TEST_CASE("reward parameters are checked with one line naming them") {
   const auto model = make_model_dir();
   const auto with_reward = [&](const std::string& reward) {
@@ -290,6 +357,23 @@ TEST_CASE("reward parameters are checked with one line naming them") {
         "TorchScript reward '" + listed_file.string() + "' was exported for another prompt list than " + prompt_file +
             ": the first " + count + " prompts are the same (" + std::to_string(run_model.prompts.size() + 1) +
             " prompts there, " + count + " here); re-export it with scripts/export_reward.py --prompts " + prompt_file);
+  // vlm_judge: {params} -> "run.toml: rewards[0].params.<the line>", before any request to the server.
+  const std::vector<std::pair<std::string, std::string>> judge_errors = {
+      {"model = \"m\"", "url: the vlm_judge reward needs a url (the server's root, e.g. http://127.0.0.1:8000)"},
+      {"url = \"http://127.0.0.1:9\"",
+       "model: the vlm_judge reward needs the served model's name (e.g. Qwen/Qwen2.5-VL-7B-Instruct)"},
+      {"url = \"127.0.0.1:9\", model = \"m\"", "url = '127.0.0.1:9': is not http:// or https://"},
+      {"url = \"http://h/v1\", model = \"m\"",
+       "url = 'http://h/v1': ends in /v1: give the server's root (the judge posts to <url>/v1/chat/completions)"},
+      {"url = \"http://h\", model = \"m\", question = \"Is it good?\"",
+       "question = 'Is it good?': has no {prompt} (the judge would ask every image the same question)"},
+      {"url = \"http://h\", model = \"m\", top_logprobs = 21", "top_logprobs = 21: must be in [1, 20]"},
+      {"url = \"http://h\", model = \"m\", top_logprobs = 2.5", "top_logprobs = 2.5: must be an integer"},
+      {"url = \"http://h\", model = \"m\", timeout = 0", "timeout = 0: must be in [0.001, 86400]"},
+  };
+  for (const auto& [params, line] : judge_errors)
+    CHECK(with_reward("[[rewards]]\nname = \"vlm_judge\"\nparams = { " + params + " }\n") ==
+          "run.toml: rewards[0].params." + line);
 }
 
 TEST_CASE("resume continues to exactly the uninterrupted run's weights (CPU, bit-identical)") {

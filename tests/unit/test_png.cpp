@@ -1,5 +1,6 @@
-// The PNG writer and raster plotter behind the tool's plots (tools/cli/images/png.hpp, plot.hpp). The PNG is decoded
-// here with libpng's simplified reader and every pixel compared with the image.
+// The PNG writer and raster plotter behind the tool's plots (tools/cli/images/png.hpp over the application layer's
+// torch-free encoder tools/app/branchgrpo/app/png.hpp, plot.hpp). The PNG is decoded here with libpng's
+// simplified reader and every pixel compared with the image.
 #include <catch2/catch.hpp>
 #include <png.h>
 

@@ -401,7 +401,7 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[lora]\nenabled = 1\n") == "run.toml: lora.enabled = 1: must be true or false");
   CHECK(error_of("[[rewards]]\nname = \"hps\"\n") ==
         "run.toml: rewards[0].name = 'hps': must be alignment, jpeg_compressibility, jpeg_incompressibility, "
-        "smoothness, torchscript or remote");
+        "smoothness, torchscript, remote or vlm_judge");
   CHECK(error_of("[[rewards]]\nweight = 1\n").rfind("run.toml: rewards[0]: needs a name (alignment, ", 0) == 0);
   CHECK(error_of("rewards = []\n") == "run.toml: rewards = []: needs at least one [[rewards]] entry");
   CHECK(error_of("[run]\niterations = 0\n") == "run.toml: run.iterations = 0: must be at least 1");

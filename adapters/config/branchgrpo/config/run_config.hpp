@@ -210,10 +210,10 @@ struct eval_section {
   friend bool operator==(const eval_section&, const eval_section&) = default;
 };
 
-/// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment" and "torchscript" score
-/// images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
-inline constexpr std::array<std::string_view, 6> reward_names = {
-    "alignment", "jpeg_compressibility", "jpeg_incompressibility", "smoothness", "torchscript", "remote"};
+/// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment", "torchscript", "remote"
+/// and "vlm_judge" score images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
+inline constexpr std::array<std::string_view, 7> reward_names = {
+    "alignment", "jpeg_compressibility", "jpeg_incompressibility", "smoothness", "torchscript", "remote", "vlm_judge"};
 
 /// A whole run. Defaults: the shipped shapes model, BranchGRPO's dense tree (the branch method), LoRA rank 16.
 struct run_config {

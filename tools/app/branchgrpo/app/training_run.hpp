@@ -52,6 +52,7 @@
 #include "branchgrpo/app/run_model.hpp"
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/app/video_rewards.hpp"
+#include "branchgrpo/app/vlm_judge.hpp"
 #include "branchgrpo/app/wan_run_model.hpp"
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
@@ -154,29 +155,50 @@ inline named_reward as_win_rate(named_reward term) {
   return term;
 }
 
+// A [[rewards]] number param in [low, high] (an integer when `whole`), else the one-line error naming the key.
+inline double bounded_param(reward_params& p, const std::string& key, double fallback, double low, double high,
+                            bool whole = false) {
+  const double v = p.number(key, fallback);
+  if (!(v >= low && v <= high))
+    p.bad(key, run_number_text(v), "must be in [" + run_number_text(low) + ", " + run_number_text(high) + "]");
+  if (whole && v != std::floor(v)) p.bad(key, run_number_text(v), "must be an integer");
+  return v;
+}
+
+// A server reward's params connect_timeout, timeout, retries and backoff (http_client.hpp), `given` the defaults.
+inline http_patience patience_params(reward_params& p, http_patience given) {
+  return {.connect_timeout = bounded_param(p, "connect_timeout", given.connect_timeout, 0.001, 3600),
+          .timeout = bounded_param(p, "timeout", given.timeout, 0.001, 86400),
+          .retries = static_cast<int>(bounded_param(p, "retries", given.retries, 0, 100, /*whole=*/true)),
+          .backoff = bounded_param(p, "backoff", given.backoff, 0, 3600)};
+}
+
+// A server reward's params.url: required, http(s)://.
+inline std::string url_param(const run_config& config, reward_params& p, const std::string& example) {
+  const std::string url = p.text("url", "");
+  if (url.empty())
+    fail(config.source, ": rewards[", p.index, "].params.url: the ", p.entry.name, " reward needs a url", example);
+  if (!url.starts_with("http://") && !url.starts_with("https://"))
+    p.bad("url", "'" + url + "'", "is not http:// or https://");
+  return url;
+}
+
 // A [[rewards]] entry name = "remote": a reward server's scorer (remote_reward.hpp), checked before the run starts
 // (the server answers /info and runs the scorer for the model's media).
 inline named_reward remote_term(const run_config& config, reward_params& p, const run_model& model, std::string label,
                                 double weight) {
   remote_options options{
-      .url = p.text("url", ""), .scorer = p.text("scorer", ""), .media = model.is_video() ? "video" : "image"};
-  if (options.url.empty()) fail(config.source, ": rewards[", p.index, "].params.url: the remote reward needs a url");
-  const auto seconds = [&](const std::string& key, double fallback, double low, double high) {
-    const double v = p.number(key, fallback);
-    if (!(v >= low && v <= high))
-      p.bad(key, run_number_text(v), "must be in [" + run_number_text(low) + ", " + run_number_text(high) + "]");
-    return v;
-  };
-  const auto whole = [&](const std::string& key, double fallback, double low, double high) {
-    const double v = seconds(key, fallback, low, high);
-    if (v != std::floor(v)) p.bad(key, run_number_text(v), "must be an integer");
-    return v;
-  };
-  options.connect_timeout = seconds("connect_timeout", options.connect_timeout, 0.001, 3600);
-  options.timeout = seconds("timeout", options.timeout, 0.001, 86400);
-  options.retries = static_cast<int>(whole("retries", options.retries, 0, 100));
-  options.backoff = seconds("backoff", options.backoff, 0, 3600);
-  options.batch = static_cast<std::int64_t>(whole("batch", static_cast<double>(options.batch), 1, 1e6));
+      .url = url_param(config, p, ""), .scorer = p.text("scorer", ""), .media = model.is_video() ? "video" : "image"};
+  const http_patience patience = patience_params(p, {.connect_timeout = options.connect_timeout,
+                                                     .timeout = options.timeout,
+                                                     .retries = options.retries,
+                                                     .backoff = options.backoff});
+  options.connect_timeout = patience.connect_timeout;
+  options.timeout = patience.timeout;
+  options.retries = patience.retries;
+  options.backoff = patience.backoff;
+  options.batch =
+      static_cast<std::int64_t>(bounded_param(p, "batch", static_cast<double>(options.batch), 1, 1e6, /*whole=*/true));
   remote_reward reward(std::move(options), model.prompts);
   reward.check_server();
   // The server's named components reach the logs as reward/<label>/<component> (a copy shares the last ones).
@@ -186,6 +208,29 @@ inline named_reward remote_term(const run_config& config, reward_params& p, cons
           .score = {},
           .score_groups = std::move(reward),
           .details = std::move(details)};
+}
+
+// A [[rewards]] entry name = "vlm_judge": P(yes) of a VLM behind an OpenAI-compatible chat endpoint (vlm_judge.hpp),
+// checked before the run starts (the server lists the model at /v1/models). Video models: the middle frame.
+inline named_reward vlm_judge_term(const run_config& config, reward_params& p, const run_model& model,
+                                   std::string label, double weight) {
+  vlm_judge_options options{.url = url_param(config, p, " (the server's root, e.g. http://127.0.0.1:8000)"),
+                            .model = p.text("model", "")};
+  if (options.model.empty())
+    fail(config.source, ": rewards[", p.index,
+         "].params.model: the vlm_judge reward needs the served model's name (e.g. Qwen/Qwen2.5-VL-7B-Instruct)");
+  if (vlm_url_ends_in_v1(options.url))
+    p.bad("url", "'" + options.url + "'",
+          "ends in /v1: give the server's root (the judge posts to <url>/v1/chat/completions)");
+  options.question = p.text("question", options.question);
+  if (options.question.find("{prompt}") == std::string::npos)
+    p.bad("question", "'" + options.question + "'",
+          "has no {prompt} (the judge would ask every image the same question)");
+  options.top_logprobs = static_cast<int>(bounded_param(p, "top_logprobs", options.top_logprobs, 1, 20, true));
+  options.patience = patience_params(p, options.patience);
+  vlm_judge_reward reward(std::move(options), model.prompts);
+  reward.check_model();
+  return {.name = std::move(label), .weight = weight, .score = std::move(reward), .score_groups = {}};
 }
 
 // make_run_reward for video models (see its comment).
@@ -228,6 +273,8 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
       term.score = a;
     } else if (entry.name == "remote") {
       term = remote_term(config, p, model, label, entry.weight);
+    } else if (entry.name == "vlm_judge") {
+      term = vlm_judge_term(config, p, model, label, entry.weight);
     } else if (entry.name == "smoothness") {
       temporal_smoothness smooth;
       smooth.flicker_scale = positive("flicker_scale", smooth.flicker_scale);
@@ -248,7 +295,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
       };
     } else {
       fail(config.source, ": rewards[", i, "].name = '", entry.name,
-           "' scores images; the model makes videos (alignment, smoothness, torchscript or remote)");
+           "' scores images; the model makes videos (alignment, smoothness, torchscript, remote or vlm_judge)");
     }
     p.finish();
     terms.push_back(entry.win_rate ? as_win_rate(std::move(term)) : std::move(term));
@@ -271,6 +318,9 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
 /// and for either:
 ///   remote                  {url, scorer, connect_timeout, timeout, retries, backoff, batch}: a reward server
 ///                           (remote_reward.hpp), checked here (it must answer /info and run the scorer)
+///   vlm_judge               {url, model, question, top_logprobs, connect_timeout, timeout, retries, backoff}:
+///                           P(yes) of a VLM behind an OpenAI-compatible chat endpoint (vlm_judge.hpp; a video's
+///                           middle frame), checked here (the server must list the model at /v1/models)
 /// Any entry with win_rate = true scores each leaf by the fraction of its tree's leaves it beats under that reward
 /// (Pref-GRPO's win rate, core reward/win_rate.hpp).
 /// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>"; an image reward for a video model (or the
@@ -309,6 +359,8 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
       term.score = a;
     } else if (entry.name == "remote") {
       term = detail::remote_term(config, p, model, label, entry.weight);
+    } else if (entry.name == "vlm_judge") {
+      term = detail::vlm_judge_term(config, p, model, label, entry.weight);
     } else if (entry.name == "smoothness") {
       fail(config.source, ": rewards[", i, "].name = 'smoothness' scores videos; the model makes images");
     } else if (entry.name == "jpeg_compressibility") {
