@@ -558,9 +558,9 @@ TEST_CASE("[eval]: a held-out evaluation samples keyed ODE noise under the EMA a
   bg::save_prompt_file(out / "heldout.safetensors",
                        bg::shapes_word_embeddings(heldout, shapes.context_in, shapes.vec_in), heldout);
   const auto with_eval = [&](const std::filesystem::path& dir, const std::string& section) {
-    return bg::parse_run_config(run_toml(model, dir, 2) + "[eval]\nembeddings = \"" +
-                                    (out / "heldout.safetensors").string() + "\"\n" + section,
-                                "run.toml");
+    return bg::parse_run_config(
+        run_toml(model, dir, 2) + "[eval]\nembeddings = \"" + (out / "heldout.safetensors").string() + "\"\n" + section,
+        "run.toml");
   };
   const std::string section = "every = 1\nsamples = 2\nsteps = 3\nseed = 4\n[[eval.rewards]]\nname = \"alignment\"\n";
   auto plain = make_run(config_for(model, scratch("eval_plain"), 2));
@@ -606,8 +606,9 @@ TEST_CASE("[eval]: a held-out evaluation samples keyed ODE noise under the EMA a
   CHECK_FALSE(trained->evaluate(one).ema);
 
   // Groupwise [eval] rewards rank within a prompt's samples: 2 samples' win rates sum to 1, so the mean is 1/2.
-  auto ranked = make_run(with_eval(out / "ranked", "samples = 2\n[[eval.rewards]]\nname = \"jpeg_compressibility\"\n"
-                                                   "win_rate = true\n"));
+  auto ranked = make_run(with_eval(out / "ranked",
+                                   "samples = 2\n[[eval.rewards]]\nname = \"jpeg_compressibility\"\n"
+                                   "win_rate = true\n"));
   const bg::heldout_evaluation wins = ranked->evaluate(one);
   for (std::size_t j = 0; j < 3; ++j)
     CHECK(wins.components.at("jpeg_compressibility")[2 * j] + wins.components.at("jpeg_compressibility")[2 * j + 1] ==
@@ -619,12 +620,13 @@ TEST_CASE("[eval]: a held-out evaluation samples keyed ODE noise under the EMA a
   CHECK(own.components.count("jpeg_compressibility") == 1);
 
   // Bad input: one line naming the key.
-  CHECK_THROWS_WITH(make_run(with_eval(out / "bad", "[[eval.rewards]]\nname = \"jpeg_compressibility\"\nparams = "
-                                                    "{ quality = 0 }\n")),
+  CHECK_THROWS_WITH(make_run(with_eval(out / "bad",
+                                       "[[eval.rewards]]\nname = \"jpeg_compressibility\"\nparams = "
+                                       "{ quality = 0 }\n")),
                     "run.toml: eval.rewards[0].params.quality = 0: must be an integer in [1, 100]");
   const std::vector<std::string> single = {"a red circle"};
-  bg::save_prompt_file(out / "single.safetensors",
-                       bg::shapes_word_embeddings(single, shapes.context_in, shapes.vec_in), single);
+  bg::save_prompt_file(out / "single.safetensors", bg::shapes_word_embeddings(single, shapes.context_in, shapes.vec_in),
+                       single);
   std::string toml = run_toml(model, out / "one", 2) + "[eval]\nembeddings = \"" +
                      (out / "single.safetensors").string() + "\"\nsamples = 1\n";
   CHECK_THROWS_WITH(make_run(bg::parse_run_config(toml, "run.toml")),

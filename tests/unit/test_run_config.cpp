@@ -620,8 +620,9 @@ TEST_CASE("[eval]: held-out evaluation keys, their defaults, their checks and wh
   CHECK(own_steps.eval_rewards() == own_steps.rewards);  // no [[eval.rewards]]: the run's
   // The canonical text holds every eval key and round-trips.
   const std::string text = bg::config_text(config, false);
-  CHECK_THAT(text, Catch::Matchers::Contains("eval.samples = 3\n") && Catch::Matchers::Contains("eval.ema = false\n") &&
-                       Catch::Matchers::Contains("eval.rewards = [{ name = \"alignment\", weight = 1.0, win_rate = true"));
+  CHECK_THAT(text,
+             Catch::Matchers::Contains("eval.samples = 3\n") && Catch::Matchers::Contains("eval.ema = false\n") &&
+                 Catch::Matchers::Contains("eval.rewards = [{ name = \"alignment\", weight = 1.0, win_rate = true"));
   CHECK(bg::parse_run_config(text, "canonical.toml").eval == config.eval);
   CHECK(bg::parse_run_config(bg::config_text(own_steps, false), "canonical.toml").eval == own_steps.eval);
   // When evaluations happen may change on resume; what an evaluation measures may not.

@@ -645,8 +645,8 @@ void validate(compare_options& options) {
           ": only --model shapes loads a model");
   require(!toy || options.remote_reward.empty(), "--remote-reward = ", options.remote_reward,
           ": only --model shapes scores with a reward server (the toy's reward is closed-form)");
-  require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ",
-          options.remote_scorer, ": needs --remote-reward");
+  require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ", options.remote_scorer,
+          ": needs --remote-reward");
   if (options.iters == 0) options.iters = toy ? toy_default_iters : shapes_default_iters;
   if (!options.seed_given) options.seed = toy ? toy_default_seed : 0;
   if (options.eval_every == 0) options.eval_every = toy ? 1 : std::max(1, options.iters / 4);

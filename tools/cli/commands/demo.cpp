@@ -217,8 +217,8 @@ void run_demo(demo_options options) {
   // The counts' ranges are checked as the flags are parsed (add_demo_command).
   const int iterations = options.iters > 0 ? options.iters : options.quick ? 2 : 16;
   (void)parse_prompt_rows(prompt_rows(options));  // a bad list fails here, before any work
-  require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ",
-          options.remote_scorer, ": needs --remote-reward");
+  require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ", options.remote_scorer,
+          ": needs --remote-reward");
   if (options.quick) options.eval_samples = 1;
   const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
   if (options.methods.empty()) options.methods.assign(method_names.begin(), method_names.end());

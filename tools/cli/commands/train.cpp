@@ -238,9 +238,8 @@ void train_on(const train_options& options, run_config config, Comm& communicato
         [&] { return run->evaluate(communicator); });
     on_every_rank(communicator, [&] {
       if (!lead) return;
-      const nlohmann::json row =
-          evaluation_metrics(e, static_cast<std::int64_t>(run->model().heldout.prompts.size()),
-                             config.eval_schedule().steps());
+      const nlohmann::json row = evaluation_metrics(e, static_cast<std::int64_t>(run->model().heldout.prompts.size()),
+                                                    config.eval_schedule().steps());
       metrics->append_evaluation(row);
       bar.clear();
       if (options.json)
@@ -250,7 +249,8 @@ void train_on(const train_options& options, run_config config, Comm& communicato
       check_standard_output();
       (void)make_directory(evaluations);
       (void)write_evaluation_grid(evaluations, e, run->model().heldout.prompts);
-      if (done == config.run.iterations) write_evaluation_samples(evaluations / "final", e, run->model().heldout.prompts);
+      if (done == config.run.iterations)
+        write_evaluation_samples(evaluations / "final", e, run->model().heldout.prompts);
     });
   };
   double seconds = 0;

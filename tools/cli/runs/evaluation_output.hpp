@@ -58,12 +58,9 @@ inline void add_interval(nlohmann::json& row, const std::string& mean_key, const
 ///   {"iteration": 10, "kind": "eval", "prompts": 2, "reward/alignment": 0.6, "reward/alignment/low": 0.47...,
 ///    "reward_mean": 0.6, ...}; the interval is t_interval's (mean 0.6, s = 0.0816, t_{0.975, 3} = 3.182).
 inline nlohmann::json evaluation_metrics(const heldout_evaluation& e, std::int64_t prompts, int steps) {
-  nlohmann::json row = {{"kind", "eval"},
-                        {"iteration", e.iteration},
-                        {"prompts", prompts},
-                        {"samples", e.samples_per_prompt},
-                        {"steps", steps},
-                        {"ema", e.ema},
+  nlohmann::json row = {{"kind", "eval"},      {"iteration", e.iteration},
+                        {"prompts", prompts},  {"samples", e.samples_per_prompt},
+                        {"steps", steps},      {"ema", e.ema},
                         {"seconds", e.seconds}};
   detail::add_interval(row, "reward_mean", "reward_", e.rewards);
   for (const auto& [name, scores] : e.components)

@@ -131,9 +131,7 @@ inline void add_remote_reward_options(CLI::App* command, std::string& url, std::
                    "Score the alignment term with a reward server (scripts/reward_server.py, docs/rewards.md) at URL "
                    "instead of in process; it is checked before the first method runs")
       ->type_name("URL");
-  command
-      ->add_option("--remote-scorer", scorer,
-                   "With --remote-reward: the server's scorer (default: its only one)")
+  command->add_option("--remote-scorer", scorer, "With --remote-reward: the server's scorer (default: its only one)")
       ->type_name("NAME");
 }
 

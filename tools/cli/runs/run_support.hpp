@@ -252,7 +252,9 @@ class csv_rows {
 class metrics_files {
  public:
   metrics_files(const std::filesystem::path& dir, int first_iteration)
-      : jsonl_(dir / "metrics.jsonl"), csv_(dir / "metrics.csv", first_iteration), eval_csv_(dir / "eval.csv", first_iteration) {
+      : jsonl_(dir / "metrics.jsonl"),
+        csv_(dir / "metrics.csv", first_iteration),
+        eval_csv_(dir / "eval.csv", first_iteration) {
     const auto below = [&](const nlohmann::json& j) {
       return j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer() &&
              j["iteration"].get<long long>() < first_iteration;

@@ -163,11 +163,21 @@ inline std::string input_identity(const std::filesystem::path& path) {
 }
 
 // The keys resume may change (see the file comment).
-inline constexpr std::array<std::string_view, 15> resumable = {
-    "run.iterations", "run.grid_every",    "run.checkpoint_every", "run.keep_checkpoints",
-    "run.output_dir", "rollout.max_batch", "rollout.decode_batch", "model.gradient_checkpointing",
-    "model.device",   "model.dir",         "model.weights",        "model.decoder",
-    "data.embeddings", "eval.embeddings",  "eval.every"};
+inline constexpr std::array<std::string_view, 15> resumable = {"run.iterations",
+                                                               "run.grid_every",
+                                                               "run.checkpoint_every",
+                                                               "run.keep_checkpoints",
+                                                               "run.output_dir",
+                                                               "rollout.max_batch",
+                                                               "rollout.decode_batch",
+                                                               "model.gradient_checkpointing",
+                                                               "model.device",
+                                                               "model.dir",
+                                                               "model.weights",
+                                                               "model.decoder",
+                                                               "data.embeddings",
+                                                               "eval.embeddings",
+                                                               "eval.every"};
 
 }  // namespace config_text_detail
 

@@ -198,12 +198,12 @@ struct run_section {
 /// EMA's weights when the run keeps an EMA and `ema` is true, scored by `rewards` (the run's [[rewards]] when
 /// empty). metrics.jsonl gets one {"kind": "eval"} row per evaluation.
 struct eval_section {
-  std::string embeddings = "";  ///< "" = no evaluation
-  int every = 10;               ///< iterations between evaluations
-  int samples = 4;              ///< samples per held-out prompt
-  int steps = 0;                ///< ODE steps; 0 = rollout.steps
-  std::uint64_t seed = 0;       ///< the evaluation noises' seed (independent of run.seed: runs compare)
-  bool ema = true;              ///< the EMA's weights when the run keeps one (optimizer.ema_decay > 0)
+  std::string embeddings = "";             ///< "" = no evaluation
+  int every = 10;                          ///< iterations between evaluations
+  int samples = 4;                         ///< samples per held-out prompt
+  int steps = 0;                           ///< ODE steps; 0 = rollout.steps
+  std::uint64_t seed = 0;                  ///< the evaluation noises' seed (independent of run.seed: runs compare)
+  bool ema = true;                         ///< the EMA's weights when the run keeps one (optimizer.ema_decay > 0)
   std::vector<reward_entry> rewards = {};  ///< [[eval.rewards]]; empty = the run's [[rewards]]
 
   [[nodiscard]] bool enabled() const { return !embeddings.empty(); }

@@ -89,6 +89,13 @@ inline run_model load_run_model(const run_config& config) {
   return detail::load_image_run_model(config);
 }
 
+/// The reward entries a reward is built from and the key errors name them by: the run's [[rewards]]
+/// ({config.rewards, "rewards"}) or the held-out evaluation's ({config.eval.rewards, "eval.rewards"}).
+struct reward_list {
+  std::span<const reward_entry> entries;
+  std::string_view key = "rewards";
+};
+
 namespace detail {
 // A double in its shortest round-trip form (for messages).
 inline std::string run_number_text(double value) {
@@ -96,15 +103,19 @@ inline std::string run_number_text(double value) {
   return std::string(buffer, std::to_chars(buffer, buffer + sizeof buffer, value).ptr);
 }
 
-// Reads the [[rewards]] params of one entry: numbers, strings and booleans by name; unknown names rejected.
+// Reads the params of one [[rewards]] (or [[eval.rewards]]: `list`) entry: numbers, strings and booleans by name;
+// unknown names rejected.
 struct reward_params {
   const run_config& config;
   const reward_entry& entry;
   std::size_t index;
   std::vector<std::string> known;
+  std::string_view list = "rewards";
 
+  // "rewards[2]": the entry, as errors name it.
+  [[nodiscard]] std::string where() const { return std::string(list) + "[" + std::to_string(index) + "]"; }
   [[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& why) const {
-    fail(config.source, ": rewards[", index, "].params.", key, " = ", value, ": ", why);
+    fail(config.source, ": ", where(), ".params.", key, " = ", value, ": ", why);
   }
   [[noreturn]] void bad_type(const std::string& key, const std::string& why) const {
     const auto& value = entry.params.at(key);
@@ -132,7 +143,7 @@ struct reward_params {
       if (std::find(known.begin(), known.end(), key) == known.end()) {
         std::string list;
         for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-        fail(config.source, ": unknown key rewards[", index, "].params.", key, " (", entry.name,
+        fail(config.source, ": unknown key ", where(), ".params.", key, " (", entry.name,
              " has: ", list.empty() ? std::string("no parameters") : list, ")");
       }
   }
@@ -177,7 +188,7 @@ inline http_patience patience_params(reward_params& p, http_patience given) {
 inline std::string url_param(const run_config& config, reward_params& p, const std::string& example) {
   const std::string url = p.text("url", "");
   if (url.empty())
-    fail(config.source, ": rewards[", p.index, "].params.url: the ", p.entry.name, " reward needs a url", example);
+    fail(config.source, ": ", p.where(), ".params.url: the ", p.entry.name, " reward needs a url", example);
   if (!url.starts_with("http://") && !url.starts_with("https://"))
     p.bad("url", "'" + url + "'", "is not http:// or https://");
   return url;
@@ -217,7 +228,7 @@ inline named_reward vlm_judge_term(const run_config& config, reward_params& p, c
   vlm_judge_options options{.url = url_param(config, p, " (the server's root, e.g. http://127.0.0.1:8000)"),
                             .model = p.text("model", "")};
   if (options.model.empty())
-    fail(config.source, ": rewards[", p.index,
+    fail(config.source, ": ", p.where(),
          "].params.model: the vlm_judge reward needs the served model's name (e.g. Qwen/Qwen2.5-VL-7B-Instruct)");
   if (vlm_url_ends_in_v1(options.url))
     p.bad("url", "'" + options.url + "'",
@@ -234,12 +245,12 @@ inline named_reward vlm_judge_term(const run_config& config, reward_params& p, c
 }
 
 // make_run_reward for video models (see its comment).
-inline weighted_sum make_video_reward(const run_config& config, const run_model& model) {
+inline weighted_sum make_video_reward(const run_config& config, const run_model& model, const reward_list& list) {
   std::vector<named_reward> terms;
   std::map<std::string, int> seen;
-  for (std::size_t i = 0; i < config.rewards.size(); ++i) {
-    const reward_entry& entry = config.rewards[i];
-    reward_params p{.config = config, .entry = entry, .index = i, .known = {}};
+  for (std::size_t i = 0; i < list.entries.size(); ++i) {
+    const reward_entry& entry = list.entries[i];
+    reward_params p{.config = config, .entry = entry, .index = i, .known = {}, .list = list.key};
     const std::string label = entry.name + (seen[entry.name]++ ? "_" + std::to_string(seen[entry.name]) : "");
     named_reward term{.name = label, .weight = entry.weight, .score = {}};
     const auto positive = [&](const std::string& key, double fallback) {
@@ -267,7 +278,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
         try {
           (void)parse_moving_shapes_prompt(model.prompts[n]);
         } catch (const invalid_input& error) {
-          fail(config.source, ": rewards[", i, "].name = 'alignment': prompt ", n, ": ", error.what());
+          fail(config.source, ": ", p.where(), ".name = 'alignment': prompt ", n, ": ", error.what());
         }
       }
       term.score = a;
@@ -281,7 +292,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
       term.score = smooth;
     } else if (entry.name == "torchscript") {
       const std::string file = p.text("file", "");
-      if (file.empty()) fail(config.source, ": rewards[", i, "].params.file: the TorchScript reward needs a file");
+      if (file.empty()) fail(config.source, ": ", p.where(), ".params.file: the TorchScript reward needs a file");
       const double batch = p.number("batch", 4);
       if (!(batch >= 1 && batch == std::floor(batch)))
         p.bad("batch", run_number_text(batch), "must be an integer >= 1");
@@ -294,7 +305,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
         return (*module)(frames, prompts);
       };
     } else {
-      fail(config.source, ": rewards[", i, "].name = '", entry.name,
+      fail(config.source, ": ", p.where(), ".name = '", entry.name,
            "' scores images; the model makes videos (alignment, smoothness, torchscript, remote or vlm_judge)");
     }
     p.finish();
@@ -323,15 +334,15 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
 ///                           middle frame), checked here (the server must list the model at /v1/models)
 /// Any entry with win_rate = true scores each leaf by the fraction of its tree's leaves it beats under that reward
 /// (Pref-GRPO's win rate, core reward/win_rate.hpp).
-/// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>"; an image reward for a video model (or the
-/// reverse) names the entry.
-inline weighted_sum make_run_reward(const run_config& config, const run_model& model) {
-  if (model.is_video()) return detail::make_video_reward(config, model);
+/// Errors: "<file>: rewards[i].params.<key> = <value>: <reason>" (list.key names the list: "eval.rewards[i]..."
+/// for [[eval.rewards]]); an image reward for a video model (or the reverse) names the entry.
+inline weighted_sum make_run_reward(const run_config& config, const run_model& model, const reward_list& list) {
+  if (model.is_video()) return detail::make_video_reward(config, model, list);
   std::vector<named_reward> terms;
   std::map<std::string, int> seen;
-  for (std::size_t i = 0; i < config.rewards.size(); ++i) {
-    const reward_entry& entry = config.rewards[i];
-    detail::reward_params p{.config = config, .entry = entry, .index = i, .known = {}};
+  for (std::size_t i = 0; i < list.entries.size(); ++i) {
+    const reward_entry& entry = list.entries[i];
+    detail::reward_params p{.config = config, .entry = entry, .index = i, .known = {}, .list = list.key};
     const std::string label = entry.name + (seen[entry.name]++ ? "_" + std::to_string(seen[entry.name]) : "");
     named_reward term{.name = label, .weight = entry.weight, .score = {}};
     const auto quality = [&] {
@@ -353,7 +364,7 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
         try {
           (void)parse_shapes_prompt(model.prompts[n]);
         } catch (const invalid_input& error) {
-          fail(config.source, ": rewards[", i, "].name = 'alignment': prompt ", n, ": ", error.what());
+          fail(config.source, ": ", p.where(), ".name = 'alignment': prompt ", n, ": ", error.what());
         }
       }
       term.score = a;
@@ -362,14 +373,14 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
     } else if (entry.name == "vlm_judge") {
       term = detail::vlm_judge_term(config, p, model, label, entry.weight);
     } else if (entry.name == "smoothness") {
-      fail(config.source, ": rewards[", i, "].name = 'smoothness' scores videos; the model makes images");
+      fail(config.source, ": ", p.where(), ".name = 'smoothness' scores videos; the model makes images");
     } else if (entry.name == "jpeg_compressibility") {
       term.score = jpeg_compressibility{.quality = quality()};
     } else if (entry.name == "jpeg_incompressibility") {
       term.score = jpeg_incompressibility{.quality = quality()};
     } else {
       const std::string file = p.text("file", "");
-      if (file.empty()) fail(config.source, ": rewards[", i, "].params.file: the TorchScript reward needs a file");
+      if (file.empty()) fail(config.source, ": ", p.where(), ".params.file: the TorchScript reward needs a file");
       const double batch = p.number("batch", 16);
       if (!(batch >= 1 && batch == std::floor(batch)))
         p.bad("batch", detail::run_number_text(batch), "must be an integer >= 1");
@@ -387,6 +398,11 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
   return weighted_sum(std::move(terms));
 }
 
+/// make_run_reward of the run's [[rewards]].
+inline weighted_sum make_run_reward(const run_config& config, const run_model& model) {
+  return make_run_reward(config, model, {.entries = config.rewards, .key = "rewards"});
+}
+
 /// The held-out evaluation's reward ([eval]): config.eval_rewards() over the held-out prompts (a sample of held-out
 /// prompt j is scored as prompt j of model.heldout.prompts, so a TorchScript reward is one exported for
 /// eval.embeddings), built as make_run_reward builds the run's. Errors of an [[eval.rewards]] entry name it:
@@ -394,20 +410,11 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
 /// @pre model.heldout holds the held-out prompts (config.eval.enabled()).
 inline weighted_sum make_eval_reward(const run_config& config, const run_model& model) {
   run_config scored = config;
-  scored.rewards = config.eval_rewards();
   scored.data.embeddings = config.eval.embeddings;  // where the scored prompts come from, for messages
   run_model heldout = model;
   heldout.prompts = model.heldout.prompts;
   if (config.eval.rewards.empty()) return make_run_reward(scored, heldout);  // the run's entries, as named
-  try {
-    return make_run_reward(scored, heldout);
-  } catch (const invalid_input& error) {
-    // make_run_reward names the entries of the list it was given as rewards[i]; here that list is eval.rewards.
-    std::string line = error.what();
-    const std::string entry = config.source + ": rewards[";
-    if (line.starts_with(entry)) line.replace(0, entry.size(), config.source + ": eval.rewards[");
-    throw invalid_input(line);
-  }
+  return make_run_reward(scored, heldout, {.entries = config.eval.rewards, .key = "eval.rewards"});
 }
 
 /// The trainable tensors of `model` by name, in the order of the denoisers' trainable_parameters(): the LoRA
@@ -476,13 +483,13 @@ inline constexpr std::uint32_t heldout_tree_key = 0xFFFE0000u;
 /// One held-out evaluation (training_run::evaluate): every held-out prompt's eval.samples samples, in prompt order
 /// (sample k of held-out prompt j is row j * samples + k), scored by the [eval] rewards.
 struct heldout_evaluation {
-  int iteration = 0;                      ///< the iterations done when it ran (the weights of checkpoint iter-<it>)
-  std::int64_t samples_per_prompt = 0;    ///< eval.samples
-  std::vector<double> rewards;            ///< every row's weighted reward (NaN where a reward failed)
+  int iteration = 0;                    ///< the iterations done when it ran (the weights of checkpoint iter-<it>)
+  std::int64_t samples_per_prompt = 0;  ///< eval.samples
+  std::vector<double> rewards;          ///< every row's weighted reward (NaN where a reward failed)
   std::map<std::string, std::vector<double>> components;  ///< every row's unweighted score per [eval] reward
-  torch::Tensor images;         ///< this rank's rows, decoded ([rows, 3, H, W] or clips; all rows on one process)
-  std::int64_t first_row = 0;   ///< the row of images' first
-  bool ema = false;             ///< under the EMA's weights
+  torch::Tensor images;        ///< this rank's rows, decoded ([rows, 3, H, W] or clips; all rows on one process)
+  std::int64_t first_row = 0;  ///< the row of images' first
+  bool ema = false;            ///< under the EMA's weights
   double seconds = 0;
 
   /// The held-out prompt (index into model().heldout.prompts) of row `row`.
@@ -692,8 +699,8 @@ class training_run {
     const std::span<const named_reward> terms = eval_reward_->terms();
     std::vector<double> all(static_cast<std::size_t>(rows) * (1 + terms.size()), 0.0);
     if (!table_rows.empty()) {
-      out.images = sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row),
-                          out.ema);
+      out.images =
+          sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row), out.ema);
       const leaf_groups groups{.leaves_per_tree = static_cast<std::int32_t>(samples), .keys = groups_keys};
       const std::vector<double> total = (*eval_reward_)(out.images, heldout_rows, groups);
       const auto put = [&](std::size_t part, const std::vector<double>& values) {
@@ -727,7 +734,8 @@ class training_run {
             rows_per_group);
     std::vector<std::uint32_t> keys(static_cast<std::size_t>(rows / rows_per_group));
     for (std::size_t g = 0; g < keys.size(); ++g) keys[g] = static_cast<std::uint32_t>(g);
-    return reward_(images, prompts, leaf_groups{.leaves_per_tree = static_cast<std::int32_t>(rows_per_group), .keys = keys});
+    return reward_(images, prompts,
+                   leaf_groups{.leaves_per_tree = static_cast<std::int32_t>(rows_per_group), .keys = keys});
   }
   /// The mean unweighted score of each reward over the rows of the last score_images call (held-out scores; the
   /// training iterations' are last_components()).
