@@ -14,10 +14,12 @@
 #include "branchgrpo/toy.hpp"
 #include "error_text.hpp"
 #include "thread_group.hpp"
+#include "two_part_reward.hpp"
 
 using namespace branchgrpo;
 using branchgrpo::testing::error_of;
 using branchgrpo::testing::thread_group;
+using branchgrpo::testing::two_part_reward;
 
 namespace {
 
@@ -27,24 +29,6 @@ struct run_summary {
 };
 
 // `iterations` of `recipe` on the toy with `prompts`; the communicator decides this rank's trees.
-// The toy's mode reward r as two weighted parts, r (weight 1) and r^2 (weight 0.5): a ComponentReward, whose parts
-// per_reward advantages normalize one by one, so every rank needs every rank's parts.
-struct two_part_reward {
-  mode_reward<> mode;
-  std::vector<reward_component> parts;
-  std::vector<double> operator()(const host_tensor& leaves, std::span<const std::int64_t> prompts) {
-    const std::vector<double> r = mode(leaves, prompts);
-    std::vector<double> squared(r.size()), total(r.size());
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      squared[i] = r[i] * r[i];
-      total[i] = r[i] + 0.5 * squared[i];
-    }
-    parts = {{.name = "mode", .weight = 1.0, .rows = r}, {.name = "squared", .weight = 0.5, .rows = squared}};
-    return total;
-  }
-  [[nodiscard]] std::span<const reward_component> last_component_rows() const { return parts; }
-};
-
 template <class Recipe, class Comm, class Score = mode_reward<>>
 run_summary train_toy(Recipe recipe, const std::vector<std::int64_t>& prompts, int iterations, int updates,
                       Comm& communicator) {

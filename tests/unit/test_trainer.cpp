@@ -3,14 +3,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "branchgrpo/branchgrpo.hpp"
 #include "branchgrpo/toy.hpp"
+#include "two_part_reward.hpp"
 
 using namespace branchgrpo;
+using branchgrpo::testing::two_part_reward;
 
 namespace {
 
@@ -389,4 +393,258 @@ TEST_CASE("the iteration's stages, each on its own", "[trainer][stages]") {
   CHECK(update.first_update_log_prob_gap == 0.0);
   CHECK(policy.optimizer_state().steps == 2);
   CHECK(update.kl == 0.0);
+}
+
+namespace {
+
+// Every number of a run that its rollouts, rewards, advantages, losses and parameters decide: per iteration the
+// reward statistics, loss, clip fraction, KL, first-update gap and the counts (exact as doubles); then the
+// parameters W[0], W[137], W[511] and their sum (any parameter that moves by an ulp moves the next iteration's
+// rollout, hence its reward statistics).
+template <class Recipe, class Score>
+std::vector<double> one_process_numbers(Recipe recipe, Score reward, int iterations, int updates, double kl_beta) {
+  auto policy = make_toy_policy(7);
+  host_backend backend;
+  const auto schedule = shifted_linear_schedule(20);
+  const std::vector<std::int64_t> prompts = {0, 1, 2, 3, 4};
+  std::vector<double> numbers;
+  for (int i = 0; i < iterations; ++i) {
+    const iteration_stats s = train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
+                                              training_options{.max_batch = 16,
+                                                               .seed = 11,
+                                                               .updates_per_iteration = updates,
+                                                               .total_iterations = iterations,
+                                                               .loss = {.kl_beta = kl_beta}});
+    numbers.insert(numbers.end(), {s.reward_mean, s.reward_std, s.reward_min, s.reward_max, s.loss, s.clip_fraction,
+                                   s.kl, s.first_update_log_prob_gap, static_cast<double>(s.rollout_evaluations),
+                                   static_cast<double>(s.update_evaluations), static_cast<double>(s.edges),
+                                   static_cast<double>(s.edges_trained), static_cast<double>(s.trees_dropped)});
+  }
+  const std::span<const double> w = policy.parameters();
+  double sum = 0;
+  for (const double x : w) sum += x;
+  numbers.insert(numbers.end(), {w[0], w[137], w[511], sum});
+  return numbers;
+}
+
+void check_pinned(const std::vector<double>& actual, const std::vector<double>& pinned) {
+  std::string hex;
+  for (const double x : actual) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%a, ", x);
+    hex += text;
+  }
+  INFO("actual: {" << hex << "}");
+  REQUIRE(actual.size() == pinned.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    INFO("number " << i);
+    CHECK(actual[i] == pinned[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("one process: rollouts, rewards, losses and parameters are pinned bit for bit", "[trainer][pinned]") {
+  // Recorded (as hex floats) from the trainer before its one-process path became the one-rank case of the
+  // data-parallel path (issue 24): a single_process gathers nothing, owns every edge and sums nothing, so every
+  // number must stay what it was. 5 prompts, 3 iterations, max_batch 16 (several chunks per step); per iteration
+  // reward mean, std, min, max, loss, clip fraction, KL, first-update gap, rollout and update evaluations, edges,
+  // edges trained, trees dropped (13 numbers); then W[0], W[137], W[511] and the sum of W.
+  SECTION("branch-widpru, 2 optimizer steps per iteration, KL term") {
+    const std::vector<double> pinned = {0x1.7178944c9ef7fp-4,
+                                        0x1.e66b5c9808058p-3,
+                                        0x1.81244b385e8ccp-50,
+                                        0x1.efce3c63df04bp-1,
+                                        -0x1.50562124dd45bp-4,
+                                        0x1.f68c359025cf3p-2,
+                                        0x1.3a8e6c2dc0471p-6,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.45p+10,
+                                        0x1.108p+10,
+                                        0x1.45p+9,
+                                        0x0p+0,
+                                        0x1.a61ff3e6cbd0dp-30,
+                                        0x1.8b815566e9dbcp-28,
+                                        0x1.9084c1a261013p-108,
+                                        0x1.806a1be3a9c41p-25,
+                                        0x0p+0,
+                                        0x1.f81f81f81f82p-2,
+                                        0x1.57b8a55a053f6p-7,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.45p+10,
+                                        0x1.108p+10,
+                                        0x1.45p+9,
+                                        0x0p+0,
+                                        0x1.43efa03fa3786p-3,
+                                        0x1.5636c785d56fdp-2,
+                                        0x1.4078e7c0aba22p-50,
+                                        0x1.ff46858f80a01p-1,
+                                        -0x1.75885c1bfbfedp-4,
+                                        0x1.fcd967300c9a6p-2,
+                                        0x1.daa4e847656a9p-5,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.45p+10,
+                                        0x1.108p+10,
+                                        0x1.45p+9,
+                                        0x0p+0,
+                                        0x1.9d223e6dd702ep-1,
+                                        -0x1.c9fcc047a85d1p-2,
+                                        -0x1.8edf75b72b164p-2,
+                                        0x1.83d0903f39f09p+4};
+    check_pinned(with_method("branch-widpru",
+                             [](auto recipe) { return one_process_numbers(recipe, mode_reward<>{}, 3, 2, 0.05); }),
+                 pinned);
+  }
+  SECTION("branch-mix, 3 optimizer steps per iteration") {
+    const std::vector<double> pinned = {0x1.ffafff025ccebp-4,
+                                        0x1.30271a28c3c79p-2,
+                                        0x1.1259e6c4bad7ep-45,
+                                        0x1.de54048ed8c8ap-1,
+                                        0x1.711eff182d676p-7,
+                                        0x1.5454545454545p-1,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.54p+7,
+                                        0x1.108p+10,
+                                        0x1.54p+7,
+                                        0x0p+0,
+                                        0x1.5f848a88756cbp-36,
+                                        0x1.9bf61a5597275p-35,
+                                        0x1.1e52ab716c1acp-113,
+                                        0x1.1420da6e818f6p-32,
+                                        0x0p+0,
+                                        0x1.286bca1af286cp-1,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.7cp+7,
+                                        0x1.108p+10,
+                                        0x1.7cp+7,
+                                        0x0p+0,
+                                        0x1.0ccb868a6fe4dp-8,
+                                        0x1.c8c2a6a8e2fcep-8,
+                                        0x1.4683435e0a744p-41,
+                                        0x1.3b10c28147b58p-5,
+                                        0x1.bdcefe883d392p-9,
+                                        0x1.4cccccccccccdp-1,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.9p+7,
+                                        0x1.108p+10,
+                                        0x1.9p+7,
+                                        0x0p+0,
+                                        0x1.a9f64dc56e21dp-1,
+                                        -0x1.74acf400db2fep-4,
+                                        -0x1.4c67875931e28p-7,
+                                        0x1.b5f6e1ff3b7b6p+4};
+    check_pinned(
+        with_method("branch-mix", [](auto recipe) { return one_process_numbers(recipe, mode_reward<>{}, 3, 3, 0.0); }),
+        pinned);
+  }
+  SECTION("dance") {
+    const std::vector<double> pinned = {0x1.e15f751ae3466p-4,
+                                        0x1.2c32fd15aec41p-2,
+                                        0x1.891f15a3535b5p-52,
+                                        0x1.fa757ab49b24fp-1,
+                                        -0x1.999999999999ap-63,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.7d4p+10,
+                                        0x1.9p+10,
+                                        0x1.9p+10,
+                                        0x1.9p+10,
+                                        0x0p+0,
+                                        0x1.086383c2e8ff7p-29,
+                                        0x1.295943c69815ep-27,
+                                        0x1.f5f0e755c5cd2p-106,
+                                        0x1.f4d3330810a3fp-25,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.7d4p+10,
+                                        0x1.9p+10,
+                                        0x1.9p+10,
+                                        0x1.9p+10,
+                                        0x0p+0,
+                                        0x1.387e20a015aadp-3,
+                                        0x1.40fb88cc344fap-2,
+                                        0x1.e3e1da987b2fap-46,
+                                        0x1.eb4d33c262a9bp-1,
+                                        -0x1.a3d70a3d70a3ep-57,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.7d4p+10,
+                                        0x1.9p+10,
+                                        0x1.9p+10,
+                                        0x1.9p+10,
+                                        0x0p+0,
+                                        0x1.1e56912f0bd82p+0,
+                                        -0x1.21b83523db445p-3,
+                                        -0x1.3a52fce89de22p-1,
+                                        0x1.2e465f3235513p+4};
+    check_pinned(
+        with_method("dance", [](auto recipe) { return one_process_numbers(recipe, mode_reward<>{}, 3, 1, 0.0); }),
+        pinned);
+  }
+  SECTION("per-reward advantages of two parts, a tree dropped every iteration") {
+    const auto recipe = branch_method();
+    auto separate = method{recipe.topology,
+                           recipe.stepper,
+                           recipe.correlator,
+                           recipe.fusion,
+                           per_reward<decltype(recipe.fusion), per_prompt_running>{.fusion = recipe.fusion},
+                           recipe.pruner};
+    const std::vector<double> pinned = {0x1.398a3921060d4p-3,
+                                        0x1.7a99e284f68d3p-2,
+                                        0x1.81244b385e8d1p-50,
+                                        0x1.6fef04a7de702p+0,
+                                        0x1.918b5ca220321p-6,
+                                        0x1.f8f441c2ef8f5p-2,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.b4p+9,
+                                        0x1.108p+10,
+                                        0x1.b4p+9,
+                                        0x1p+0,
+                                        0x1.af1698ffd7b0dp-32,
+                                        0x1.87c51189553a3p-30,
+                                        0x1.59c3ea92fb6fbp-110,
+                                        0x1.757c444f6d6aap-27,
+                                        0x1.3aefc5715e046p-2,
+                                        0x1.ef8f441c2ef9p-2,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.b4p+9,
+                                        0x1.108p+10,
+                                        0x1.b4p+9,
+                                        0x1p+0,
+                                        0x1.c6a6e86f4d282p-4,
+                                        0x1.2266b21b9ae3dp-2,
+                                        0x1.44afd0af63e6ap-45,
+                                        0x1.3b799eb68b313p+0,
+                                        -0x1.9a87f2b788268p-2,
+                                        0x1.f441c2ef8f442p-2,
+                                        0x0p+0,
+                                        0x0p+0,
+                                        0x1.fb8p+9,
+                                        0x1.b4p+9,
+                                        0x1.108p+10,
+                                        0x1.b4p+9,
+                                        0x1p+0,
+                                        0x1.286ada2bd7834p+0,
+                                        -0x1.cf57d285ff198p-2,
+                                        -0x1.f55f8f48c749ep-2,
+                                        0x1.6cd780d4b0907p+4};
+    check_pinned(one_process_numbers(separate, two_part_reward{.failed_tree = 2}, 3, 2, 0.0), pinned);
+  }
 }

@@ -8,7 +8,8 @@
 // Each stage can be called, tested and benchmarked alone.
 // Every algorithmic choice is a component of `method`; the model is a Policy, the score a Reward.
 //
-// Data parallel over trees (a Communicator of size > 1, distributed/communicator.hpp): every rank calls
+// Data parallel over trees (a Communicator, distributed/communicator.hpp; one process is its one-rank case,
+// single_process, through the same code: its gather is a copy and it owns every edge): every rank calls
 // train_iteration with the same prompts and rolls out its tree_share of them, keyed by the global tree index, so
 // the ranks' trees together are the one-process rollout. The leaf rewards and the trees' log-probs are gathered
 // (a few doubles per node), so every rank assigns credit on the whole forest exactly as one process would, and
@@ -22,7 +23,6 @@
 #include <concepts>
 #include <cstdint>
 #include <limits>
-#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -265,7 +265,8 @@ edge_credit assign_credit(method<T, S, C, F, N, P>& recipe, const rollout_tree& 
 }
 
 /// A policy whose accumulated gradient can be summed over a process group: policy.all_reduce_gradients(c) replaces
-/// the gradient buffer by its sum over c's ranks (called before every optimizer step when c.size() > 1).
+/// the gradient buffer by its sum over c's ranks (called before every optimizer step with any communicator but
+/// single_process).
 template <class P, class C>
 concept DataParallelPolicy = Communicator<C> && requires(P& policy, C& communicator) {
   policy.all_reduce_gradients(communicator);
@@ -350,26 +351,30 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
         }
       begin = end;
     }
+    // The sum of the ranks' gradients. single_process is one rank by its type, and the sum over one rank is the
+    // gradient itself: nothing to call, so a policy without all_reduce_gradients trains alone. Any other
+    // communicator may have several ranks, so it always sums (a group of one at run time sums one gradient); the
+    // dispatch is on the type, never on size(), so the one-rank case runs the same code as any other.
     if constexpr (!std::same_as<Comm, single_process>) {
       static_assert(DataParallelPolicy<Model, Comm>,
                     "training on more than one process needs a policy with all_reduce_gradients(communicator)");
-      if (communicator.size() > 1) policy.all_reduce_gradients(communicator);
+      policy.all_reduce_gradients(communicator);
     }
     policy.apply_update();
     group_begin = group_end;
   }
-  if (communicator.size() > 1) {  // the ranks' partial sums, and the largest gap of any rank
-    std::array<double, 4> sums = {loss_sum, kl_sum, static_cast<double>(clipped),
-                                  static_cast<double>(report.evaluations)};
-    communicator.all_reduce_sum(sums);
-    loss_sum = sums[0];
-    kl_sum = sums[1];
-    clipped = static_cast<std::int64_t>(sums[2]);
-    report.evaluations = static_cast<std::int64_t>(sums[3]);
-    const std::vector<double> gaps =
-        all_gather_values(communicator, std::span<const double>(&report.first_update_log_prob_gap, 1));
-    report.first_update_log_prob_gap = *std::max_element(gaps.begin(), gaps.end());
-  }
+  // The ranks' partial sums, and the largest gap of any rank. On one rank the sum is the rank's own (the counts
+  // are below 2^53, exact as doubles) and the largest gap its only one.
+  std::array<double, 4> sums = {loss_sum, kl_sum, static_cast<double>(clipped),
+                                static_cast<double>(report.evaluations)};
+  communicator.all_reduce_sum(sums);
+  loss_sum = sums[0];
+  kl_sum = sums[1];
+  clipped = static_cast<std::int64_t>(sums[2]);
+  report.evaluations = static_cast<std::int64_t>(sums[3]);
+  const std::vector<double> gaps =
+      all_gather_values(communicator, std::span<const double>(&report.first_update_log_prob_gap, 1));
+  report.first_update_log_prob_gap = *std::max_element(gaps.begin(), gaps.end());
   report.loss = loss_sum * per_edge;
   report.clip_fraction = static_cast<double>(clipped) * per_edge;
   report.kl = kl_sum * per_edge;
@@ -503,7 +508,6 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
     infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};
   const tree_share share =
       tree_share::of(static_cast<std::int64_t>(prompts.size()), communicator.rank(), communicator.size());
-  const bool alone = communicator.size() == 1;
   std::vector<tree_info> mine(infos.begin() + share.first, infos.begin() + share.last);
   const auto result = rollout(
       backend, policy, recipe.stepper, recipe.correlator, schedule, rollout_tree(plan, std::move(mine)), shape,
@@ -511,22 +515,19 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   stats.rollout_evaluations = result.evaluations;
   stats.rollout_seconds = detail::seconds_since(start);
 
-  // 2. Rewards; trees with a non-finite leaf reward are dropped from the update. Several ranks: every rank gets
-  // the whole forest's rewards and log-probs, so that the credit below is the one-process credit everywhere.
+  // 2. Rewards; trees with a non-finite leaf reward are dropped from the update. Every rank gets the whole
+  // forest's rewards and log-probs, so that the credit below is the one-process credit everywhere. On one rank the
+  // gather is a copy: the forest is the rollout's (the same plan, trees and log-probs) and keep_finite_trees sees
+  // the same scores that score_leaves gave.
   const auto reward_start = detail::training_clock::now();
-  std::optional<detail::gathered_forest> whole;
-  scored_leaves leaves;
-  if (alone) {
-    leaves = score_leaves(backend, reward, result);
-  } else {
-    const scored_leaves local = score_leaves(backend, reward, result);
-    whole = detail::gather_forest(communicator, plan, std::move(infos), result.tree, local.scores, local.components);
-    leaves = keep_finite_trees(whole->tree, std::move(whole->scores), std::move(whole->components));
-    double evaluations = static_cast<double>(stats.rollout_evaluations);
-    communicator.all_reduce_sum(std::span<double>(&evaluations, 1));
-    stats.rollout_evaluations = static_cast<std::int64_t>(evaluations);
-  }
-  const rollout_tree& forest = alone ? result.tree : whole->tree;
+  const scored_leaves local = score_leaves(backend, reward, result);
+  detail::gathered_forest whole =
+      detail::gather_forest(communicator, plan, std::move(infos), result.tree, local.scores, local.components);
+  const scored_leaves leaves = keep_finite_trees(whole.tree, std::move(whole.scores), std::move(whole.components));
+  double evaluations = static_cast<double>(stats.rollout_evaluations);
+  communicator.all_reduce_sum(std::span<double>(&evaluations, 1));
+  stats.rollout_evaluations = static_cast<std::int64_t>(evaluations);
+  const rollout_tree& forest = whole.tree;
   stats.edges = forest.edge_count();
   stats.reward_seconds = detail::seconds_since(reward_start);
   stats.trees_dropped = forest.tree_count() - static_cast<int>(leaves.kept_trees.size());
@@ -546,26 +547,22 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   if (!credit.trained.empty()) {
     const auto edge_count = static_cast<std::int64_t>(credit.trained.size());
     const std::vector<std::size_t> global_ends = detail::update_group_ends(edge_count, options.updates_per_iteration);
+    // This rank's trees' trained edges, renumbered in its own forest (trees are contiguous: an offset), with the
+    // optimizer steps' ends among them. One rank owns every tree: offset 0, every edge, the same ends.
+    const std::int32_t per_tree = forest.nodes_per_tree();
+    const auto offset = static_cast<std::int32_t>(share.first) * per_tree;
+    const auto owned_end = static_cast<std::int32_t>(share.last) * per_tree;
+    const std::span<const double> advantage =
+        std::span<const double>(credit.edge_advantage)
+            .subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(owned_end - offset));
     std::vector<std::int32_t> trained;
     std::vector<std::size_t> group_ends;
-    std::span<const double> advantage = credit.edge_advantage;
-    std::vector<double> local_advantage;
-    if (alone) {
-      trained = credit.trained;
-      group_ends = global_ends;
-    } else {  // this rank's trees' nodes, renumbered in its own forest (trees are contiguous: an offset)
-      const std::int32_t per_tree = forest.nodes_per_tree();
-      const auto offset = static_cast<std::int32_t>(share.first) * per_tree;
-      const auto owned_end = static_cast<std::int32_t>(share.last) * per_tree;
-      local_advantage.assign(credit.edge_advantage.begin() + offset, credit.edge_advantage.begin() + owned_end);
-      advantage = local_advantage;
-      std::size_t next_end = 0;
-      for (std::size_t i = 0; i < credit.trained.size(); ++i) {
-        if (credit.trained[i] >= offset && credit.trained[i] < owned_end) trained.push_back(credit.trained[i] - offset);
-        while (next_end < global_ends.size() && global_ends[next_end] == i + 1) {
-          group_ends.push_back(trained.size());
-          ++next_end;
-        }
+    std::size_t next_end = 0;
+    for (std::size_t i = 0; i < credit.trained.size(); ++i) {
+      if (credit.trained[i] >= offset && credit.trained[i] < owned_end) trained.push_back(credit.trained[i] - offset);
+      while (next_end < global_ends.size() && global_ends[next_end] == i + 1) {
+        group_ends.push_back(trained.size());
+        ++next_end;
       }
     }
     const update_report update =

@@ -307,6 +307,25 @@ struct named_reward {
   detail_rows details = {};
 };
 
+/// The sum and the count of the finite values of a span, in order; their mean is weighted_sum's component mean, and
+/// sums of several ranks' (count exact as a double) give the mean over all of them.
+/// Example: {1, NaN, 2} -> sum 3, count 2, mean 1.5; {NaN} -> sum 0, count 0, mean NaN.
+struct finite_sum {
+  double sum = 0;
+  double count = 0;
+
+  [[nodiscard]] static finite_sum of(std::span<const double> values) {
+    finite_sum out;
+    for (const double v : values)
+      if (std::isfinite(v)) {
+        out.sum += v;
+        out.count += 1;
+      }
+    return out;
+  }
+  [[nodiscard]] double mean() const { return count > 0 ? sum / count : std::numeric_limits<double>::quiet_NaN(); }
+};
+
 /// Several rewards in one: r = sum_i weight_i r_i per row (NaN when any component is NaN for that row).
 /// After each call, last_components() maps each name to the mean of its unweighted scores over the rows where
 /// it is finite (NaN when none is), and each of a term's details to "<name>/<detail>" likewise (a server's
@@ -380,16 +399,7 @@ class weighted_sum {
   }
 
   // The mean of the finite values (NaN when none is).
-  static double finite_mean(std::span<const double> values) {
-    double sum = 0;
-    std::size_t finite = 0;
-    for (const double v : values)
-      if (std::isfinite(v)) {
-        sum += v;
-        ++finite;
-      }
-    return finite ? sum / static_cast<double>(finite) : std::numeric_limits<double>::quiet_NaN();
-  }
+  static double finite_mean(std::span<const double> values) { return finite_sum::of(values).mean(); }
 
   std::vector<named_reward> terms_;
   std::map<std::string, double> components_;

@@ -582,19 +582,23 @@ class training_run {
     require(!done(), "the run has done its ", config_.run.iterations, " iterations");
     keep_images_ = keep_images;
     last_images_ = torch::Tensor();
-    last_leaf_count_ = 0;
     const std::vector<std::int64_t> prompts = prompts_of(iteration_);
     scorer score{this};
     const iteration_stats stats = train_iteration(backend_, *policy_, score, recipe_, schedule_, model_.shape, prompts,
                                                   iteration_, config_.training(), communicator);
-    last_components_ = reward_.last_components();
-    if (communicator.size() > 1) {  // each reward's mean over every rank's leaves
-      std::vector<double> sums;
-      for (const auto& [name, mean] : last_components_) sums.push_back(mean * static_cast<double>(last_leaf_count_));
-      sums.push_back(static_cast<double>(last_leaf_count_));
-      communicator.all_reduce_sum(sums);
-      std::size_t i = 0;
-      for (auto& [name, mean] : last_components_) mean = sums[i++] / sums.back();
+    // Each reward's mean over every rank's finite scores: the ranks' sums and counts, summed, then divided. On one
+    // rank that is weighted_sum::last_components() bit for bit (the same sum in the same order, the same division).
+    std::vector<double> sums;
+    for (const auto& [name, rows] : reward_.last_rows()) {
+      const finite_sum mine = finite_sum::of(rows);
+      sums.insert(sums.end(), {mine.sum, mine.count});
+    }
+    communicator.all_reduce_sum(sums);
+    last_components_.clear();
+    std::size_t at = 0;
+    for (const auto& [name, rows] : reward_.last_rows()) {
+      last_components_[name] = finite_sum{.sum = sums[at], .count = sums[at + 1]}.mean();
+      at += 2;
     }
     ranks_ = communicator.size();
     last_tree_count_ =
@@ -945,7 +949,6 @@ class training_run {
     std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
                                    const leaf_groups& groups) {
       const torch::Tensor images = run->decode(leaves);
-      run->last_leaf_count_ = images.size(0);
       if (run->keep_images_) {
         run->last_images_ = images;
         run->last_prompts_.assign(prompts.begin(), prompts.end());
@@ -969,7 +972,7 @@ class training_run {
   std::unique_ptr<autograd_policy<run_velocity_model>> policy_;
   int iteration_ = 0;
   std::map<std::string, double> last_components_;
-  std::int64_t last_leaf_count_ = 0, last_tree_count_ = 0;
+  std::int64_t last_tree_count_ = 0;
   int ranks_ = 1;  // processes of the last step (recorded in checkpoints)
   bool keep_images_ = false;
   torch::Tensor last_images_;
