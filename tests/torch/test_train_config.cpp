@@ -602,7 +602,7 @@ TEST_CASE("[eval]: a held-out evaluation samples keyed ODE noise under the EMA a
   CHECK(torch::equal(run->evaluate(one).images, after.images));
 
   // eval.ema = false: the trained weights.
-  auto trained = make_run(with_eval(out / "trained", section + "ema = false\n"));
+  auto trained = make_run(with_eval(out / "trained", "ema = false\n" + section));
   CHECK_FALSE(trained->evaluate(one).ema);
 
   // Groupwise [eval] rewards rank within a prompt's samples: 2 samples' win rates sum to 1, so the mean is 1/2.

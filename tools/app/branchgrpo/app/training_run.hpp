@@ -229,7 +229,7 @@ inline named_reward vlm_judge_term(const run_config& config, reward_params& p, c
                             .model = p.text("model", "")};
   if (options.model.empty())
     fail(config.source, ": ", p.where(),
-         "].params.model: the vlm_judge reward needs the served model's name (e.g. Qwen/Qwen2.5-VL-7B-Instruct)");
+         ".params.model: the vlm_judge reward needs the served model's name (e.g. Qwen/Qwen2.5-VL-7B-Instruct)");
   if (vlm_url_ends_in_v1(options.url))
     p.bad("url", "'" + options.url + "'",
           "ends in /v1: give the server's root (the judge posts to <url>/v1/chat/completions)");
