@@ -69,6 +69,13 @@ set_tests_properties(distributed_environment distributed_environment_line PROPER
 # The toy policy (host backend) through the c10d communicator: 2 ranks end where one process ends.
 distributed_test(toy 2 40 -- ${program} toy 20)
 
+# Sharded training (ZeRO-1, ZeRO-2) of the autograd policy: 2 and 3 ranks end where one unsharded process ends, each
+# rank holding its share of AdamW's state; one rank is bit for bit the unsharded policy.
+distributed_test(zero 2 60 -- ${program} zero 20)
+distributed_test(zero_3_ranks 3 60 -- ${program} zero 20)
+add_test(NAME distributed_zero_one COMMAND test_distributed zero_one)
+set_tests_properties(distributed_zero_one PROPERTIES LABELS "distributed;torch" TIMEOUT 60)
+
 # `branchgrpo train` on 2 ranks (tests/distributed/train_ranks.sh): the same weights and metrics as one process; a
 # killed rank named within the timeout; a 2-rank checkpoint resumed by one process; different configs refused on both
 # ranks.
