@@ -412,6 +412,18 @@ int sharding_one_process() {
         expect(sharded.norms == plain.norms, what + ": gradient norms differ");
         expect(sharded.state_elements == plain.state_elements, what + ": optimizer state sizes differ");
       }
+  // More ranks than elements: rank 99 of 100 owns nothing, and its AdamW and EMA hold nothing.
+  struct rank_99_of_100 : bg::single_process {
+    [[nodiscard]] int rank() const { return 99; }
+    [[nodiscard]] int size() const { return 100; }
+  } last;
+  tiny_model model(false);
+  bg::autograd_policy empty(model, bg::torch_backend{},
+                            {.optimizer = {.ema_decay = 0.5}, .sharding = {.mode = bg::sharding_mode::gradients}},
+                            last);
+  expect(empty.shard().count() == 0 && empty.shard_masters().empty() && empty.ema_parameters().empty() &&
+             empty.optimizer_state_elements() == 0,
+         "an empty shard holds state");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {error_of([] { (void)bg::parse_sharding_mode("zero2", "optimizer.sharding"); }),
        "optimizer.sharding = \"zero2\": must be none, optimizer, gradients or parameters"},

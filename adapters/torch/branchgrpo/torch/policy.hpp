@@ -181,7 +181,7 @@ class autograd_policy {
   autograd_policy(Model& model, torch_backend backend, autograd_policy_options options, C& communicator)
       : model_(&model), backend_(backend), options_(options), parameters_(model.trainable_parameters()) {
     validate_parameters(options.optimizer, "optimizer");
-    validate_sharding(options.sharding, "sharding");
+    validate_sharding(options.sharding, "optimizer");  // the config's names: optimizer.sharding
     require(!parameters_.empty(), "the model has no trainable parameters");
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       require(parameters_[i].defined() && parameters_[i].is_leaf() && parameters_[i].requires_grad(),

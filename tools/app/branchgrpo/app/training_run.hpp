@@ -508,6 +508,12 @@ class training_run {
         schedule_(config_.schedule()),
         backend_{.device = run_device(config_), .dtype = run_dtype(config_)},
         recipe_(config_.recipe) {
+    // The policy shards (autograd_policy_options::sharding, built with the run's communicator); the run does not
+    // hand it one yet, nor gather its shards into checkpoints: said here rather than training unsharded silently.
+    require(!config_.sharding.sharded(), config_.source, ": optimizer.sharding = \"",
+            sharding_name(config_.sharding.mode),
+            "\": branchgrpo train does not shard in this version (the LibTorch policy does; docs/distributed.md, "
+            "\"Sharded training\")");
     require((model_.transformer != nullptr) != model_.is_video(), "training_run needs one transformer");
     require(!model_.prompts.empty() && static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.size(),
             "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.size(), " embedding rows");
