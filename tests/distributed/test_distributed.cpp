@@ -19,6 +19,9 @@
 //                    on 3, gradient norms within 1e-6); the sharded ranks end bit-identical; AdamW's state on a rank is
 //                    its share (ceil(total / size) elements a moment, against total alone); the EMA too. Prints "rank
 //                    0: zero: <mode> <model>: max relative difference X, optimizer state A -> B elements"
+//                    Then checkpoints across world sizes (policy_state.hpp): the state gathered after 2 sharded
+//                    updates equals the unsharded one's, and resuming it in one unsharded process (N -> 1), or one
+//                    process's state sharded (1 -> N), takes update 3 to where 3 unsharded updates end
 //   zero_one         one process: the sharded policy with one rank is bit for bit the unsharded one (float32 and
 //                    bfloat16 models, with EMA), and the bad sharding options are one line each
 //   join             joins from the environment and leaves (the environment errors, one line)
@@ -45,6 +48,7 @@
 #include "branchgrpo/branchgrpo.hpp"
 #include "branchgrpo/torch/distributed.hpp"
 #include "branchgrpo/torch/policy.hpp"
+#include "branchgrpo/torch/policy_state.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/toy.hpp"
 #include "exposure.hpp"
@@ -303,19 +307,31 @@ struct tiny_run {
   std::vector<torch::Tensor> ema;         // the EMA's tensors as the policy holds them (a shard's pieces, sharded)
   std::vector<double> norms;
   std::int64_t state_elements = 0;
+  bg::policy_state state;  // policy_state_tensors at the end (a collective when sharded)
 };
 
-// 3 updates with lr 1e-2 (clipping at 0.5: it binds) and an EMA, as rank `rank` of `size` (rank 0 of 1 with
-// single_process: every row, in batch_ranks batches).
+// Which updates a tiny run takes, and from which state (a checkpoint's tensors; none: the model's start).
+struct tiny_span {
+  int first = 0, last = 3;
+  const bg::policy_state* start = nullptr;
+};
+
+const std::vector<std::string> tiny_names(bool lora) {
+  return lora ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"w1", "b1", "w2"};
+}
+
+// Updates [first, last) with lr 1e-2 (clipping at 0.5: it binds) and an EMA, as rank `rank` of `size` (rank 0 of 1
+// with single_process: every row, in batch_ranks batches).
 template <class Comm>
 tiny_run train_tiny(Comm& communicator, bool lora, bg::sharding_options sharding, int batch_ranks,
-                    torch::Dtype dtype = torch::kFloat32) {
+                    torch::Dtype dtype = torch::kFloat32, tiny_span span = {}) {
   tiny_model model(lora, dtype);
   const bg::autograd_policy_options options{
       .optimizer = {.lr = 1e-2, .weight_decay = 1e-2, .max_grad_norm = 0.5, .ema_decay = 0.9}, .sharding = sharding};
   bg::autograd_policy policy(model, bg::torch_backend{}, options, communicator);
+  if (span.start != nullptr) bg::load_policy_state(policy, tiny_names(lora), span.start->weights, span.start->state);
   tiny_run out;
-  for (int t = 0; t < 3; ++t) {
+  for (int t = span.first; t < span.last; ++t) {
     // One batch per rank's share of the rows; one process takes every share as a batch of its own, in rank order,
     // so that its gradient sum adds what the ranks' all-reduce adds.
     const bool alone = communicator.size() == 1;
@@ -332,6 +348,7 @@ tiny_run train_tiny(Comm& communicator, bool lora, bg::sharding_options sharding
   for (const torch::Tensor& p : policy.parameters()) out.parameters.push_back(p.detach().to(torch::kFloat64).clone());
   for (const torch::Tensor& e : policy.ema_parameters()) out.ema.push_back(e.detach().clone());
   out.state_elements = policy.optimizer_state_elements();
+  out.state = bg::policy_state_tensors(policy, tiny_names(lora));
   return out;
 }
 
@@ -395,6 +412,39 @@ void sharded_training(bg::c10d_communicator& comm) {
       expect(shard_flat.numel() == mine_count, what + ": the EMA holds more than the shard");
       const double ema_worst = max_relative_difference({shard_flat}, {ema_flat.narrow(0, 0, mine_count)});
       expect(ema_worst < 1e-6, what + ": the EMA shard differs by " + std::to_string(ema_worst));
+    }
+  // Checkpoints across world sizes and sharding (policy_state.hpp): the gathered state after 2 updates is the
+  // unsharded one's (same names, moments and EMA within 1e-6, same step); a sharded run's state resumed by one
+  // unsharded process, and one process's state resumed sharded, take update 3 to where 3 unsharded updates end.
+  bg::single_process one;
+  const double tolerance = comm.size() == 2 ? 1e-6 : 1e-5;
+  for (const bool lora : {false, true})
+    for (const bg::sharding_mode mode : {bg::sharding_mode::optimizer, bg::sharding_mode::gradients}) {
+      const std::string what = std::string(bg::sharding_name(mode)) + (lora ? " lora" : " full");
+      const bg::sharding_options sharding{.mode = mode, .bucket_megabytes = 1e-4};
+      const tiny_run sharded = train_tiny(comm, lora, sharding, comm.size(), torch::kFloat32, {.first = 0, .last = 2});
+      const tiny_run plain = train_tiny(one, lora, {}, comm.size(), torch::kFloat32, {.first = 0, .last = 2});
+      expect(sharded.state.state.size() == plain.state.state.size(), what + ": the gathered state has other names");
+      for (const auto& [name, tensor] : plain.state.state) {
+        expect(sharded.state.state.contains(name), what + ": the gathered state lacks " + name);
+        const double worst =
+            max_relative_difference({sharded.state.state.at(name).to(torch::kFloat64)}, {tensor.to(torch::kFloat64)});
+        expect(worst < tolerance, what + ": gathered " + name + " differs by " + std::to_string(worst));
+      }
+      const tiny_run resumed_sharded = train_tiny(comm, lora, sharding, comm.size(), torch::kFloat32,
+                                                  {.first = 2, .last = 3, .start = &plain.state});
+      const tiny_run straight = train_tiny(one, lora, {}, comm.size());
+      const double into_sharded = max_relative_difference(resumed_sharded.parameters, straight.parameters);
+      expect(into_sharded < tolerance,
+             what + ": 1 -> " + std::to_string(comm.size()) + " resume differs by " + std::to_string(into_sharded));
+      if (comm.rank() != 0) continue;
+      const tiny_run resumed_alone =
+          train_tiny(one, lora, {}, comm.size(), torch::kFloat32, {.first = 2, .last = 3, .start = &sharded.state});
+      const double into_one = max_relative_difference(resumed_alone.parameters, straight.parameters);
+      std::cout << "rank 0: zero: " << what << ": resume " << comm.size() << " -> 1 max relative difference "
+                << into_one << ", 1 -> " << comm.size() << " " << into_sharded << "\n";
+      expect(into_one < tolerance,
+             what + ": " + std::to_string(comm.size()) + " -> 1 resume differs by " + std::to_string(into_one));
     }
 }
 

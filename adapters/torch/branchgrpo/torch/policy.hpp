@@ -361,6 +361,41 @@ class autograd_policy {
   [[nodiscard]] const flat_shard& shard() const { return shard_; }
   /// Sharded: the float32 masters of this rank's range, one per trainable tensor it overlaps (what AdamW steps).
   [[nodiscard]] const std::vector<torch::Tensor>& shard_masters() const { return shard_masters_; }
+  /// Sharded: full tensors, one per trainable tensor in its shape and the master dtype, from tensors aligned with
+  /// shard_masters() on every rank (the masters themselves, AdamW's moments, the EMA): what a checkpoint stores at
+  /// any world size. A collective: every rank calls it.
+  /// Example: 2 ranks, trainable tensors [3] and [2] (chunk 3): rank 0 passes {[a, b, c]}, rank 1 {[d, e]} ->
+  ///   {[a, b, c], [d, e]} on both.
+  std::vector<torch::Tensor> gather_pieces(std::span<const torch::Tensor> per_piece) {
+    require(sharded(), "gather_pieces needs a sharded policy");
+    const torch::Tensor gathered = gathered_flat(per_piece);
+    std::vector<torch::Tensor> full;
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      full.push_back(gathered.narrow(0, offsets_[i], parameters_[i].numel()).view(parameters_[i].sizes()).clone());
+    return full;
+  }
+  /// Sharded: this rank's pieces of full tensors (one per trainable tensor, in order), shaped as shard_masters():
+  /// the inverse of gather_pieces (a resume scatters a checkpoint's full tensors with it). No collective.
+  /// @pre full tensors of the trainable tensors' element counts (else invalid_input naming the index).
+  [[nodiscard]] std::vector<torch::Tensor> pieces_of(std::span<const torch::Tensor> full) const {
+    require(sharded() && full.size() == parameters_.size(), "pieces_of got ", full.size(), " tensors for ",
+            parameters_.size(), " trainable");
+    std::vector<torch::Tensor> out;
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const std::size_t i = pieces_[k].tensor;
+      require(full[i].numel() == parameters_[i].numel(), "pieces_of: tensor ", i, " has ", full[i].numel(),
+              " elements, the trainable tensor ", parameters_[i].numel());
+      out.push_back(piece_of(full[i], pieces_[k]).to(masters_options()).view_as(shard_masters_[k]).clone());
+    }
+    return out;
+  }
+  /// The sum of `value` over the ranks the policy is sharded over (itself with one rank or unsharded). A
+  /// collective when sharded over several ranks.
+  double sum_over_ranks(double value) {
+    if (sharded() && collectives_.size > 1) collectives_.all_reduce_values(std::span<double>(&value, 1));
+    return value;
+  }
+
   /// Elements of AdamW's moment tensors on this rank (exp_avg and exp_avg_sq; 0 before the first step): sharded
   /// over N ranks, about 1/N of the unsharded policy's.
   [[nodiscard]] std::int64_t optimizer_state_elements() {
@@ -542,20 +577,28 @@ class autograd_policy {
   // Every rank's pieces, all-gathered (padded to equal chunks), into the model's tensors (rounded to their dtype).
   void gather_shards_into_model() {
     torch::NoGradGuard no_grad;
-    torch::Tensor local = torch::zeros({shard_.chunk}, masters_options());
-    std::int64_t at = 0;
-    for (std::size_t k = 0; k < pieces_.size(); ++k) {
-      local.narrow(0, at, pieces_[k].length).copy_(shard_masters_[k].detach().reshape({-1}));
-      at += pieces_[k].length;
-    }
-    torch::Tensor gathered = local;
-    if (collectives_.size > 1) {
-      gathered = torch::empty({shard_.padded()}, masters_options());
-      collectives_.all_gather(local, gathered);
-    }
+    const torch::Tensor gathered = gathered_flat(shard_masters_);
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       parameters_[i].detach().copy_(
           gathered.narrow(0, offsets_[i], parameters_[i].numel()).view(parameters_[i].sizes()));
+  }
+
+  // The flat buffer of per-piece tensors (aligned with pieces_) from every rank: each rank's chunk padded with zeros
+  // to the same length, all-gathered; with one rank, this rank's chunk.
+  torch::Tensor gathered_flat(std::span<const torch::Tensor> per_piece) {
+    require(per_piece.size() == pieces_.size(), "gathering ", per_piece.size(), " tensors for ", pieces_.size(),
+            " pieces of the shard");
+    torch::NoGradGuard no_grad;
+    torch::Tensor local = torch::zeros({shard_.chunk}, masters_options());
+    std::int64_t at = 0;
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      local.narrow(0, at, pieces_[k].length).copy_(per_piece[k].detach().reshape({-1}));
+      at += pieces_[k].length;
+    }
+    if (collectives_.size == 1) return local;
+    torch::Tensor gathered = torch::empty({shard_.padded()}, masters_options());
+    collectives_.all_gather(local, gathered);
+    return gathered;
   }
 
   void copy_masters_to_model() {
