@@ -80,7 +80,7 @@ set_tests_properties(distributed_zero_one PROPERTIES LABELS "distributed;torch" 
 # killed rank named within the timeout; a 2-rank checkpoint resumed by one process; different configs refused on both
 # ranks.
 if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
-  foreach(mode IN ITEMS same killed resume mismatch)
+  foreach(mode IN ITEMS same killed resume mismatch zero1_full zero2_full zero2_lora zero_resume)
     add_test(NAME distributed_train_${mode}
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_ranks.sh ${mode} $<TARGET_FILE:branchgrpo_cli> ${program}
                      ${PROJECT_SOURCE_DIR}/models/shapes-tiny ${CMAKE_CURRENT_BINARY_DIR}/distributed_train_${mode})
