@@ -69,11 +69,18 @@ set_tests_properties(distributed_environment distributed_environment_line PROPER
 # The toy policy (host backend) through the c10d communicator: 2 ranks end where one process ends.
 distributed_test(toy 2 40 -- ${program} toy 20)
 
+# Sharded training (ZeRO-1, ZeRO-2) of the autograd policy: 2 and 3 ranks end where one unsharded process ends, each
+# rank holding its share of AdamW's state; one rank is bit for bit the unsharded policy.
+distributed_test(zero 2 60 -- ${program} zero 20)
+distributed_test(zero_3_ranks 3 60 -- ${program} zero 20)
+add_test(NAME distributed_zero_one COMMAND test_distributed zero_one)
+set_tests_properties(distributed_zero_one PROPERTIES LABELS "distributed;torch" TIMEOUT 60)
+
 # `branchgrpo train` on 2 ranks (tests/distributed/train_ranks.sh): the same weights and metrics as one process; a
 # killed rank named within the timeout; a 2-rank checkpoint resumed by one process; different configs refused on both
 # ranks.
 if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
-  foreach(mode IN ITEMS same killed resume mismatch)
+  foreach(mode IN ITEMS same killed resume mismatch zero1_full zero2_full zero2_lora zero_resume)
     add_test(NAME distributed_train_${mode}
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_ranks.sh ${mode} $<TARGET_FILE:branchgrpo_cli> ${program}
                      ${PROJECT_SOURCE_DIR}/models/shapes-tiny ${CMAKE_CURRENT_BINARY_DIR}/distributed_train_${mode})

@@ -12,6 +12,18 @@
 //   toy              every rank trains the toy policy (host backend) through the c10d communicator for 3
 //                    iterations; rank 0 also trains alone and compares: parameters within 1e-9 (relative), equal
 //                    on every rank; prints "rank 0: toy: max relative difference X"
+//   zero             the autograd policy sharded (ZeRO-1 "optimizer", ZeRO-2 "gradients", bucket 0.0001 MB: 25
+//                    floats, so buckets straddle tensors and ranks), 3 updates of a tiny full fine-tuning model and of
+//                    a tiny LoRA model, each rank accumulating its rows: rank 0 also trains the unsharded policy alone
+//                    on every rank's rows and compares (max relative parameter difference < 1e-6 on 2 ranks, 1e-5
+//                    on 3, gradient norms within 1e-6); the sharded ranks end bit-identical; AdamW's state on a rank is
+//                    its share (ceil(total / size) elements a moment, against total alone); the EMA too. Prints "rank
+//                    0: zero: <mode> <model>: max relative difference X, optimizer state A -> B elements"
+//                    Then checkpoints across world sizes (policy_state.hpp): the state gathered after 2 sharded
+//                    updates equals the unsharded one's, and resuming it in one unsharded process (N -> 1), or one
+//                    process's state sharded (1 -> N), takes update 3 to where 3 unsharded updates end
+//   zero_one         one process: the sharded policy with one rank is bit for bit the unsharded one (float32 and
+//                    bfloat16 models, with EMA), and the bad sharding options are one line each
 //   join             joins from the environment and leaves (the environment errors, one line)
 //   exposure         rank 0 checks, after the join on MASTER_ADDR=127.0.0.1, that every socket it listens on (the
 //                    store's, Gloo's) accepts only this host: bound to a loopback address or to the loopback
@@ -35,6 +47,8 @@
 
 #include "branchgrpo/branchgrpo.hpp"
 #include "branchgrpo/torch/distributed.hpp"
+#include "branchgrpo/torch/policy.hpp"
+#include "branchgrpo/torch/policy_state.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/toy.hpp"
 #include "exposure.hpp"
@@ -231,6 +245,249 @@ std::vector<double> train_toy(Comm& communicator) {
   return {policy.parameters().begin(), policy.parameters().end()};
 }
 
+// A tiny velocity model: v(x) = tanh(x W1 + b1) W2 (full fine-tuning: W1, b1, W2 trainable; 3 * 7 + 7 + 7 * 3 =
+// 49 elements: 2 ranks split b1, 3 ranks W1 and W2) or v(x) = x W + x A B (LoRA: W frozen, A [3, 2] and
+// B [2, 3] trainable, B = 0 at the start).
+struct tiny_model {
+  bool lora = false;
+  torch::Tensor w1, b1, w2, frozen, a, b;
+
+  explicit tiny_model(bool lora_model, torch::Dtype dtype = torch::kFloat32) : lora(lora_model) {
+    torch::manual_seed(3);
+    const auto make = [&](std::vector<std::int64_t> shape, double scale, bool trainable) {
+      return (torch::randn(shape, torch::kFloat64) * scale).to(dtype).set_requires_grad(trainable);
+    };
+    if (lora) {
+      frozen = make({3, 3}, 0.5, false);
+      a = make({3, 2}, 0.5, true);
+      b = torch::zeros({2, 3}, torch::TensorOptions().dtype(dtype)).set_requires_grad(true);
+    } else {
+      w1 = make({3, 7}, 0.5, true);
+      b1 = make({7}, 0.1, true);
+      w2 = make({7, 3}, 0.5, true);
+    }
+  }
+  torch::Tensor velocity(const torch::Tensor& x, const bg::denoise_batch&) {
+    const torch::Tensor h = x.to(lora ? frozen.scalar_type() : w1.scalar_type());
+    return lora ? h.matmul(frozen) + h.matmul(a).matmul(b) : torch::tanh(h.matmul(w1) + b1).matmul(w2);
+  }
+  std::vector<torch::Tensor> trainable_parameters() { return lora ? std::vector{a, b} : std::vector{w1, b1, w2}; }
+};
+
+// Iteration t's edges: 10 rows of latent [3]; `share` picks the rows a rank accumulates.
+bg::edge_batch<torch::Tensor> tiny_edges(int t, bg::tree_share share, std::vector<std::int64_t>& prompts,
+                                         std::vector<std::uint32_t>& trees) {
+  torch::manual_seed(100 + t);
+  const torch::Tensor x = torch::randn({10, 3}), next = torch::randn({10, 3});
+  const auto rows = share.count();
+  prompts.assign(static_cast<std::size_t>(rows), 0);
+  trees.assign(static_cast<std::size_t>(rows), 0);
+  return {.step = t,
+          .sigma = 0.5,
+          .coeffs = {.x_coeff = 1.0, .velocity_coeff = -0.1, .noise_std = 0.3},
+          .x = x.narrow(0, share.first, rows),
+          .next = next.narrow(0, share.first, rows),
+          .std = std::vector<double>(static_cast<std::size_t>(rows), 0.3),
+          .trees = trees,
+          .prompts = prompts};
+}
+
+// Row r of iteration t weighs (r + t) mod 5 - 2: some rows pushed up, some down.
+bg::loss_gradient_fn tiny_weights(int t, std::int64_t first) {
+  return [t, first](std::span<const double> log_probs) {
+    std::vector<double> w;
+    for (std::size_t r = 0; r < log_probs.size(); ++r)
+      w.push_back(static_cast<double>((static_cast<std::int64_t>(r) + first + t) % 5) - 2.0);
+    return w;
+  };
+}
+
+struct tiny_run {
+  std::vector<torch::Tensor> parameters;  // float64 copies
+  std::vector<torch::Tensor> ema;         // the EMA's tensors as the policy holds them (a shard's pieces, sharded)
+  std::vector<double> norms;
+  std::int64_t state_elements = 0;
+  bg::policy_state state;  // policy_state_tensors at the end (a collective when sharded)
+};
+
+// Which updates a tiny run takes, and from which state (a checkpoint's tensors; none: the model's start).
+struct tiny_span {
+  int first = 0, last = 3;
+  const bg::policy_state* start = nullptr;
+};
+
+const std::vector<std::string> tiny_names(bool lora) {
+  return lora ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"w1", "b1", "w2"};
+}
+
+// Updates [first, last) with lr 1e-2 (clipping at 0.5: it binds) and an EMA, as rank `rank` of `size` (rank 0 of 1
+// with single_process: every row, in batch_ranks batches).
+template <class Comm>
+tiny_run train_tiny(Comm& communicator, bool lora, bg::sharding_options sharding, int batch_ranks,
+                    torch::Dtype dtype = torch::kFloat32, tiny_span span = {}) {
+  tiny_model model(lora, dtype);
+  const bg::autograd_policy_options options{
+      .optimizer = {.lr = 1e-2, .weight_decay = 1e-2, .max_grad_norm = 0.5, .ema_decay = 0.9}, .sharding = sharding};
+  bg::autograd_policy policy(model, bg::torch_backend{}, options, communicator);
+  if (span.start != nullptr) bg::load_policy_state(policy, tiny_names(lora), span.start->weights, span.start->state);
+  tiny_run out;
+  for (int t = span.first; t < span.last; ++t) {
+    // One batch per rank's share of the rows; one process takes every share as a batch of its own, in rank order,
+    // so that its gradient sum adds what the ranks' all-reduce adds.
+    const bool alone = communicator.size() == 1;
+    for (int r = alone ? 0 : communicator.rank(); r < (alone ? batch_ranks : communicator.rank() + 1); ++r) {
+      const bg::tree_share part = bg::tree_share::of(10, r, alone ? batch_ranks : communicator.size());
+      if (part.count() == 0) continue;
+      std::vector<std::int64_t> prompts;
+      std::vector<std::uint32_t> trees;
+      (void)policy.accumulate(tiny_edges(t, part, prompts, trees), tiny_weights(t, part.first));
+    }
+    if (communicator.size() > 1) policy.all_reduce_gradients(communicator);
+    out.norms.push_back(policy.apply_update().grad_norm);
+  }
+  for (const torch::Tensor& p : policy.parameters()) out.parameters.push_back(p.detach().to(torch::kFloat64).clone());
+  for (const torch::Tensor& e : policy.ema_parameters()) out.ema.push_back(e.detach().clone());
+  out.state_elements = policy.optimizer_state_elements();
+  out.state = bg::policy_state_tensors(policy, tiny_names(lora));
+  return out;
+}
+
+// max over elements of |a - b| / max(|b|, 1e-3): a weight near 0 is compared at the scale of 1e-3.
+double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  expect(a.size() == b.size(), "different tensor counts");
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, ((a[i] - b[i]).abs() / b[i].abs().clamp_min(1e-3)).max().item<double>());
+  return worst;
+}
+
+bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i].reshape({-1}), b[i].reshape({-1}))) return false;
+  return true;
+}
+
+void sharded_training(bg::c10d_communicator& comm) {
+  for (const bool lora : {false, true})
+    for (const bg::sharding_mode mode : {bg::sharding_mode::optimizer, bg::sharding_mode::gradients}) {
+      const std::string what = std::string(bg::sharding_name(mode)) + (lora ? " lora" : " full");
+      const tiny_run mine = train_tiny(comm, lora, {.mode = mode, .bucket_megabytes = 1e-4}, comm.size());
+      std::vector<torch::Tensor> flat{torch::cat([&] {
+        std::vector<torch::Tensor> parts;
+        for (const torch::Tensor& p : mine.parameters) parts.push_back(p.reshape({-1}));
+        return parts;
+      }())};
+      bg::check_same_parameters(comm, flat);  // every rank holds the same gathered weights
+      const std::int64_t total = lora ? 12 : 49;
+      const std::int64_t chunk = (total + comm.size() - 1) / comm.size();
+      const std::int64_t mine_count = std::min(total, chunk * (comm.rank() + 1)) - std::min(total, chunk * comm.rank());
+      expect(mine.state_elements == 2 * mine_count, what + ": AdamW holds " + std::to_string(mine.state_elements) +
+                                                        " elements, expected " + std::to_string(2 * mine_count));
+      if (comm.rank() != 0) continue;
+      bg::single_process one;
+      const tiny_run alone = train_tiny(one, lora, {}, comm.size());
+      const double worst = max_relative_difference(mine.parameters, alone.parameters);
+      std::cout << "rank 0: zero: " << what << ": max relative difference " << worst << ", optimizer state "
+                << alone.state_elements << " -> " << mine.state_elements << " elements\n";
+      // 2 ranks add the two shares' gradients as one process adds its two batches (0 difference measured); 3 ranks
+      // add three in Gloo's ring order, which rounds differently (8.4e-7 measured), and Adam normalizes that up.
+      const double tolerance = comm.size() == 2 ? 1e-6 : 1e-5;
+      expect(worst < tolerance, what + ": parameters differ from one process's by " + std::to_string(worst));
+      expect(alone.state_elements == 2 * total, what + ": the unsharded AdamW holds every element twice");
+      for (std::size_t t = 0; t < alone.norms.size(); ++t)
+        expect(std::abs(mine.norms[t] - alone.norms[t]) <= 1e-6 * alone.norms[t],
+               what + ": gradient norm of update " + std::to_string(t) + " differs");
+      // The EMA shard: rank 0's range is the unsharded EMA's first elements.
+      torch::Tensor ema_flat = torch::cat([&] {
+        std::vector<torch::Tensor> parts;
+        for (const torch::Tensor& e : alone.ema) parts.push_back(e.reshape({-1}).to(torch::kFloat64));
+        return parts;
+      }());
+      torch::Tensor shard_flat = torch::cat([&] {
+        std::vector<torch::Tensor> parts;
+        for (const torch::Tensor& e : mine.ema) parts.push_back(e.reshape({-1}).to(torch::kFloat64));
+        return parts;
+      }());
+      expect(shard_flat.numel() == mine_count, what + ": the EMA holds more than the shard");
+      const double ema_worst = max_relative_difference({shard_flat}, {ema_flat.narrow(0, 0, mine_count)});
+      expect(ema_worst < 1e-6, what + ": the EMA shard differs by " + std::to_string(ema_worst));
+    }
+  // Checkpoints across world sizes and sharding (policy_state.hpp): the gathered state after 2 updates is the
+  // unsharded one's (same names, moments and EMA within 1e-6, same step); a sharded run's state resumed by one
+  // unsharded process, and one process's state resumed sharded, take update 3 to where 3 unsharded updates end.
+  bg::single_process one;
+  const double tolerance = comm.size() == 2 ? 1e-6 : 1e-5;
+  for (const bool lora : {false, true})
+    for (const bg::sharding_mode mode : {bg::sharding_mode::optimizer, bg::sharding_mode::gradients}) {
+      const std::string what = std::string(bg::sharding_name(mode)) + (lora ? " lora" : " full");
+      const bg::sharding_options sharding{.mode = mode, .bucket_megabytes = 1e-4};
+      const tiny_run sharded = train_tiny(comm, lora, sharding, comm.size(), torch::kFloat32, {.first = 0, .last = 2});
+      const tiny_run plain = train_tiny(one, lora, {}, comm.size(), torch::kFloat32, {.first = 0, .last = 2});
+      expect(sharded.state.state.size() == plain.state.state.size(), what + ": the gathered state has other names");
+      for (const auto& [name, tensor] : plain.state.state) {
+        expect(sharded.state.state.contains(name), what + ": the gathered state lacks " + name);
+        const double worst =
+            max_relative_difference({sharded.state.state.at(name).to(torch::kFloat64)}, {tensor.to(torch::kFloat64)});
+        expect(worst < tolerance, what + ": gathered " + name + " differs by " + std::to_string(worst));
+      }
+      const tiny_run resumed_sharded = train_tiny(comm, lora, sharding, comm.size(), torch::kFloat32,
+                                                  {.first = 2, .last = 3, .start = &plain.state});
+      const tiny_run straight = train_tiny(one, lora, {}, comm.size());
+      const double into_sharded = max_relative_difference(resumed_sharded.parameters, straight.parameters);
+      expect(into_sharded < tolerance,
+             what + ": 1 -> " + std::to_string(comm.size()) + " resume differs by " + std::to_string(into_sharded));
+      if (comm.rank() != 0) continue;
+      const tiny_run resumed_alone =
+          train_tiny(one, lora, {}, comm.size(), torch::kFloat32, {.first = 2, .last = 3, .start = &sharded.state});
+      const double into_one = max_relative_difference(resumed_alone.parameters, straight.parameters);
+      std::cout << "rank 0: zero: " << what << ": resume " << comm.size() << " -> 1 max relative difference "
+                << into_one << ", 1 -> " << comm.size() << " " << into_sharded << "\n";
+      expect(into_one < tolerance,
+             what + ": " + std::to_string(comm.size()) + " -> 1 resume differs by " + std::to_string(into_one));
+    }
+}
+
+int sharding_one_process() {
+  bg::single_process one;
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16})
+    for (const bool lora : {false, true})
+      for (const bg::sharding_mode mode : {bg::sharding_mode::optimizer, bg::sharding_mode::gradients}) {
+        const tiny_run sharded = train_tiny(one, lora, {.mode = mode, .bucket_megabytes = 1e-4}, 2, dtype);
+        const tiny_run plain = train_tiny(one, lora, {}, 2, dtype);
+        const std::string what = std::string(bg::sharding_name(mode)) + (lora ? " lora " : " full ") +
+                                 (dtype == torch::kFloat32 ? "float32" : "bfloat16");
+        expect(bit_identical(sharded.parameters, plain.parameters), what + ": parameters not bit-identical");
+        expect(bit_identical(sharded.ema, plain.ema), what + ": EMA not bit-identical");
+        expect(sharded.norms == plain.norms, what + ": gradient norms differ");
+        expect(sharded.state_elements == plain.state_elements, what + ": optimizer state sizes differ");
+      }
+  // More ranks than elements: rank 99 of 100 owns nothing, and its AdamW and EMA hold nothing.
+  struct rank_99_of_100 : bg::single_process {
+    [[nodiscard]] int rank() const { return 99; }
+    [[nodiscard]] int size() const { return 100; }
+  } last;
+  tiny_model model(false);
+  bg::autograd_policy empty(model, bg::torch_backend{},
+                            {.optimizer = {.ema_decay = 0.5}, .sharding = {.mode = bg::sharding_mode::gradients}},
+                            last);
+  expect(empty.shard().count() == 0 && empty.shard_masters().empty() && empty.ema_parameters().empty() &&
+             empty.optimizer_state_elements() == 0,
+         "an empty shard holds state");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {error_of([] { (void)bg::parse_sharding_mode("zero2", "optimizer.sharding"); }),
+       "optimizer.sharding = \"zero2\": must be none, optimizer, gradients or parameters"},
+      {error_of([] { bg::validate_sharding({.mode = bg::sharding_mode::parameters}, "optimizer"); }),
+       "optimizer.sharding = \"parameters\": not built in this version; docs/distributed.md gives its design"},
+      {error_of(
+           [] { bg::validate_sharding({.mode = bg::sharding_mode::gradients, .bucket_megabytes = 0}, "optimizer"); }),
+       "optimizer.bucket_mb = 0: must be in (0, 65536]"},
+  };
+  for (const auto& [got, want] : cases) expect(got == want, "sharding error '" + got + "', expected '" + want + "'");
+  std::cout << "zero_one: ok\n";
+  return 0;
+}
+
 // Two checkpoints' trainable tensors: the relative difference ||a - b|| / ||a|| over all of them must be at most
 // `tolerance`. Adam normalizes each element's update, so an element whose gradient is at the rounding level moves
 // by an amount set by that rounding: element-wise relative differences are printed too, but not the criterion.
@@ -257,6 +514,7 @@ int compare_files(const std::string& a, const std::string& b, double tolerance) 
 
 int run(const std::string& scenario, double timeout) {
   if (scenario == "environment") return environment_checks();
+  if (scenario == "zero_one") return sharding_one_process();
   const std::optional<bg::launch_environment> environment = bg::launch_environment_from_process();
   expect(environment.has_value(), "WORLD_SIZE is not set: start the ranks with run_ranks.sh");
   const int rank = environment->rank;
@@ -284,6 +542,8 @@ int run(const std::string& scenario, double timeout) {
       std::cout << "rank 0: toy: max relative difference " << worst << '\n';
       expect(worst < 1e-9, "the toy's parameters differ from one process's by " + std::to_string(worst));
     }
+  } else if (scenario == "zero") {
+    sharded_training(*comm);
   } else if (scenario == "exposure") {
     comm->barrier();  // every rank joined: the sockets are all there
     if (rank == 0) check_exposure(environment->master_port);

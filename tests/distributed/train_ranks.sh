@@ -11,6 +11,10 @@
 #               number of rows, and a rank batches only its own trees (with 64: 1e-6, docs/distributed.md)
 #   torchrun    the same 2-rank run launched by torchrun (Debian's python3-torch) instead of by hand: the weights
 #               agree with one process's within 1e-6
+#   zero1_full, zero2_full, zero2_lora   as `same`, the 2 ranks sharded: [optimizer] sharding = "optimizer"
+#               (ZeRO-1) or "gradients" (ZeRO-2), full fine-tuning (LoRA off) or LoRA, against one unsharded process
+#   zero_resume a checkpoint written by 2 ZeRO-2 ranks is resumed by one unsharded process, ending where 3
+#               unsharded iterations end
 #   killed      rank 1 is killed (SIGKILL) in the middle of a long run: rank 0 exits non-zero within its --timeout
 #               (5 s) with one line naming rank 1
 #   resume      a checkpoint written by 2 ranks is resumed by one process, with a note that the world size changed
@@ -48,15 +52,12 @@ output_dir = "$work/$1"
 TOML
 }
 
-case $mode in
-same)
-  config one 3 && config two 3
-  "$tool" train --config "$work/one.toml" --quiet --json > "$work/one.jsonl" 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
-  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --json --timeout 20 ||
-    fail "two ranks"
-  "$program" compare "$work/one/checkpoints/iter-000003/weights.safetensors" \
-    "$work/two/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
-  python3 - "$work/one/metrics.jsonl" "$work/two/metrics.jsonl" <<'PY' || fail "metrics differ"
+# compare_runs ONE TWO: 3 iterations each; the final weights within 1e-6 (relative, over all tensors), the metrics'
+# counts equal, iteration 0's rewards equal, later ones within 1e-5.
+compare_runs() {
+  "$program" compare "$work/$1/checkpoints/iter-000003/weights.safetensors" \
+    "$work/$2/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
+  python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" <<'PY' || fail "metrics differ"
 import json, sys
 one, two = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
 assert len(one) == len(two) == 3, (len(one), len(two))
@@ -73,6 +74,47 @@ for a, b in zip(one, two):
         assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), 1e-3), (key, a[key], b[key])
 print("metrics: counts equal, iteration 0's rewards equal (components within 1e-14), later ones within 1e-5")
 PY
+}
+
+# shard MODE NAME [full]: [optimizer] sharding = MODE (buckets of 250 floats: they straddle tensors and ranks) in
+# NAME.toml; with `full`, full fine-tuning (LoRA off).
+shard() {
+  [ "$1" = none ] || sed -i "/^\[optimizer\]\$/a sharding = \"$1\"\nbucket_mb = 0.001" "$work/$2.toml"
+  [ "${3:-}" = full ] && sed -i "/^\[lora\]\$/a enabled = false" "$work/$2.toml"
+  return 0
+}
+
+case $mode in
+same)
+  config one 3 && config two 3
+  "$tool" train --config "$work/one.toml" --quiet --json > "$work/one.jsonl" 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --json --timeout 20 ||
+    fail "two ranks"
+  compare_runs one two
+  ;;
+zero1_full | zero2_full | zero2_lora)
+  # 2 ranks sharded (ZeRO-1: optimizer, ZeRO-2: gradients) against one unsharded process: the same weights and
+  # metrics as `same` checks for plain data parallelism.
+  case $mode in zero1*) sharding=optimizer ;; *) sharding=gradients ;; esac
+  fine=$([ "${mode#*_}" = full ] && echo full || echo lora)
+  config one 3 && config two 3 && shard none one "$fine" && shard "$sharding" two "$fine"
+  "$tool" train --config "$work/one.toml" --quiet --json > "$work/one.jsonl" 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --json --timeout 20 ||
+    fail "two ranks"
+  compare_runs one two
+  ;;
+zero_resume)
+  # 2 ranks with ZeRO-2 (full fine-tuning) write the checkpoint of iteration 2 (the shards gathered: the format of
+  # an unsharded run); one unsharded process resumes it to 3 and ends where 3 unsharded iterations end.
+  config one 3 && config two 2 && config more 3 && sed -i "s|$work/more\"|$work/two\"|" "$work/more.toml"
+  shard none one full && shard gradients two full && shard none more full
+  "$tool" train --config "$work/one.toml" --quiet > /dev/null 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --timeout 20 || fail "two ranks"
+  "$tool" train --config "$work/more.toml" --resume --quiet > /dev/null 2> "$work/resume.err" ||
+    fail "resume: $(cat "$work/resume.err")"
+  grep -q "^resume: changed .*optimizer.sharding" "$work/resume.err" || fail "no note on the sharding: $(cat "$work/resume.err")"
+  "$program" compare "$work/one/checkpoints/iter-000003/weights.safetensors" \
+    "$work/two/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
   ;;
 torchrun)
   config one 3 && config two 3

@@ -102,6 +102,8 @@ eps = 1e-6
 weight_decay = 0.01
 max_grad_norm = 0.5
 ema_decay = 0.9
+sharding = "gradients"
+bucket_mb = 8.0
 
 [lora]
 enabled = true
@@ -192,6 +194,7 @@ TEST_CASE("every documented key is parsed") {
         bg::depth_window{
             .depths = {1, 2}, .width = 3, .start = 1, .every = 5, .direction = -1, .stop = 2, .keep_window = true});
   CHECK(c.loss == bg::ppo_options{.clip_range = 0.01, .advantage_clip = 3.0, .kl_beta = 0.02});
+  CHECK(c.sharding == bg::sharding_options{.mode = bg::sharding_mode::gradients, .bucket_megabytes = 8});
   CHECK(c.optimizer == bg::optimizer_options{.lr = 3e-4,
                                              .beta1 = 0.8,
                                              .beta2 = 0.99,
@@ -642,4 +645,33 @@ TEST_CASE("[eval]: held-out evaluation keys, their defaults, their checks and wh
   CHECK(error_of("[eval]\nembeddings = \"h\"\n[[eval.rewards]]\nname = \"clip\"\n")
             .rfind("run.toml: eval.rewards[0].name = 'clip': must be ", 0) == 0);
   CHECK(error_of("[eval]\nembeddings = \"h\"\nstepz = 2\n").rfind("run.toml: unknown key eval.stepz", 0) == 0);
+}
+
+TEST_CASE("[optimizer] sharding: the modes, the bucket size, their one-line errors and what resume may change") {
+  // Off by default, and a config without it writes no sharding key (its checkpoints resume as before).
+  const bg::run_config plain = bg::parse_run_config("", "run.toml");
+  CHECK(plain.sharding == bg::sharding_options{});
+  CHECK(bg::config_text(plain, false).find("optimizer.sharding") == std::string::npos);
+  CHECK(bg::config_text(plain, false).find("optimizer.bucket_mb") == std::string::npos);
+  const bg::run_config zero2 =
+      bg::parse_run_config("[optimizer]\nlr = 1e-4\nsharding = \"gradients\"\nbucket_mb = 50\n", "run.toml");
+  CHECK(zero2.sharding == bg::sharding_options{.mode = bg::sharding_mode::gradients, .bucket_megabytes = 50});
+  CHECK(zero2.optimizer.lr == 1e-4);
+  CHECK(bg::parse_run_config("[optimizer]\nsharding = \"optimizer\"\n", "run.toml").sharding.mode ==
+        bg::sharding_mode::optimizer);
+  // The canonical text holds both keys and round-trips; both may change on resume (the same experiment).
+  const std::string text = bg::config_text(zero2, false);
+  CHECK_THAT(text, Catch::Matchers::Contains("optimizer.sharding = \"gradients\"\n") &&
+                       Catch::Matchers::Contains("optimizer.bucket_mb = 50.0\n"));
+  CHECK(bg::parse_run_config(text, "canonical.toml").sharding == zero2.sharding);
+  CHECK(bg::resume_may_change("optimizer.sharding"));
+  CHECK(bg::resume_may_change("optimizer.bucket_mb"));
+  // Bad values: one line each, naming the key and the value.
+  CHECK(error_of("[optimizer]\nsharding = \"zero2\"\n") ==
+        "run.toml: optimizer.sharding = \"zero2\": must be none, optimizer, gradients or parameters");
+  CHECK(error_of("[optimizer]\nsharding = \"parameters\"\n") ==
+        "run.toml: optimizer.sharding = \"parameters\": not built in this version; docs/distributed.md gives its "
+        "design");
+  CHECK(error_of("[optimizer]\nbucket_mb = 0\n") == "run.toml: optimizer.bucket_mb = 0: must be in (0, 65536]");
+  CHECK(error_of("[optimizer]\nsharding = 2\n").rfind("run.toml: optimizer.sharding = 2: ", 0) == 0);
 }

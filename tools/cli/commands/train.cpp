@@ -50,11 +50,16 @@ struct train_options {
 
 // The run's memory is estimated from the config and the model files' headers and compared with what this process
 // may use before anything is loaded (app/run_memory.hpp): a 2^24-leaf tree is one line, not an OOM kill.
-std::unique_ptr<training_run> make_run(const run_config& config) {
+// As rank communicator.rank() of its group (optimizer.sharding shards over it).
+template <Communicator Comm>
+std::unique_ptr<training_run> make_run(const run_config& config, Comm& communicator) {
   check_run_memory_before_loading(config, available_memory());
   run_model model = load_run_model(config);
   weighted_sum reward = make_run_reward(config, model);
-  return std::make_unique<training_run>(config, std::move(model), std::move(reward));
+  return std::make_unique<training_run>(config, std::move(model), std::move(reward), communicator);
+}
+std::unique_ptr<training_run> make_run(const run_config& config) {
+  return make_run(config, branchgrpo::detail::one_process());  // one rank, for the life of the process
 }
 
 // The leaf images of an iteration: one row per tree, its leaves side by side.
@@ -195,7 +200,7 @@ void train_on(const train_options& options, run_config config, Comm& communicato
                                  "\", model.device = \"" + config.model.device + "\"";
   on_every_rank(communicator, [&] {
     run = with_torch_context(config.source + ": loading the model (" + model_keys + ")",
-                             [&] { return make_run(config); });
+                             [&] { return make_run(config, communicator); });
   });
   if (options.resume) {
     // Rank 0 cleans up what a crash left, then every rank reads the same newest valid checkpoint.
@@ -288,6 +293,7 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     if (checkpoint || signal != 0) {
       // Debug check that the replicas did not drift (cheap: the trainable tensors), then rank 0 writes.
       if (communicator.size() > 1) check_same_parameters(communicator, std::span(run->policy().parameters()));
+      run->gather_checkpoint_state();  // every rank: a sharded run's shards become full tensors
       std::filesystem::path dir;
       on_every_rank(communicator, [&] {
         if (lead) dir = run->save_checkpoint();

@@ -34,6 +34,8 @@
 //     rounding: a resumed run stays bit-identical to an uninterrupted one only when these are unchanged)
 //   model.dir, model.weights, model.decoder, data.embeddings, eval.embeddings (paths: a moved file may be named
 //     anew; its content is compared through its "# input" line, which is an experiment key)
+//   optimizer.sharding, optimizer.bucket_mb (which rank keeps which share of the optimizer state: the same
+//     experiment up to rounding, and checkpoints hold full tensors at any world size)
 //   eval.every (when evaluations happen; what each one measures stays: its prompts, samples, steps, seed, EMA and
 //     rewards are refused, so that every evaluation of a run is comparable with the others)
 // Every other key changes the experiment (the learning rate, steps, topology, rewards, advantage, dtype, seed, the
@@ -163,21 +165,12 @@ inline std::string input_identity(const std::filesystem::path& path) {
 }
 
 // The keys resume may change (see the file comment).
-inline constexpr std::array<std::string_view, 15> resumable = {"run.iterations",
-                                                               "run.grid_every",
-                                                               "run.checkpoint_every",
-                                                               "run.keep_checkpoints",
-                                                               "run.output_dir",
-                                                               "rollout.max_batch",
-                                                               "rollout.decode_batch",
-                                                               "model.gradient_checkpointing",
-                                                               "model.device",
-                                                               "model.dir",
-                                                               "model.weights",
-                                                               "model.decoder",
-                                                               "data.embeddings",
-                                                               "eval.embeddings",
-                                                               "eval.every"};
+inline constexpr std::array<std::string_view, 17> resumable = {
+    "run.iterations",     "run.grid_every",    "run.checkpoint_every", "run.keep_checkpoints",
+    "run.output_dir",     "rollout.max_batch", "rollout.decode_batch", "model.gradient_checkpointing",
+    "model.device",       "model.dir",         "model.weights",        "model.decoder",
+    "data.embeddings",    "eval.embeddings",   "eval.every",           "optimizer.sharding",
+    "optimizer.bucket_mb"};
 
 }  // namespace config_text_detail
 
@@ -261,6 +254,12 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("loss.advantage_clip", toml_value(config.loss.advantage_clip));
   line("loss.kl_beta", toml_value(config.loss.kl_beta));
   add_parameters(out, "optimizer.", config.optimizer);
+  // Sharding only when on, so that the text of an unsharded run reads as it did before the keys existed (its
+  // checkpoints resume).
+  if (config.sharding.sharded()) {
+    line("optimizer.sharding", toml_string(std::string(sharding_name(config.sharding.mode))));
+    line("optimizer.bucket_mb", toml_value(config.sharding.bucket_megabytes));
+  }
   line("lora.enabled", toml_value(config.lora.enabled));
   line("lora.rank", toml_value(config.lora.rank));
   line("lora.alpha", toml_value(config.lora.alpha));

@@ -48,6 +48,7 @@
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/optimizer_options.hpp"
+#include "branchgrpo/training/sharding.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
 namespace branchgrpo {
@@ -225,6 +226,9 @@ struct run_config {
   run_recipe recipe = method_recipe("branch");
   ppo_options loss;
   optimizer_options optimizer;
+  /// [optimizer] sharding = "none" | "optimizer" | "gradients" (ZeRO-1, ZeRO-2 over the run's ranks) and
+  /// bucket_mb: in [optimizer] because what is sharded is the optimizer's state (and, with gradients, its input).
+  sharding_options sharding;
   lora_section lora;
   std::vector<reward_entry> rewards = {{.name = "alignment", .weight = 1.0, .params = {}}};
   run_section run;
@@ -381,8 +385,19 @@ inline void read_loss(table_reader r, ppo_options& loss) {
   r.finish();
 }
 
-inline void read_optimizer(table_reader r, optimizer_options& o) {
+inline void read_optimizer(table_reader r, optimizer_options& o, sharding_options& sharding) {
   read_parameters(r, o);
+  std::string mode(sharding_name(sharding.mode));
+  if (r.read("sharding", mode)) {
+    try {
+      sharding.mode = parse_sharding_mode(mode, r.key_path("sharding"));
+      validate_sharding({.mode = sharding.mode}, r.path());
+    } catch (const invalid_input& error) {
+      fail(r.file(), ": ", error.what());
+    }
+  }
+  r.read("bucket_mb", sharding.bucket_megabytes,
+         [](double v) { return v > 0 && v <= 65536 ? "" : "must be in (0, 65536]"; });
   r.finish();
 }
 
@@ -505,7 +520,7 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
   }
   read_pruning(top.table("pruning"), config.recipe.pruner);
   read_loss(top.table("loss"), config.loss);
-  read_optimizer(top.table("optimizer"), config.optimizer);
+  read_optimizer(top.table("optimizer"), config.optimizer, config.sharding);
   read_lora(top.table("lora"), config.lora);
   if (top.has("rewards")) {
     config.rewards.clear();

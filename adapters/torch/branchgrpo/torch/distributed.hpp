@@ -516,6 +516,64 @@ class c10d_communicator {
     }
   }
 
+  /// Rank `root`'s `tensor` becomes the element-wise sum over the ranks; the others' are left unspecified (Gloo
+  /// uses them as scratch). The reduce-scatter of sharded gradients (ZeRO-2) is one of these per owner of a bucket:
+  /// LibTorch 1.13's ProcessGroupGloo has no reduce_scatter ("does not support reduce_scatter"), and a reduce to
+  /// the owner moves what a reduce-scatter moves, in more and smaller messages.
+  /// Example: 2 ranks with [1, 2] and [10, 20], root 1 -> rank 1 holds [11, 22].
+  /// @pre every rank passes a contiguous tensor of the same shape and dtype, and the same root in [0, size()).
+  void reduce_sum_to(torch::Tensor& tensor, int root) {
+    require(root >= 0 && root < size(), "reduce_sum_to: root ", root, " is not in a group of ", size());
+    require(tensor.defined() && tensor.is_contiguous(), "reduce_sum_to: an undefined or non-contiguous tensor");
+    torch::NoGradGuard no_grad;
+    const bool on_cuda = tensor.device().is_cuda();
+    collective("reduce", [&] {
+      c10d::ReduceOptions options;
+      options.rootRank = root;
+#if defined(USE_C10D_NCCL)
+      if (on_cuda && nccl_) {
+        std::vector<torch::Tensor> buffer{tensor};
+        nccl_->reduce(buffer, options)->wait();
+        return;
+      }
+#endif
+      std::vector<torch::Tensor> buffer{on_cuda ? tensor.to(torch::kCPU) : tensor};
+      gloo_->reduce(buffer, options)->wait();
+      if (on_cuda && rank() == root) tensor.copy_(buffer.front());
+    });
+  }
+
+  /// gathered = the ranks' `local` tensors, concatenated in rank order (the all-gather of updated shards).
+  /// Example: 2 ranks with [1, 2] and [3, 4] -> [1, 2, 3, 4] on both.
+  /// @pre every rank passes a 1-D `local` of the same length and dtype; `gathered` is contiguous, 1-D, of that
+  ///      dtype, on the same device, with local.numel() * size() elements.
+  void all_gather(const torch::Tensor& local, torch::Tensor& gathered) {
+    require(local.dim() == 1 && gathered.dim() == 1 && gathered.is_contiguous() &&
+                gathered.numel() == local.numel() * size() && gathered.scalar_type() == local.scalar_type(),
+            "all_gather: ", gathered.numel(), " elements for ", size(), " ranks of ", local.numel());
+    torch::NoGradGuard no_grad;
+    const bool on_cuda = local.device().is_cuda();
+    collective("all_gather", [&] {
+      if (local.numel() == 0) return;
+#if defined(USE_C10D_NCCL)
+      if (on_cuda && nccl_) {
+        std::vector<torch::Tensor> input{local.contiguous()};
+        std::vector<std::vector<torch::Tensor>> output(1);
+        for (int r = 0; r < size(); ++r) output[0].push_back(gathered.narrow(0, r * local.numel(), local.numel()));
+        nccl_->allgather(output, input)->wait();
+        return;
+      }
+#endif
+      torch::Tensor host =
+          on_cuda ? torch::empty({gathered.numel()}, gathered.options().device(torch::kCPU)) : gathered;
+      std::vector<torch::Tensor> input{local.to(torch::kCPU).contiguous()};
+      std::vector<std::vector<torch::Tensor>> output(1);
+      for (int r = 0; r < size(); ++r) output[0].push_back(host.narrow(0, r * local.numel(), local.numel()));
+      gloo_->allgather(output, input)->wait();
+      if (on_cuda) gathered.copy_(host);
+    });
+  }
+
   /// gathered = the ranks' `local` bytes in rank order.
   /// @pre every rank passes the same local.size(); gathered.size() == local.size() * size().
   void all_gather(std::span<const std::byte> local, std::span<std::byte> gathered) {

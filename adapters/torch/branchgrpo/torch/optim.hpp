@@ -29,6 +29,29 @@ inline std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::
                                                                .weight_decay(options.weight_decay));
 }
 
+/// sum_p ||grad p||^2 in float64, in the parameters' order (parameters without a gradient count 0): the squared
+/// norm of one shard's gradients, which ranks that hold disjoint shards add up to the global one.
+/// Example: gradients {3, 4} and none -> 25.
+inline double gradient_squares(std::span<const torch::Tensor> parameters) {
+  double squares = 0;
+  for (const torch::Tensor& p : parameters)
+    if (p.grad().defined()) squares += p.grad().detach().to(torch::kFloat64).square().sum().item<double>();
+  return squares;
+}
+
+/// Scales every gradient by max_norm / (norm + 1e-6) when max_norm > 0 and the (global) `norm` exceeds it: the
+/// clipping step of clip_gradient_norm for gradients whose norm was measured elsewhere (a sharded update).
+/// @pre max_norm >= 0 and finite (else invalid_input); a non-finite norm scales nothing.
+inline void scale_gradients_to_norm(std::span<const torch::Tensor> parameters, double norm, double max_norm) {
+  require(std::isfinite(max_norm) && max_norm >= 0, "max gradient norm must be non-negative, got ", max_norm);
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& p : parameters)
+      if (p.grad().defined()) p.grad().mul_(scale);
+  }
+}
+
 /// The global L2 norm sqrt(sum_p ||grad p||^2) (in float64; parameters without a gradient count 0); when
 /// max_norm > 0 and the norm exceeds it, every gradient is scaled by max_norm / (norm + 1e-6).
 /// Returns the norm before clipping.
@@ -36,17 +59,8 @@ inline std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::
 /// @pre max_norm >= 0 and finite (0 = measure only).
 /// @post a non-finite norm is returned as is and nothing is scaled (the caller decides what to do with it).
 inline double clip_gradient_norm(std::span<const torch::Tensor> parameters, double max_norm) {
-  require(std::isfinite(max_norm) && max_norm >= 0, "max gradient norm must be non-negative, got ", max_norm);
-  double squares = 0;
-  for (const torch::Tensor& p : parameters)
-    if (p.grad().defined()) squares += p.grad().detach().to(torch::kFloat64).square().sum().item<double>();
-  const double norm = std::sqrt(squares);
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
-    torch::NoGradGuard no_grad;
-    for (const torch::Tensor& p : parameters)
-      if (p.grad().defined()) p.grad().mul_(scale);
-  }
+  const double norm = std::sqrt(gradient_squares(parameters));
+  scale_gradients_to_norm(parameters, norm, max_norm);
   return norm;
 }
 

@@ -24,6 +24,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -36,6 +37,7 @@
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/optim.hpp"
 #include "branchgrpo/training/concepts.hpp"
+#include "branchgrpo/training/sharding.hpp"
 
 namespace branchgrpo {
 
@@ -66,6 +68,10 @@ struct autograd_policy_options {
   /// tensors.
   bool master_weights = true;
   torch::Dtype autocast_dtype = torch::kBFloat16;  ///< the 16-bit dtype of bf16_autocast (bfloat16 or float16)
+  /// ZeRO-1 / ZeRO-2 over the communicator the policy is built with (training/sharding.hpp); none: every rank
+  /// keeps everything, as without it. Sharded, the master of every 16-bit tensor is float32 (master_weights is
+  /// implied), and a tensor without a gradient on any rank counts as zeros (it is stepped: weight decay applies).
+  sharding_options sharding = {};
 
   friend bool operator==(const autograd_policy_options&, const autograd_policy_options&) = default;
 };
@@ -76,6 +82,78 @@ struct policy_update_report {
   double grad_norm = 0;   ///< global gradient norm before clipping (PPO + KL)
   int steps = 0;          ///< optimizer steps taken so far
 };
+
+namespace detail {
+
+// What a sharded update needs of a communicator, type-erased so that the policy is built once with its group and
+// the trainer's calls (all_reduce_gradients, apply_update) stay as they are. A communicator that moves tensors
+// (c10d_communicator: reduce_sum_to, all_gather of tensors, all_reduce_sum of tensors) does so on their device;
+// any other goes through host doubles and bytes.
+struct shard_collectives {
+  int rank = 0, size = 1;
+  std::function<void(std::span<double>)> all_reduce_values;
+  std::function<void(std::vector<torch::Tensor>&)> all_reduce_tensors;
+  std::function<void(torch::Tensor&, int)> reduce_to;                    // the sum reaches rank `root`
+  std::function<void(const torch::Tensor&, torch::Tensor&)> all_gather;  // 1-D, rank order
+};
+
+// Every tensor becomes its sum over the ranks, through the communicator's tensor all-reduce when it has one, else
+// through one buffer of host doubles (exact for float32 and float64 values).
+template <Communicator C>
+void all_reduce_tensors(C& communicator, std::vector<torch::Tensor>& tensors) {
+  if constexpr (requires { communicator.all_reduce_sum(tensors); }) {
+    communicator.all_reduce_sum(tensors);
+  } else {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& t : tensors) flat.push_back(t.detach().to(torch::kCPU, torch::kFloat64).flatten());
+    torch::Tensor host = torch::cat(flat).contiguous();
+    communicator.all_reduce_sum(std::span<double>(host.data_ptr<double>(), static_cast<std::size_t>(host.numel())));
+    std::int64_t at = 0;
+    for (torch::Tensor& t : tensors) {
+      t.copy_(host.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
+}
+
+template <Communicator C>
+shard_collectives collectives_of(C& communicator) {
+  shard_collectives out;
+  out.rank = communicator.rank();
+  out.size = communicator.size();
+  C* const c = &communicator;
+  out.all_reduce_values = [c](std::span<double> values) { c->all_reduce_sum(values); };
+  out.all_reduce_tensors = [c](std::vector<torch::Tensor>& tensors) { all_reduce_tensors(*c, tensors); };
+  if constexpr (requires(torch::Tensor & t) { c->reduce_sum_to(t, 0); }) {
+    out.reduce_to = [c](torch::Tensor& t, int root) { c->reduce_sum_to(t, root); };
+  } else {  // an all-reduce also leaves the sum on the root
+    out.reduce_to = [c](torch::Tensor& t, int) {
+      std::vector<torch::Tensor> one{t};
+      all_reduce_tensors(*c, one);
+    };
+  }
+  if constexpr (requires(const torch::Tensor& l, torch::Tensor& g) { c->all_gather(l, g); }) {
+    out.all_gather = [c](const torch::Tensor& local, torch::Tensor& gathered) { c->all_gather(local, gathered); };
+  } else {
+    out.all_gather = [c](const torch::Tensor& local, torch::Tensor& gathered) {
+      const torch::Tensor host = local.detach().to(torch::kCPU).contiguous();
+      torch::Tensor all = torch::empty({gathered.numel()}, host.options());
+      c->all_gather(std::span<const std::byte>(static_cast<const std::byte*>(host.data_ptr()), host.nbytes()),
+                    std::span<std::byte>(static_cast<std::byte*>(all.data_ptr()), all.nbytes()));
+      gathered.copy_(all);
+    };
+  }
+  return out;
+}
+
+// The group of one process, for policies built without a communicator (stateless: one instance serves all).
+inline single_process& one_process() {
+  static single_process one;
+  return one;
+}
+
+}  // namespace detail
 
 /// A TorchVelocityModel as Policy<torch_backend> (and Denoiser<torch_backend>); with AdapterSwitch also
 /// ReferencePolicy<torch_backend>.
@@ -90,13 +168,33 @@ template <TorchVelocityModel Model>
 class autograd_policy {
  public:
   autograd_policy(Model& model, torch_backend backend, autograd_policy_options options = {})
+      : autograd_policy(model, backend, options, detail::one_process()) {}
+
+  /// The policy of rank communicator.rank() of its group: with options.sharding, this rank keeps its shard of the
+  /// optimizer state, and all_reduce_gradients / apply_update / swap_ema / load_weights are collectives over
+  /// `communicator` (every rank calls them in the same order).
+  /// Example: autograd_policy policy(model, backend, {.sharding = {.mode = sharding_mode::gradients}}, comm) on 2
+  ///   ranks: optimizer_state_elements() is half the one-rank policy's (to within one chunk's rounding).
+  /// @pre `communicator` outlives the policy; the model's trainable tensors live on one device and, sharded, have
+  ///      one master dtype (float32 for 16-bit and float32 tensors) (else invalid_input).
+  template <Communicator C>
+  autograd_policy(Model& model, torch_backend backend, autograd_policy_options options, C& communicator)
       : model_(&model), backend_(backend), options_(options), parameters_(model.trainable_parameters()) {
     validate_parameters(options.optimizer, "optimizer");
+    validate_sharding(options.sharding, "optimizer");  // the config's names: optimizer.sharding
     require(!parameters_.empty(), "the model has no trainable parameters");
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       require(parameters_[i].defined() && parameters_[i].is_leaf() && parameters_[i].requires_grad(),
               "trainable parameter ", i, " is not a leaf tensor that requires grad");
     masters_ = parameters_;
+    if (options.sharding.sharded()) {
+      collectives_ = detail::collectives_of(communicator);
+      build_shard();
+      optimizer_ = make_adamw(shard_masters_, options.optimizer);
+      ema_.decay = options.optimizer.ema_decay;
+      if (options.optimizer.ema_decay > 0) ema_.reset(shard_masters_);
+      return;
+    }
     if (options.master_weights) {
       torch::NoGradGuard no_grad;
       for (torch::Tensor& master : masters_)
@@ -170,25 +268,19 @@ class autograd_policy {
     double rows = static_cast<double>(rows_);
     communicator.all_reduce_sum(std::span<double>(&rows, 1));
     rows_ = static_cast<std::int64_t>(rows);
+    if (sharded()) {
+      require(communicator.rank() == collectives_.rank && communicator.size() == collectives_.size,
+              "all_reduce_gradients as rank ", communicator.rank(), " of ", communicator.size(),
+              ", but the sharded policy was built for rank ", collectives_.rank, " of ", collectives_.size);
+      reduce_gradients_to_shard();
+      return;
+    }
     std::vector<torch::Tensor> gradients;
     for (torch::Tensor& parameter : masters_) {
       if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
       gradients.push_back(parameter.grad());
     }
-    if constexpr (requires { communicator.all_reduce_sum(gradients); }) {
-      communicator.all_reduce_sum(gradients);
-    } else {
-      torch::NoGradGuard no_grad;
-      std::vector<torch::Tensor> flat;
-      for (const torch::Tensor& g : gradients) flat.push_back(g.detach().to(torch::kCPU, torch::kFloat64).flatten());
-      torch::Tensor host = torch::cat(flat).contiguous();
-      communicator.all_reduce_sum(std::span<double>(host.data_ptr<double>(), static_cast<std::size_t>(host.numel())));
-      std::int64_t at = 0;
-      for (torch::Tensor& g : gradients) {
-        g.copy_(host.narrow(0, at, g.numel()).view(g.sizes()));
-        at += g.numel();
-      }
-    }
+    detail::all_reduce_tensors(communicator, gradients);
   }
 
   /// One optimizer step on the accumulated gradient, after clipping to max_grad_norm; then zeroes the gradient
@@ -196,15 +288,21 @@ class autograd_policy {
   policy_update_report apply_update() {
     policy_update_report report{.rows = rows_, .grad_norm = 0, .steps = steps_};
     if (rows_ == 0) return report;
-    report.grad_norm = clip_gradient_norm(masters_, options_.optimizer.max_grad_norm);
+    // Sharded: the global norm is the square root of the shards' squared norms summed over the ranks.
+    report.grad_norm = sharded() ? sharded_gradient_norm() : clip_gradient_norm(masters_, 0);
+    scale_gradients_to_norm(optimized(), report.grad_norm, options_.optimizer.max_grad_norm);
     const bool finite = std::isfinite(report.grad_norm);
     if (finite) optimizer_->step();
     optimizer_->zero_grad();
     rows_ = 0;
+    shard_gradients_ready_ = false;
     require(finite, "gradient norm is ", report.grad_norm, " after ", report.rows,
             " rows; the update was skipped (a non-finite loss weight or model output?)");
-    copy_masters_to_model();
-    if (options_.optimizer.ema_decay > 0) ema_.update(masters_);
+    if (sharded())
+      gather_shards_into_model();
+    else
+      copy_masters_to_model();
+    if (options_.optimizer.ema_decay > 0) ema_.update(optimized());
     report.steps = ++steps_;
     last_update_ = report;
     return report;
@@ -228,6 +326,11 @@ class autograd_policy {
   /// @pre ema_decay > 0 (else invalid_input).
   void swap_ema() {
     require(options_.optimizer.ema_decay > 0, "swap_ema needs optimizer.ema_decay > 0");
+    if (sharded()) {
+      ema_.swap(shard_masters_);
+      gather_shards_into_model();
+      return;
+    }
     ema_.swap(masters_);
     copy_masters_to_model();
   }
@@ -243,14 +346,71 @@ class autograd_policy {
               ", the trainable tensor ", masters_[i].sizes());
       masters_[i].copy_(values[i]);
     }
+    if (sharded()) {
+      for (std::size_t k = 0; k < pieces_.size(); ++k)
+        shard_masters_[k].copy_(piece_of(values[pieces_[k].tensor], pieces_[k]).view_as(shard_masters_[k]));
+      return;
+    }
     copy_masters_to_model();
   }
 
+  /// The EMA of master_parameters(), or sharded, of shard_masters().
   [[nodiscard]] const std::vector<torch::Tensor>& ema_parameters() const { return ema_.shadow; }
+  [[nodiscard]] bool sharded() const { return options_.sharding.sharded(); }
+  /// Sharded: this rank's range of the flat buffer of trainable tensors.
+  [[nodiscard]] const flat_shard& shard() const { return shard_; }
+  /// Sharded: the float32 masters of this rank's range, one per trainable tensor it overlaps (what AdamW steps).
+  [[nodiscard]] const std::vector<torch::Tensor>& shard_masters() const { return shard_masters_; }
+  /// Sharded: full tensors, one per trainable tensor in its shape and the master dtype, from tensors aligned with
+  /// shard_masters() on every rank (the masters themselves, AdamW's moments, the EMA): what a checkpoint stores at
+  /// any world size. A collective: every rank calls it.
+  /// Example: 2 ranks, trainable tensors [3] and [2] (chunk 3): rank 0 passes {[a, b, c]}, rank 1 {[d, e]} ->
+  ///   {[a, b, c], [d, e]} on both.
+  std::vector<torch::Tensor> gather_pieces(std::span<const torch::Tensor> per_piece) {
+    require(sharded(), "gather_pieces needs a sharded policy");
+    const torch::Tensor gathered = gathered_flat(per_piece);
+    std::vector<torch::Tensor> full;
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      full.push_back(gathered.narrow(0, offsets_[i], parameters_[i].numel()).view(parameters_[i].sizes()).clone());
+    return full;
+  }
+  /// Sharded: this rank's pieces of full tensors (one per trainable tensor, in order), shaped as shard_masters():
+  /// the inverse of gather_pieces (a resume scatters a checkpoint's full tensors with it). No collective.
+  /// @pre full tensors of the trainable tensors' element counts (else invalid_input naming the index).
+  [[nodiscard]] std::vector<torch::Tensor> pieces_of(std::span<const torch::Tensor> full) const {
+    require(sharded() && full.size() == parameters_.size(), "pieces_of got ", full.size(), " tensors for ",
+            parameters_.size(), " trainable");
+    std::vector<torch::Tensor> out;
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const std::size_t i = pieces_[k].tensor;
+      require(full[i].numel() == parameters_[i].numel(), "pieces_of: tensor ", i, " has ", full[i].numel(),
+              " elements, the trainable tensor ", parameters_[i].numel());
+      out.push_back(piece_of(full[i], pieces_[k]).to(masters_options()).view_as(shard_masters_[k]).clone());
+    }
+    return out;
+  }
+  /// The sum of `value` over the ranks the policy is sharded over (itself with one rank or unsharded). A
+  /// collective when sharded over several ranks.
+  double sum_over_ranks(double value) {
+    if (sharded() && collectives_.size > 1) collectives_.all_reduce_values(std::span<double>(&value, 1));
+    return value;
+  }
+
+  /// Elements of AdamW's moment tensors on this rank (exp_avg and exp_avg_sq; 0 before the first step): sharded
+  /// over N ranks, about 1/N of the unsharded policy's.
+  [[nodiscard]] std::int64_t optimizer_state_elements() {
+    std::int64_t elements = 0;
+    for (const auto& [key, state] : optimizer_->state()) {
+      const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
+      elements += adamw.exp_avg().numel() + adamw.exp_avg_sq().numel();
+    }
+    return elements;
+  }
   /// The model's trainable tensors (in its dtype).
   [[nodiscard]] const std::vector<torch::Tensor>& parameters() const { return parameters_; }
   /// What the optimizer updates: the float32 masters of 16-bit trainable tensors (master_weights), the model's own
   /// tensors otherwise; the optimizer state and the EMA belong to these.
+  /// Sharded: the model's own tensors (the float32 masters are shard_masters()).
   [[nodiscard]] const std::vector<torch::Tensor>& master_parameters() const { return masters_; }
   [[nodiscard]] bool has_master_copies() const {
     for (std::size_t i = 0; i < masters_.size(); ++i)
@@ -277,6 +437,18 @@ class autograd_policy {
   // the sum over an update's batches does not round at 8 bits.
   void move_gradients_to_masters() {
     torch::NoGradGuard no_grad;
+    if (sharded()) {  // 16-bit tensors' gradients summed in float32 beside them, for the shard's reduction
+      for (std::size_t i = 0; i < parameters_.size(); ++i) {
+        if (!parameters_[i].grad().defined() || parameters_[i].scalar_type() == master_dtype_) continue;
+        const torch::Tensor gradient = parameters_[i].grad().to(master_dtype_);
+        if (gradient_sums_[i].defined())
+          gradient_sums_[i].add_(gradient);
+        else
+          gradient_sums_[i] = gradient.clone();
+        parameters_[i].mutable_grad() = torch::Tensor();
+      }
+      return;
+    }
     for (std::size_t i = 0; i < masters_.size(); ++i) {
       if (masters_[i].is_same(parameters_[i]) || !parameters_[i].grad().defined()) continue;
       const torch::Tensor gradient = parameters_[i].grad().to(torch::kFloat32);
@@ -286,6 +458,147 @@ class autograd_policy {
         masters_[i].mutable_grad() = gradient.clone();
       parameters_[i].mutable_grad() = torch::Tensor();
     }
+  }
+
+  // One trainable tensor's part of this rank's range: its flat elements [begin, begin + length).
+  struct shard_piece {
+    std::size_t tensor = 0;
+    std::int64_t begin = 0, length = 0;
+  };
+
+  static torch::Tensor piece_of(const torch::Tensor& tensor, const shard_piece& piece) {
+    return tensor.detach().reshape({-1}).narrow(0, piece.begin, piece.length);
+  }
+
+  // Lays the trainable tensors end to end, finds this rank's range and makes its float32 pieces. A piece that is
+  // a whole tensor keeps the tensor's shape (with one rank every piece does: AdamW then sees the unsharded tensors).
+  void build_shard() {
+    torch::NoGradGuard no_grad;
+    const auto is_16_bit = [](const torch::Tensor& t) {
+      return t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+    };
+    master_dtype_ = is_16_bit(parameters_.front()) ? torch::kFloat32 : parameters_.front().scalar_type();
+    std::int64_t total = 0;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const torch::ScalarType dtype = is_16_bit(parameters_[i]) ? torch::kFloat32 : parameters_[i].scalar_type();
+      require(dtype == master_dtype_, "sharding needs one master dtype: trainable tensor ", i, " has ", dtype,
+              ", tensor 0 ", master_dtype_);
+      require(parameters_[i].device() == parameters_.front().device(), "sharding needs one device: trainable tensor ",
+              i, " is on ", parameters_[i].device(), ", tensor 0 on ", parameters_.front().device());
+      offsets_.push_back(total);
+      total += parameters_[i].numel();
+    }
+    shard_ = flat_shard::of(total, collectives_.rank, collectives_.size);
+    gradient_sums_.resize(parameters_.size());
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const std::int64_t first = std::max(shard_.lo, offsets_[i]);
+      const std::int64_t last = std::min(shard_.hi, offsets_[i] + parameters_[i].numel());
+      if (first >= last) continue;
+      const shard_piece piece{.tensor = i, .begin = first - offsets_[i], .length = last - first};
+      torch::Tensor master = piece_of(parameters_[i], piece).to(master_dtype_).clone();
+      if (piece.length == parameters_[i].numel()) master = master.view(parameters_[i].sizes());
+      master.set_requires_grad(true);
+      pieces_.push_back(piece);
+      shard_masters_.push_back(master);
+    }
+  }
+
+  // Tensor i's summed gradient on this rank, in the master dtype (zeros where it has none).
+  torch::Tensor local_gradient(std::size_t i) {
+    const torch::Tensor& source =
+        parameters_[i].scalar_type() == master_dtype_ ? parameters_[i].grad() : gradient_sums_[i];
+    return source.defined() ? source.detach() : torch::zeros(parameters_[i].sizes(), masters_options());
+  }
+  [[nodiscard]] torch::TensorOptions masters_options() const {
+    return torch::TensorOptions().dtype(master_dtype_).device(parameters_.front().device());
+  }
+
+  // The gradient summed over the ranks, for this rank's range only, into the pieces' .grad(); the full local
+  // gradients are released. ZeRO-1: every tensor's full gradient all-reduced, then sliced. ZeRO-2: the flat
+  // gradient bucket by bucket (bucket_megabytes of float32), each bucket's part in a rank's range reduced to that
+  // rank only. One rank: the same steps without a collective.
+  void reduce_gradients_to_shard() {
+    torch::NoGradGuard no_grad;
+    const bool several = collectives_.size > 1;
+    std::vector<torch::Tensor> gradients;
+    if (options_.sharding.mode == sharding_mode::optimizer) {
+      for (std::size_t i = 0; i < parameters_.size(); ++i) gradients.push_back(local_gradient(i));
+      if (several) collectives_.all_reduce_tensors(gradients);
+      for (std::size_t k = 0; k < pieces_.size(); ++k)
+        shard_masters_[k].mutable_grad() =
+            piece_of(gradients[pieces_[k].tensor], pieces_[k]).view_as(shard_masters_[k]).clone();
+    } else {
+      torch::Tensor owned = torch::empty({shard_.count()}, masters_options());
+      const std::int64_t bucket = options_.sharding.bucket_elements();
+      std::size_t tensor = 0;  // the first tensor that reaches into the bucket
+      for (std::int64_t first = 0; first < shard_.total; first += bucket) {
+        const std::int64_t last = std::min(shard_.total, first + bucket);
+        std::vector<torch::Tensor> parts;
+        while (offsets_[tensor] + parameters_[tensor].numel() <= first) ++tensor;
+        for (std::size_t i = tensor; i < parameters_.size() && offsets_[i] < last; ++i) {
+          const std::int64_t from = std::max(first, offsets_[i]);
+          const std::int64_t to = std::min(last, offsets_[i] + parameters_[i].numel());
+          parts.push_back(local_gradient(i).reshape({-1}).narrow(0, from - offsets_[i], to - from));
+        }
+        torch::Tensor flat = torch::cat(parts);
+        for (int owner = shard_.owner(first); owner <= shard_.owner(last - 1); ++owner) {
+          const std::int64_t from = std::max(first, shard_.chunk * owner);
+          const std::int64_t to = std::min(last, shard_.chunk * (owner + 1));
+          torch::Tensor part = flat.narrow(0, from - first, to - from);
+          if (several) collectives_.reduce_to(part, owner);
+          if (owner == shard_.rank) owned.narrow(0, from - shard_.lo, to - from).copy_(part);
+        }
+      }
+      std::int64_t at = 0;
+      for (std::size_t k = 0; k < pieces_.size(); ++k) {
+        shard_masters_[k].mutable_grad() = owned.narrow(0, at, pieces_[k].length).view_as(shard_masters_[k]).clone();
+        at += pieces_[k].length;
+      }
+    }
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      parameters_[i].mutable_grad() = torch::Tensor();
+      gradient_sums_[i] = torch::Tensor();
+    }
+    shard_gradients_ready_ = true;
+  }
+
+  // The tensors AdamW steps and the EMA follows: the masters, or sharded, this rank's pieces.
+  [[nodiscard]] const std::vector<torch::Tensor>& optimized() const { return sharded() ? shard_masters_ : masters_; }
+
+  // The global gradient norm of a sharded update (reducing the gradients to the shards first when
+  // all_reduce_gradients did not: one rank).
+  double sharded_gradient_norm() {
+    if (!shard_gradients_ready_) reduce_gradients_to_shard();
+    double squares = gradient_squares(shard_masters_);
+    if (collectives_.size > 1) collectives_.all_reduce_values(std::span<double>(&squares, 1));
+    return std::sqrt(squares);
+  }
+
+  // Every rank's pieces, all-gathered (padded to equal chunks), into the model's tensors (rounded to their dtype).
+  void gather_shards_into_model() {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor gathered = gathered_flat(shard_masters_);
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      parameters_[i].detach().copy_(
+          gathered.narrow(0, offsets_[i], parameters_[i].numel()).view(parameters_[i].sizes()));
+  }
+
+  // The flat buffer of per-piece tensors (aligned with pieces_) from every rank: each rank's chunk padded with zeros
+  // to the same length, all-gathered; with one rank, this rank's chunk.
+  torch::Tensor gathered_flat(std::span<const torch::Tensor> per_piece) {
+    require(per_piece.size() == pieces_.size(), "gathering ", per_piece.size(), " tensors for ", pieces_.size(),
+            " pieces of the shard");
+    torch::NoGradGuard no_grad;
+    torch::Tensor local = torch::zeros({shard_.chunk}, masters_options());
+    std::int64_t at = 0;
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      local.narrow(0, at, pieces_[k].length).copy_(per_piece[k].detach().reshape({-1}));
+      at += pieces_[k].length;
+    }
+    if (collectives_.size == 1) return local;
+    torch::Tensor gathered = torch::empty({shard_.padded()}, masters_options());
+    collectives_.all_gather(local, gathered);
+    return gathered;
   }
 
   void copy_masters_to_model() {
@@ -298,8 +611,17 @@ class autograd_policy {
   torch_backend backend_;
   autograd_policy_options options_;
   std::vector<torch::Tensor> parameters_;
-  std::vector<torch::Tensor> masters_;  // parameters_[i] itself, or its float32 master copy
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::vector<torch::Tensor> masters_;              // parameters_[i] itself, or its float32 master copy
+  std::unique_ptr<torch::optim::AdamW> optimizer_;  // over masters_, or sharded over shard_masters_
+  // Sharded only:
+  detail::shard_collectives collectives_;
+  flat_shard shard_;
+  std::vector<std::int64_t> offsets_;         // each trainable tensor's first element in the flat buffer
+  std::vector<shard_piece> pieces_;           // this rank's range, tensor by tensor
+  std::vector<torch::Tensor> shard_masters_;  // one master per piece: what AdamW and the EMA hold
+  std::vector<torch::Tensor> gradient_sums_;  // float32 gradient sums of 16-bit tensors until the reduction
+  torch::ScalarType master_dtype_ = torch::kFloat32;
+  bool shard_gradients_ready_ = false;
   ema_weights ema_;
   std::int64_t rows_ = 0;
   int steps_ = 0;

@@ -70,6 +70,7 @@
 #include "branchgrpo/torch/guidance.hpp"
 #include "branchgrpo/torch/lora.hpp"
 #include "branchgrpo/torch/policy.hpp"
+#include "branchgrpo/torch/policy_state.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
 #include "branchgrpo/torch/wan/autoencoder.hpp"
@@ -502,6 +503,12 @@ struct heldout_evaluation {
 class training_run {
  public:
   training_run(run_config config, run_model model, weighted_sum reward)
+      : training_run(std::move(config), std::move(model), std::move(reward), detail::one_process()) {}
+
+  /// The run as rank communicator.rank() of its group: with optimizer.sharding, the policy keeps this rank's shard
+  /// of the optimizer state (autograd_policy's collectives go over `communicator`, which must outlive the run).
+  template <Communicator C>
+  training_run(run_config config, run_model model, weighted_sum reward, C& communicator)
       : config_(std::move(config)),
         model_(std::move(model)),
         reward_(std::move(reward)),
@@ -546,7 +553,9 @@ class training_run {
             .optimizer = config_.optimizer,
             .bf16_autocast = config_.model.autocast && backend_.dtype != torch::kFloat32,
             .master_weights = config_.model.master_weights,
-            .autocast_dtype = backend_.dtype == torch::kFloat16 ? torch::kFloat16 : torch::kBFloat16});
+            .autocast_dtype = backend_.dtype == torch::kFloat16 ? torch::kFloat16 : torch::kBFloat16,
+            .sharding = config_.sharding},
+        communicator);
     if (config_.eval.enabled()) {
       require(!model_.heldout.empty(), config_.source, ": eval.embeddings = \"", config_.eval.embeddings,
               "\": the run model holds no held-out prompts (load it with load_run_model)");
@@ -750,16 +759,24 @@ class training_run {
     checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
     out.ranks = ranks_;
     const auto named = named_masters();
-    for (const auto& [name, tensor] : named) out.weights[name] = tensor.detach().clone();
-    out.state = adamw_state_tensors(policy_->optimizer(), named);
-    if (config_.optimizer.ema_decay > 0)
-      for (std::size_t i = 0; i < named.size(); ++i)
-        out.state["ema." + named[i].first] = policy_->ema_parameters()[i].detach().clone();
+    require(gathered_ || !policy_->sharded() || policy_->shard().size == 1, "the checkpoint of a run sharded over ",
+            policy_->shard().size, " ranks needs gather_checkpoint_state() on every rank first");
+    policy_state trained = gathered_ ? std::move(*gathered_) : policy_state_tensors(*policy_, trainable_names());
+    gathered_.reset();
+    out.weights = std::move(trained.weights);
+    out.state = std::move(trained.state);
     for (const auto& [name, values] : recipe_.normalizer.save_state())
       out.state["normalizer." + name] = torch::tensor(values, torch::kFloat64);
     out.state.merge(adamw_state_presence(out.state, named));
     out.config_text = canonical_config();
     return out;
+  }
+
+  /// Every rank calls it before rank 0's checkpoint(): sharded over several ranks, the shards of the masters, AdamW's
+  /// moments and the EMA are all-gathered into full tensors (a collective; the checkpoint format stays the one of
+  /// an unsharded run, so it resumes at any world size and sharding); otherwise nothing.
+  void gather_checkpoint_state() {
+    if (policy_->sharded() && policy_->shard().size > 1) gathered_ = policy_state_tensors(*policy_, trainable_names());
   }
 
   /// The canonical text of this run's config with its input files' checksums (config_text.hpp), computed once.
@@ -799,17 +816,12 @@ class training_run {
                     [](const auto& t) { return t.first.starts_with("adamw."); }))
       check_adamw_state(contents.state, named);
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> weights;
-    for (const auto& item : named) weights.push_back(contents.weights.at(item.first));
-    policy_->load_weights(weights);
-    load_adamw_state(policy_->optimizer(), named, contents.state);
     if (config_.optimizer.ema_decay > 0)
-      for (std::size_t i = 0; i < named.size(); ++i) {
-        const auto it = contents.state.find("ema." + named[i].first);
-        require(it != contents.state.end(), "the checkpoint has no EMA of '", named[i].first,
+      for (const auto& item : named)
+        require(contents.state.contains("ema." + item.first), "the checkpoint has no EMA of '", item.first,
                 "' (optimizer.ema_decay changed?)");
-        policy_->ema_parameters()[i].copy_(it->second);
-      }
+    // Full tensors at any world size and sharding: a sharded rank keeps its pieces of them.
+    load_policy_state(*policy_, trainable_names(), contents.weights, contents.state);
     component_state normalizer;
     constexpr std::string_view prefix = "normalizer.";
     for (const auto& [name, tensor] : contents.state)
@@ -918,6 +930,12 @@ class training_run {
   [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> trainable() {
     return named_trainable(model_.network());
   }
+  /// The trainable tensors' names, in the policy's order (a checkpoint's keys).
+  [[nodiscard]] std::vector<std::string> trainable_names() {
+    std::vector<std::string> names;
+    for (const auto& item : named_trainable(model_.network())) names.push_back(item.first);
+    return names;
+  }
   /// The trainable tensors by name as the optimizer holds them: float32 masters of a 16-bit model's tensors
   /// (model.master_weights), else the model's own (what checkpoints store).
   [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> named_masters() {
@@ -973,7 +991,8 @@ class training_run {
   int iteration_ = 0;
   std::map<std::string, double> last_components_;
   std::int64_t last_tree_count_ = 0;
-  int ranks_ = 1;  // processes of the last step (recorded in checkpoints)
+  int ranks_ = 1;                         // processes of the last step (recorded in checkpoints)
+  std::optional<policy_state> gathered_;  // a sharded run's full state for the next checkpoint()
   bool keep_images_ = false;
   torch::Tensor last_images_;
   std::vector<std::int64_t> last_prompts_;
