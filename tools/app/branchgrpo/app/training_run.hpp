@@ -642,17 +642,7 @@ class training_run {
   torch::Tensor sample(const sigma_schedule& schedule, std::span<const std::int64_t> prompts, std::uint64_t seed,
                        std::uint32_t first, bool use_ema) {
     torch::NoGradGuard no_grad;
-    struct ema_swap {
-      autograd_policy<run_velocity_model>* policy;
-      explicit ema_swap(autograd_policy<run_velocity_model>* p) : policy(p) {
-        if (policy) policy->swap_ema();
-      }
-      ~ema_swap() {
-        if (policy) policy->swap_ema();
-      }
-      ema_swap(const ema_swap&) = delete;
-      ema_swap& operator=(const ema_swap&) = delete;
-    } const swapped(use_ema && config_.optimizer.ema_decay > 0 ? policy_.get() : nullptr);
+    const ema_swap swapped(use_ema && config_.optimizer.ema_decay > 0 ? policy_.get() : nullptr);
     const auto root_key = [&](std::int64_t r) {
       return noise_key{.seed = seed,
                        .iteration = 0,
@@ -711,9 +701,11 @@ class training_run {
     // everywhere (a NaN stays NaN). Part 0 is the weighted sum, part 1 + t reward t's.
     const std::span<const named_reward> terms = eval_reward_->terms();
     std::vector<double> all(static_cast<std::size_t>(rows) * (1 + terms.size()), 0.0);
+    // Every rank swaps the EMA in, even one without held-out prompts: with sharding the swap is a collective.
+    const ema_swap swapped(out.ema ? policy_.get() : nullptr);
     if (!table_rows.empty()) {
-      out.images =
-          sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row), out.ema);
+      out.images = sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row),
+                          /*use_ema=*/false);
       const leaf_groups groups{.leaves_per_tree = static_cast<std::int32_t>(samples), .keys = groups_keys};
       const std::vector<double> total = (*eval_reward_)(out.images, heldout_rows, groups);
       const auto put = [&](std::size_t part, const std::vector<double>& values) {
@@ -960,6 +952,20 @@ class training_run {
   }
 
  private:
+  // The EMA's weights in the model while alive (nothing for a null policy). A sharded policy's swap is a
+  // collective: every rank must hold one at the same point.
+  struct ema_swap {
+    autograd_policy<run_velocity_model>* policy;
+    explicit ema_swap(autograd_policy<run_velocity_model>* p) : policy(p) {
+      if (policy) policy->swap_ema();
+    }
+    ~ema_swap() {
+      if (policy) policy->swap_ema();
+    }
+    ema_swap(const ema_swap&) = delete;
+    ema_swap& operator=(const ema_swap&) = delete;
+  };
+
   // The Reward the trainer calls: decode, score with the run's reward (groupwise: its win-rate and remote terms see
   // each tree; with its parts, for per-reward advantages), keep the images when asked.
   struct scorer {
