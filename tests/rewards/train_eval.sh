@@ -100,7 +100,13 @@ for r in straight:
     assert r["reward/alignment"] == r["reward_mean"] and r["reward/alignment/failed"] == 0, r
 scores = [json.loads(line) for line in open(sys.argv[1] + "/eval/final/scores.jsonl")]
 assert len(scores) == 8 and scores[0]["prompt"] == "a blue triangle" and scores[0]["file"] == "0000-00.png", scores[0]
-assert abs(sum(s["reward"] for s in scores) / 8 - straight[-1]["reward_mean"]) < 1e-12
+# The interval by hand: mean -+ t_{0.975, 7} s / sqrt(8) over the last evaluation's 8 samples (t = 2.364624).
+values = [s["reward"] for s in scores]
+mean = sum(values) / 8
+s = (sum((v - mean) ** 2 for v in values) / 7) ** 0.5
+assert abs(mean - straight[-1]["reward_mean"]) < 1e-12
+assert abs(mean - 2.364624252 * s / 8 ** 0.5 - straight[-1]["reward_low"]) < 1e-9, straight[-1]
+assert abs(mean + 2.364624252 * s / 8 ** 0.5 - straight[-1]["reward_high"]) < 1e-9, straight[-1]
 assert open(sys.argv[2] + "/eval/final/scores.jsonl").read() == open(sys.argv[1] + "/eval/final/scores.jsonl").read()
 PY
 for f in weights.safetensors state.safetensors; do
