@@ -21,7 +21,10 @@
 //                    0: zero: <mode> <model>: max relative difference X, optimizer state A -> B elements"
 //                    Then checkpoints across world sizes (policy_state.hpp): the state gathered after 2 sharded
 //                    updates equals the unsharded one's, and resuming it in one unsharded process (N -> 1), or one
-//                    process's state sharded (1 -> N), takes update 3 to where 3 unsharded updates end
+//                    process's state sharded (1 -> N), takes update 3 to where 3 unsharded updates end.
+//                    Then sharded checkpoints: every rank writes its shard (write_sharded_checkpoint); assembled they
+//                    equal the gathered state bit for bit, every range of 1-3 ranks reads back its slice, each rank's
+//                    own range resumes update 3, and a flipped byte or a missing shard 1 is named
 //   zero_one         one process: the sharded policy with one rank is bit for bit the unsharded one (float32 and
 //                    bfloat16 models, with EMA), and the bad sharding options are one line each
 //   join             joins from the environment and leaves (the environment errors, one line)
@@ -29,8 +32,10 @@
 //                    store's, Gloo's) accepts only this host: bound to a loopback address or to the loopback
 //                    interface, read back from /proc/net/tcp{,6} (exposure.hpp), and that the store refuses
 //                    connections through every other address of this host while accepting 127.0.0.1
-//   compare A B TOL  one process: the tensors of two safetensors files agree within the relative tolerance TOL
+//   compare A B TOL  one process: the tensors of two safetensors files (or checkpoint directories: their trainable
+//                    weights, a sharded one's assembled) agree within the relative tolerance TOL
 //                    (||a - b|| / ||a|| over all of them); prints "compare: N tensors, relative difference X ..."
+//   verify DIR       one process: exits 0 when checkpoint DIR verifies (verify_checkpoint), else prints why, exits 1
 //   environment      one process: read_launch_environment's checks over made-up environments
 //
 // An expected failure prints "rank R: <message>" (one line) on stderr and exits 1; a failed check prints
@@ -39,7 +44,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -314,6 +322,8 @@ struct tiny_run {
 struct tiny_span {
   int first = 0, last = 3;
   const bg::policy_state* start = nullptr;
+  const bg::checkpoint_range* start_range = nullptr;  // a sharded checkpoint's range for this rank
+  std::filesystem::path write_to = {};                // sharded: write a sharded checkpoint there at the end
 };
 
 const std::vector<std::string> tiny_names(bool lora) {
@@ -330,6 +340,7 @@ tiny_run train_tiny(Comm& communicator, bool lora, bg::sharding_options sharding
       .optimizer = {.lr = 1e-2, .weight_decay = 1e-2, .max_grad_norm = 0.5, .ema_decay = 0.9}, .sharding = sharding};
   bg::autograd_policy policy(model, bg::torch_backend{}, options, communicator);
   if (span.start != nullptr) bg::load_policy_state(policy, tiny_names(lora), span.start->weights, span.start->state);
+  if (span.start_range != nullptr) bg::load_policy_shard(policy, tiny_names(lora), *span.start_range);
   tiny_run out;
   for (int t = span.first; t < span.last; ++t) {
     // One batch per rank's share of the rows; one process takes every share as a batch of its own, in rank order,
@@ -349,6 +360,12 @@ tiny_run train_tiny(Comm& communicator, bool lora, bg::sharding_options sharding
   for (const torch::Tensor& e : policy.ema_parameters()) out.ema.push_back(e.detach().clone());
   out.state_elements = policy.optimizer_state_elements();
   out.state = bg::policy_state_tensors(policy, tiny_names(lora));
+  if (!span.write_to.empty()) {
+    const bg::checkpoint_layout layout = bg::policy_layout(policy, tiny_names(lora));
+    bg::checkpoint_contents common{.iteration = span.last, .seed = 1, .weights = {}, .state = {}};
+    common.ranks = communicator.size();
+    bg::write_sharded_checkpoint(span.write_to, common, layout, bg::policy_shard_tensors(policy, layout), communicator);
+  }
   return out;
 }
 
@@ -448,6 +465,86 @@ void sharded_training(bg::c10d_communicator& comm) {
     }
 }
 
+// The flat concatenation of full tensors in order.
+torch::Tensor flat_of(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& t : tensors) parts.push_back(t.reshape({-1}).to(torch::kFloat64));
+  return torch::cat(parts);
+}
+
+// Sharded checkpoints (checkpoint.hpp, write_sharded_checkpoint): after 2 sharded updates every rank writes its
+// shard. The assembled checkpoint equals the gathered state bit for bit; every range of every world size 1-3 reads
+// back the matching slice; a resume of each rank's own range takes update 3 to where 3 unsharded updates end; a
+// flipped byte in shard 1 and a missing shard 1 are each named by the verification.
+void sharded_checkpoints(bg::c10d_communicator& comm) {
+  bg::single_process one;
+  const std::string port = std::getenv("MASTER_PORT") != nullptr ? std::getenv("MASTER_PORT") : "0";
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / ("branchgrpo-zero-" + port);
+  const std::string shard_1 = "shard-00001-of-0000" + std::to_string(comm.size()) + ".safetensors";
+  for (const bool lora : {false, true}) {
+    const std::string what = std::string("sharded checkpoint") + (lora ? " lora" : " full");
+    const std::filesystem::path dir = root / (lora ? "iter-000002-lora" : "iter-000002-full");
+    const bg::sharding_options sharding{.mode = bg::sharding_mode::gradients, .bucket_megabytes = 1e-4};
+    const tiny_run sharded =
+        train_tiny(comm, lora, sharding, comm.size(), torch::kFloat32, {.first = 0, .last = 2, .write_to = dir});
+    const bg::checkpoint_contents assembled = bg::read_checkpoint(dir);
+    expect(assembled.layout && assembled.layout->shards == comm.size() && assembled.layout->step == 2,
+           what + ": the layout does not say " + std::to_string(comm.size()) + " shards at step 2");
+    for (const auto& [name, tensor] : sharded.state.weights)
+      expect(torch::equal(assembled.weights.at(name), tensor), what + ": assembled weight " + name + " differs");
+    for (const auto& [name, tensor] : sharded.state.state)
+      expect(torch::equal(assembled.state.at(name), tensor), what + ": assembled " + name + " differs");
+    // Every world size's ranges: the slice of the flat masters, moments and EMA.
+    std::vector<torch::Tensor> masters, averages;
+    for (const std::string& name : tiny_names(lora)) {
+      masters.push_back(sharded.state.weights.at(name));
+      averages.push_back(sharded.state.state.at("ema." + name));
+    }
+    const torch::Tensor flat_masters = flat_of(masters), flat_ema = flat_of(averages);
+    for (int size = 1; size <= 3; ++size)
+      for (int r = 0; r < size; ++r) {
+        const bg::flat_shard range = bg::flat_shard::of(flat_masters.numel(), r, size);
+        const auto [contents, read] = bg::read_checkpoint_range(dir, range.lo, range.hi);
+        expect(
+            torch::equal(read.tensors.at("master").to(torch::kFloat64),
+                         flat_masters.narrow(0, range.lo, range.count())) &&
+                torch::equal(read.tensors.at("ema").to(torch::kFloat64), flat_ema.narrow(0, range.lo, range.count())),
+            what + ": range of rank " + std::to_string(r) + " of " + std::to_string(size) + " differs");
+      }
+    // Resume: each rank reads its own range and takes update 3.
+    const bg::flat_shard mine = bg::flat_shard::of(flat_masters.numel(), comm.rank(), comm.size());
+    const auto [contents, range] = bg::read_checkpoint_range(dir, mine.lo, mine.hi);
+    const tiny_run resumed =
+        train_tiny(comm, lora, sharding, comm.size(), torch::kFloat32, {.first = 2, .last = 3, .start_range = &range});
+    const tiny_run straight = train_tiny(one, lora, {}, comm.size());
+    const double worst = max_relative_difference(resumed.parameters, straight.parameters);
+    expect(worst < (comm.size() == 2 ? 1e-6 : 1e-5),
+           what + ": resumed from the shards, differs by " + std::to_string(worst));
+    comm.barrier();  // every rank has read the shards before rank 0 damages them
+    if (comm.rank() == 0) {
+      std::cout << "rank 0: zero: " << what << ": " << comm.size() << " shards, resumed max relative difference "
+                << worst << "\n";
+      const std::filesystem::path shard = dir / shard_1;
+      std::string bytes;
+      {
+        std::ifstream in(shard, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      bytes[bytes.size() - 1] = static_cast<char>(bytes.back() ^ 1);
+      std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+      const std::string flipped = bg::checkpoint_problem(dir);
+      expect(flipped.starts_with((dir / shard_1).string() + ": checksum mismatch (xxh64 "),
+             what + ": a flipped byte gives '" + flipped + "'");
+      std::filesystem::remove(shard);
+      const std::string missing = bg::checkpoint_problem(dir);
+      expect(missing == (dir / shard_1).string() + ": missing (manifest.txt lists it)",
+             what + ": a missing shard gives '" + missing + "'");
+    }
+  }
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove_all(root);
+}
+
 int sharding_one_process() {
   bg::single_process one;
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16})
@@ -492,7 +589,11 @@ int sharding_one_process() {
 // `tolerance`. Adam normalizes each element's update, so an element whose gradient is at the rounding level moves
 // by an amount set by that rounding: element-wise relative differences are printed too, but not the criterion.
 int compare_files(const std::string& a, const std::string& b, double tolerance) {
-  const auto left = bg::load_safetensors(a), right = bg::load_safetensors(b);
+  // A checkpoint directory stands for its trainable weights (a sharded one's shards assembled).
+  const auto weights = [](const std::string& path) {
+    return std::filesystem::is_directory(path) ? bg::read_checkpoint(path).weights : bg::load_safetensors(path);
+  };
+  const auto left = weights(a), right = weights(b);
   expect(left.size() == right.size() && !left.empty(), "the files hold different tensor names");
   double differences = 0, norms = 0, worst_tensor = 0;
   for (const auto& [name, tensor] : left) {
@@ -544,6 +645,7 @@ int run(const std::string& scenario, double timeout) {
     }
   } else if (scenario == "zero") {
     sharded_training(*comm);
+    sharded_checkpoints(*comm);
   } else if (scenario == "exposure") {
     comm->barrier();  // every rank joined: the sockets are all there
     if (rank == 0) check_exposure(environment->master_port);
@@ -577,6 +679,11 @@ int run(const std::string& scenario, double timeout) {
 
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
+  if (scenario == "verify" && argc == 3) {
+    const std::string problem = bg::checkpoint_problem(argv[2]);
+    if (!problem.empty()) std::cerr << "verify: " << problem << '\n';
+    return problem.empty() ? 0 : 1;
+  }
   if (scenario == "compare" && argc == 5) {
     try {
       return compare_files(argv[2], argv[3], std::stod(argv[4]));

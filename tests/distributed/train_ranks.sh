@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `branchgrpo train` on several processes of this host (ctest -L distributed; docs/distributed.md):
-#   train_ranks.sh MODE TOOL TEST_PROGRAM MODEL_DIR WORK_DIR
+#   train_ranks.sh MODE TOOL TEST_PROGRAM MODEL_DIR WORK_DIR [KILL_ON_RENAME_LIBRARY]
 # MODE:
 #   same        3 iterations of the shipped model on 1 process and on 2 ranks (Gloo, loopback): the final
 #               trainable weights agree within 1e-6 (||a - b|| / ||a||; measured 4e-9 at the default lr 1e-5: the
@@ -13,15 +13,22 @@
 #               agree with one process's within 1e-6
 #   zero1_full, zero2_full, zero2_lora   as `same`, the 2 ranks sharded: [optimizer] sharding = "optimizer"
 #               (ZeRO-1) or "gradients" (ZeRO-2), full fine-tuning (LoRA off) or LoRA, against one unsharded process
-#   zero_resume a checkpoint written by 2 ZeRO-2 ranks is resumed by one unsharded process, ending where 3
-#               unsharded iterations end
+#   zero_resume a sharded checkpoint written by 2 ZeRO-2 ranks (one shard file per rank, no weights.safetensors) is
+#               resumed by one unsharded process, ending where 3 unsharded iterations end; export-lora --merge reads
+#               it (the shards assembled: exactly the checkpoint's weights)
+#   zero_reshard_1_2, zero_reshard_2_3   a sharded checkpoint of 1 (2) ZeRO-2 ranks resumed by 2 (3) ZeRO-2 ranks,
+#               each reading only its new range of the old shards: ends where 3 unsharded iterations end (1e-6)
+#   zero_killed 2 ZeRO-2 ranks, checkpoints every 2 of 4 iterations; rank 1 is killed (SIGKILL, kill_on_rename)
+#               while writing its shard of checkpoint 4: rank 0 names it, checkpoint 2 stays valid, the staging
+#               directory has no manifest; the next start removes it, resumes from 2 and ends bit for bit where an
+#               uninterrupted 2-rank run ends (same world size: the same sums in the same order)
 #   killed      rank 1 is killed (SIGKILL) in the middle of a long run: rank 0 exits non-zero within its --timeout
 #               (5 s) with one line naming rank 1
 #   resume      a checkpoint written by 2 ranks is resumed by one process, with a note that the world size changed
 #   mismatch    the ranks are given different configs (another lr): both exit with the mismatch line
 # Each rank runs the tool with torchrun's variables set by hand (run_ranks.sh); nothing is left running.
 set -u
-mode=$1 tool=$2 program=$3 model=$4 work=$5
+mode=$1 tool=$2 program=$3 model=$4 work=$5 kill_library=${6:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rm -rf "$work" && mkdir -p "$work" || exit 1
 fail() { echo "FAIL ($mode): $*" >&2; exit 1; }
@@ -55,8 +62,8 @@ TOML
 # compare_runs ONE TWO: 3 iterations each; the final weights within 1e-6 (relative, over all tensors), the metrics'
 # counts equal, iteration 0's rewards equal, later ones within 1e-5.
 compare_runs() {
-  "$program" compare "$work/$1/checkpoints/iter-000003/weights.safetensors" \
-    "$work/$2/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
+  "$program" compare "$work/$1/checkpoints/iter-000003" "$work/$2/checkpoints/iter-000003" 1e-6 ||
+    fail "weights differ"
   python3 - "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" <<'PY' || fail "metrics differ"
 import json, sys
 one, two = ([json.loads(line) for line in open(path)] for path in sys.argv[1:3])
@@ -104,17 +111,62 @@ zero1_full | zero2_full | zero2_lora)
   compare_runs one two
   ;;
 zero_resume)
-  # 2 ranks with ZeRO-2 (full fine-tuning) write the checkpoint of iteration 2 (the shards gathered: the format of
-  # an unsharded run); one unsharded process resumes it to 3 and ends where 3 unsharded iterations end.
+  # 2 ranks with ZeRO-2 (full fine-tuning) write the sharded checkpoint of iteration 2; one unsharded process resumes
+  # it to 3 and ends where 3 unsharded iterations end.
   config one 3 && config two 2 && config more 3 && sed -i "s|$work/more\"|$work/two\"|" "$work/more.toml"
   shard none one full && shard gradients two full && shard none more full
   "$tool" train --config "$work/one.toml" --quiet > /dev/null 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
   bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --timeout 20 || fail "two ranks"
+  sharded=$work/two/checkpoints/iter-000002
+  grep -q "^shards 2$" "$sharded/manifest.txt" || fail "the manifest does not say 2 shards"
+  [ -f "$sharded/shard-00000-of-00002.safetensors" ] && [ -f "$sharded/shard-00001-of-00002.safetensors" ] &&
+    [ ! -e "$sharded/weights.safetensors" ] || fail "not one shard file per rank: $(ls "$sharded")"
+  # export-lora reads the sharded checkpoint: the merged transformer is the checkpoint's weights, exactly.
+  "$tool" export-lora --checkpoint "$sharded" --merge --output "$work/merged.safetensors" > /dev/null 2> "$work/export.err" ||
+    fail "export-lora: $(cat "$work/export.err")"
+  "$program" compare "$sharded" "$work/merged.safetensors" 0 || fail "the merged export differs from the shards"
   "$tool" train --config "$work/more.toml" --resume --quiet > /dev/null 2> "$work/resume.err" ||
     fail "resume: $(cat "$work/resume.err")"
   grep -q "^resume: changed .*optimizer.sharding" "$work/resume.err" || fail "no note on the sharding: $(cat "$work/resume.err")"
-  "$program" compare "$work/one/checkpoints/iter-000003/weights.safetensors" \
-    "$work/two/checkpoints/iter-000003/weights.safetensors" 1e-6 || fail "weights differ"
+  "$program" compare "$work/one/checkpoints/iter-000003" "$work/two/checkpoints/iter-000003" 1e-6 || fail "weights differ"
+  ;;
+zero_reshard_1_2 | zero_reshard_2_3)
+  # A sharded checkpoint of FROM ZeRO-2 ranks (iteration 2) resumed by TO ZeRO-2 ranks to 3: each new rank reads its
+  # range from the old shards that overlap it; the end is where 3 unsharded iterations end.
+  from=${mode:13:1} to=${mode:15:1}
+  config one 3 && config part 2 && config more 3 && sed -i "s|$work/more\"|$work/part\"|" "$work/more.toml"
+  shard none one full && shard gradients part full && shard gradients more full
+  "$tool" train --config "$work/one.toml" --quiet > /dev/null 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  bash "$here/run_ranks.sh" -n "$from" -t 60 -- "$tool" train --config "$work/part.toml" --quiet --timeout 20 ||
+    fail "$from ranks"
+  grep -q "^shards $from$" "$work/part/checkpoints/iter-000002/manifest.txt" || fail "the manifest does not say $from shards"
+  bash "$here/run_ranks.sh" -n "$to" -t 60 -- "$tool" train --config "$work/more.toml" --resume --quiet --timeout 20 ||
+    fail "$to ranks resuming"
+  grep -q "^shards $to$" "$work/part/checkpoints/iter-000003/manifest.txt" || fail "the manifest does not say $to shards"
+  "$program" compare "$work/one/checkpoints/iter-000003" "$work/part/checkpoints/iter-000003" 1e-6 || fail "weights differ"
+  ;;
+zero_killed)
+  # Rank 1 dies (SIGKILL) while writing its shard of checkpoint 4; checkpoint 2 stays valid and the next start
+  # continues from it to where an uninterrupted run of the same 2 ranks ends, bit for bit.
+  [ -n "$kill_library" ] || fail "no kill_on_rename library given"
+  config straight 4 && config cut 4
+  shard gradients straight full && shard gradients cut full
+  sed -i "s/^checkpoint_every = 0$/checkpoint_every = 2/" "$work/straight.toml" "$work/cut.toml"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/straight.toml" --quiet --timeout 20 ||
+    fail "the straight run"
+  bash "$here/run_ranks.sh" -n 2 -t 40 -e "0:error:rank 1 (did not reach|stopped inside)" -e 1:any -- \
+    bash -c 'if [ "$RANK" = 1 ]; then export LD_PRELOAD="$1" BRANCHGRPO_TEST_KILL_ON_RENAME=iter-000004.tmp/shard-00001; fi
+             shift; exec "$@"' rank "$kill_library" "$tool" train --config "$work/cut.toml" --quiet --timeout 5 ||
+    fail "rank 0 did not name the killed rank 1"
+  checkpoints=$work/cut/checkpoints
+  [ -d "$checkpoints/iter-000004.tmp" ] && [ ! -e "$checkpoints/iter-000004.tmp/manifest.txt" ] &&
+    [ ! -e "$checkpoints/iter-000004" ] || fail "checkpoint 4 was not cut short: $(ls -R "$checkpoints")"
+  "$program" verify "$checkpoints/iter-000002" || fail "checkpoint 2 does not verify"
+  resumed=$(bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/cut.toml" --resume --quiet --timeout 20) ||
+    fail "the resumed run: $resumed"
+  grep -q "rank 0 stderr: resuming from .*iter-000002 (iteration 2)" <<< "$resumed" || fail "did not resume from 2: $resumed"
+  [ ! -e "$checkpoints/iter-000004.tmp" ] || fail "the interrupted staging directory is still there"
+  "$program" compare "$work/straight/checkpoints/iter-000004" "$checkpoints/iter-000004" 0 || fail "weights differ"
   ;;
 torchrun)
   config one 3 && config two 3

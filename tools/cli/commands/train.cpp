@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -20,6 +21,7 @@
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/hash.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/distributed/consistency.hpp"
 #include "branchgrpo/files/input_file.hpp"
 #include "cli/commands.hpp"
@@ -53,7 +55,7 @@ struct train_options {
 // As rank communicator.rank() of its group (optimizer.sharding shards over it).
 template <Communicator Comm>
 std::unique_ptr<training_run> make_run(const run_config& config, Comm& communicator) {
-  check_run_memory_before_loading(config, available_memory());
+  check_run_memory_before_loading(config, available_memory(), communicator.size());
   run_model model = load_run_model(config);
   weighted_sum reward = make_run_reward(config, model);
   return std::make_unique<training_run>(config, std::move(model), std::move(reward), communicator);
@@ -132,6 +134,14 @@ void keep_config(const std::filesystem::path& out, const std::string& config_fil
   write_file(out / "config.toml", text);
 }
 
+// This process's peak resident set in bytes (VmHWM of /proc/self/status; 0 where there is none).
+std::uint64_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.starts_with("VmHWM:")) return std::stoull(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+  return 0;
+}
+
 // Runs `body` on every rank; when it fails on any, every rank stops: a failing rank with its own error, the others
 // with one line naming the failing ranks. One collective, so no rank waits for a peer that gave up. One process:
 // body's error as it is.
@@ -203,14 +213,16 @@ void train_on(const train_options& options, run_config config, Comm& communicato
                              [&] { return make_run(config, communicator); });
   });
   if (options.resume) {
-    // Rank 0 cleans up what a crash left, then every rank reads the same newest valid checkpoint.
+    // Rank 0 cleans up what a crash left, then every rank reads the same newest valid checkpoint, all at once (a
+    // sharded run's restore gathers the working weights from every rank's range).
     std::optional<std::filesystem::path> from;
     on_every_rank(communicator, [&] {
-      if (lead) from = run->resume(std::cerr, /*recover=*/true);
+      if (lead)
+        for (const std::string& line : recover_checkpoints(checkpoints)) std::cerr << "checkpoints: " << line << '\n';
     });
     on_every_rank(communicator, [&] {
       std::ostringstream quiet;  // the other ranks' warnings repeat rank 0's
-      if (!lead) from = run->resume(quiet, /*recover=*/false);
+      from = run->resume(lead ? static_cast<std::ostream&>(std::cerr) : quiet, /*recover=*/false);
     });
     if (lead && from) {
       std::cerr << "resuming from " << from->string() << " (iteration " << run->iteration() << ")\n";
@@ -272,10 +284,21 @@ void train_on(const train_options& options, run_config config, Comm& communicato
                            [&] { return run->step(communicator, grid && lead); });
     seconds += stats.seconds;
     ++timed;
+    // Every rank's measured training-state bytes and peak resident set, for the metrics row (docs/distributed.md).
+    const policy_memory& memory = run->last_memory();
+    const std::array<double, 4> mine = {memory.parameters, memory.gradients_peak, memory.optimizer,
+                                        static_cast<double>(peak_resident_bytes())};
+    const std::vector<double> memories = all_gather_values(communicator, std::span<const double>(mine));
     on_every_rank(communicator, [&] {
       if (!lead) return;
-      const nlohmann::json row =
-          iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm);
+      nlohmann::json row = iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm);
+      for (std::size_t r = 0; r < memories.size() / 4; ++r) {
+        const std::string prefix = "memory/rank" + std::to_string(r) + "/";
+        row[prefix + "parameters"] = memories[4 * r];
+        row[prefix + "gradients_peak"] = memories[4 * r + 1];
+        row[prefix + "optimizer"] = memories[4 * r + 2];
+        row[prefix + "resident_peak"] = memories[4 * r + 3];
+      }
       metrics->append(row);
       bar.clear();
       if (stats.trees_dropped > 0)
@@ -293,11 +316,8 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     if (checkpoint || signal != 0) {
       // Debug check that the replicas did not drift (cheap: the trainable tensors), then rank 0 writes.
       if (communicator.size() > 1) check_same_parameters(communicator, std::span(run->policy().parameters()));
-      run->gather_checkpoint_state();  // every rank: a sharded run's shards become full tensors
-      std::filesystem::path dir;
-      on_every_rank(communicator, [&] {
-        if (lead) dir = run->save_checkpoint();
-      });
+      std::filesystem::path dir;  // every rank: a sharded run's ranks write their shards
+      on_every_rank(communicator, [&] { dir = run->save_checkpoint(communicator); });
       if (signal != 0) {
         // The iteration that was running when the signal came is finished and saved: say so, exit 128 + signal.
         if (lead) {
@@ -327,7 +347,11 @@ void train_on(const train_options& options, run_config config, Comm& communicato
 // `train --memory`: the pre-flight estimate by part (app/run_memory.hpp) and the budgets it is checked against,
 // from the config and the model files' headers alone; nothing is loaded or built.
 void print_memory_estimate(const run_config& config, bool json) {
-  const run_memory_estimate e = estimate_run_memory(config, run_transformer_config(config), run_text_tokens(config));
+  // Each rank's share of a sharded state: the world size torchrun (or the launcher) sets, one process without it.
+  const char* world = std::getenv("WORLD_SIZE");
+  const int ranks = world == nullptr ? 1 : parse_integer<int>(world, "WORLD_SIZE", 1);
+  const run_memory_estimate e =
+      estimate_run_memory(config, run_transformer_config(config), run_text_tokens(config), ranks);
   const memory_budget host = available_memory();
   const std::optional<memory_budget> device = device_memory_budget(run_device(config));
   if (json) {
@@ -340,6 +364,7 @@ void print_memory_estimate(const run_config& config, bool json) {
                           {"device_total", e.device_total()},
                           {"host_total", e.host_total()},
                           {"total", e.total()},
+                          {"ranks", ranks},
                           {"host_budget", host.bytes},
                           {"host_budget_source", host.source}};
     if (device) out.update({{"device_budget", device->bytes}, {"device_budget_source", device->source}});
@@ -351,7 +376,8 @@ void print_memory_estimate(const run_config& config, bool json) {
     std::cout << "  " << std::left << std::setw(18) << part << std::right << std::setw(10) << byte_text(bytes) << "  "
               << on << '\n';
   };
-  std::cout << config.source << ": memory estimate (nothing loaded; docs/reliability.md)\n";
+  std::cout << config.source << ": memory estimate (nothing loaded; docs/reliability.md"
+            << (ranks > 1 ? "; each of WORLD_SIZE = " + std::to_string(ranks) + " ranks" : std::string()) << ")\n";
   line("weights", e.weights, where);
   line("training state", e.training, where);
   line("rollout latents", e.rollout, where);

@@ -19,6 +19,22 @@
 //   file config.toml 1893 5be0c6d7e8f90a1b
 //   manifest 4e7d0f1a2b3c4d5e
 //
+// A sharded run (optimizer.sharding, docs/distributed.md) writes no weights.safetensors: each rank writes its own
+// range of the flat buffer of trainable tensors, and rank 0 the rest, into the same staging directory:
+//
+//   <root>/iter-000010/layout.txt                         the flat buffer (checkpoint_layout.hpp): tensors, offsets,
+//                                                         shapes, shards, AdamW step, EMA
+//   <root>/iter-000010/shard-00000-of-00002.safetensors   rank 0's range [lo, hi): "master" (the float32 masters),
+//   <root>/iter-000010/shard-00001-of-00002.safetensors   "adamw.exp_avg", "adamw.exp_avg_sq" (after a step) and "ema"
+//                                                         (with an EMA), each 1-D of hi - lo elements
+//   <root>/iter-000010/state.safetensors                  the normalizer's buffers
+//   <root>/iter-000010/config.toml, manifest.txt          as above; the manifest says "shards 2" and lists every file,
+//                                                         the shards with the sizes and XXH64 their ranks reported
+//
+// read_checkpoint assembles the shards into the unsharded contents (full tensors by name, as an unsharded run
+// writes them: export-lora, sample and a resume without sharding read it so); read_checkpoint_range reads only the
+// shards that overlap one rank's range (a sharded resume at any world size: resharding is reading other ranges).
+//
 // Atomicity: the files are written (each fsync'ed) into <dir>.tmp, the manifest last, then the directory is renamed
 // to <dir> (rename(2) of a directory is atomic on POSIX file systems). A crash before the rename leaves <dir>.tmp
 // behind and every earlier checkpoint intact. Pruning renames a directory to <dir>.deleted before deleting it, so a
@@ -38,8 +54,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -54,7 +72,9 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/hash.hpp"
 #include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/files/input_file.hpp"
+#include "branchgrpo/torch/checkpoint_layout.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 
@@ -68,6 +88,17 @@ struct checkpoint_contents {
   std::map<std::string, torch::Tensor> state;    ///< optimizer, EMA and normalizer tensors by name
   std::string config_text = {};                  ///< the run's canonical config (config/config_text.hpp); may be ""
   int ranks = 1;  ///< processes of the run that wrote it (data parallel: same experiment, rounding may differ)
+  /// Read from a sharded checkpoint: its layout (the writer's shards); nullopt for an unsharded one.
+  std::optional<checkpoint_layout> layout = std::nullopt;
+};
+
+/// What read_checkpoint_range reads of a sharded checkpoint: one range [lo, hi) of its flat buffer, by kind:
+/// "master", "adamw.exp_avg" and "adamw.exp_avg_sq" (when layout.step > 0), "ema" (when layout.ema), each 1-D of
+/// hi - lo elements in layout.dtype.
+struct checkpoint_range {
+  checkpoint_layout layout;
+  std::int64_t lo = 0, hi = 0;
+  std::map<std::string, torch::Tensor> tensors;
 };
 
 inline constexpr std::string_view checkpoint_format = "branchgrpo-checkpoint-2";
@@ -125,6 +156,7 @@ struct manifest {
   int iteration = 0;
   std::uint64_t seed = 0;
   int ranks = 1;
+  int shards = 0;  // a sharded checkpoint's shard files (0: unsharded, weights.safetensors)
   struct file {
     std::string name;
     std::uint64_t size = 0;
@@ -137,7 +169,8 @@ struct manifest {
 inline std::string manifest_text(const manifest& m) {
   std::string text =
       "format " + m.format + "\niteration " + std::to_string(m.iteration) + "\nseed " + std::to_string(m.seed) + "\n";
-  if (m.ranks != 1) text += "ranks " + std::to_string(m.ranks) + "\n";  // absent: one process
+  if (m.ranks != 1) text += "ranks " + std::to_string(m.ranks) + "\n";     // absent: one process
+  if (m.shards != 0) text += "shards " + std::to_string(m.shards) + "\n";  // absent: unsharded
   for (const auto& f : m.files) text += "file " + f.name + " " + std::to_string(f.size) + " " + f.xxh64 + "\n";
   return text + "manifest " + hex_digest(xxh64_digest(text)) + "\n";
 }
@@ -195,6 +228,8 @@ inline manifest read_manifest(const std::filesystem::path& dir) {
       has_seed = true;
     } else if (key == "ranks") {
       m.ranks = parse_integer<int>(rest(), path.string() + ": ranks", 1);
+    } else if (key == "shards") {
+      m.shards = parse_integer<int>(rest(), path.string() + ": shards", 1);
     } else if (key == "file") {
       manifest::file f;
       std::string size;
@@ -210,9 +245,18 @@ inline manifest read_manifest(const std::filesystem::path& dir) {
   require(m.format == checkpoint_format, path.string(), ": format '", echo_text(m.format), "' is not ",
           checkpoint_format, ": not a valid checkpoint");
   require(has_iteration && has_seed, path.string(), ": no ", has_iteration ? "seed" : "iteration", " line");
-  for (const char* needed : {"weights.safetensors", "state.safetensors"})
-    require(std::any_of(m.files.begin(), m.files.end(), [&](const auto& f) { return f.name == needed; }), path.string(),
-            ": does not list ", needed);
+  std::vector<std::string> needed = {"state.safetensors"};
+  if (m.shards == 0) {
+    needed.emplace_back("weights.safetensors");
+  } else {  // every shard of the layout: a manifest that lost one names it
+    needed.emplace_back(checkpoint_layout_file);
+    checkpoint_layout names;
+    names.shards = m.shards;
+    for (int r = 0; r < m.shards; ++r) needed.push_back(names.shard_file(r));
+  }
+  for (const std::string& name : needed)
+    require(std::any_of(m.files.begin(), m.files.end(), [&](const auto& f) { return f.name == name; }), path.string(),
+            ": does not list ", name);
   if (const auto named = checkpoint_name_iteration(dir))
     require(*named == m.iteration, path.string(), ": says iteration ", m.iteration, ", the directory ",
             dir.filename().string());
@@ -303,20 +347,211 @@ inline void write_checkpoint(const std::filesystem::path& dir, const checkpoint_
   commit_checkpoint(stage_checkpoint(dir, contents), dir);
 }
 
-/// Reads a checkpoint directory written by write_checkpoint, after verify_checkpoint. Errors name the file.
-inline checkpoint_contents read_checkpoint(const std::filesystem::path& dir) {
-  const detail::manifest m = detail::read_manifest(dir);
-  detail::verify_files(dir, m, /*hashes=*/true);
+namespace detail {
+// The kinds of tensors a shard file holds under `layout`, in a fixed order.
+inline std::vector<std::string> shard_kinds(const checkpoint_layout& layout) {
+  std::vector<std::string> kinds = {"master"};
+  if (layout.step > 0) kinds.insert(kinds.end(), {"adamw.exp_avg", "adamw.exp_avg_sq"});
+  if (layout.ema) kinds.emplace_back("ema");
+  return kinds;
+}
+
+// Shard r's tensors, checked against the layout: every kind there, 1-D of the shard's length, in the layout's dtype.
+inline std::map<std::string, torch::Tensor> load_shard(const std::filesystem::path& dir,
+                                                       const checkpoint_layout& layout, int r) {
+  const std::filesystem::path path = dir / layout.shard_file(r);
+  std::map<std::string, torch::Tensor> tensors = load_safetensors(path);
+  const std::int64_t count = layout.shard(r).count();
+  const torch::Dtype dtype = layout.dtype == "float64" ? torch::kFloat64 : torch::kFloat32;
+  for (const std::string& kind : shard_kinds(layout)) {
+    const auto it = tensors.find(kind);
+    require(it != tensors.end(), path.string(), ": no tensor '", kind, "' (", checkpoint_layout_file,
+            " says it is there)");
+    require(it->second.dim() == 1 && it->second.size(0) == count && it->second.scalar_type() == dtype, path.string(),
+            ": tensor '", kind, "' is ", it->second.scalar_type(), " ", it->second.sizes(), ", the layout says ",
+            layout.dtype, " [", count, "]");
+  }
+  return tensors;
+}
+
+// The layout of a sharded checkpoint whose manifest is `m` (shards > 0), checked against the manifest.
+inline checkpoint_layout read_layout(const std::filesystem::path& dir, const manifest& m) {
+  const std::filesystem::path path = dir / checkpoint_layout_file;
+  checkpoint_layout layout = parse_checkpoint_layout(read_input_file(path, input_kinds::manifest), path.string());
+  require(layout.shards == m.shards, path.string(), ": ", layout.shards, " shards, ", checkpoint_manifest, " says ",
+          m.shards);
+  return layout;
+}
+
+// The parts of a checkpoint that both formats share: iteration, seed, ranks, state.safetensors, config.toml.
+inline checkpoint_contents read_common(const std::filesystem::path& dir, const manifest& m) {
   checkpoint_contents out;
   out.iteration = m.iteration;
   out.seed = m.seed;
   out.ranks = m.ranks;
   out.state = load_safetensors(dir / "state.safetensors");
-  out.weights = load_safetensors(dir / "weights.safetensors");
-  if (std::any_of(m.files.begin(), m.files.end(), [](const auto& f) { return f.name == "config.toml"; })) {
+  if (std::any_of(m.files.begin(), m.files.end(), [](const auto& f) { return f.name == "config.toml"; }))
     out.config_text = read_input_file(dir / "config.toml", input_kinds::config);
-  }
   return out;
+}
+}  // namespace detail
+
+/// Reads a checkpoint directory written by write_checkpoint or write_sharded_checkpoint, after verify_checkpoint.
+/// Errors name the file. A sharded checkpoint's shards are assembled into full tensors named as an unsharded run
+/// names them: weights[name] (the masters), state "adamw.exp_avg.<name>", "adamw.exp_avg_sq.<name>",
+/// "adamw.step.<name>", "adamw.state.<name>" and "ema.<name>"; `layout` says it was sharded.
+/// Example: a checkpoint of 2 ranks with tensors w [4, 8], b [17] -> weights {w [4, 8], b [17]} whatever the shards.
+inline checkpoint_contents read_checkpoint(const std::filesystem::path& dir) {
+  const detail::manifest m = detail::read_manifest(dir);
+  detail::verify_files(dir, m, /*hashes=*/true);
+  checkpoint_contents out = detail::read_common(dir, m);
+  if (m.shards == 0) {
+    out.weights = load_safetensors(dir / "weights.safetensors");
+    return out;
+  }
+  const checkpoint_layout layout = detail::read_layout(dir, m);
+  std::map<std::string, std::vector<torch::Tensor>> parts;
+  for (int r = 0; r < layout.shards; ++r)
+    for (auto& [kind, tensor] : detail::load_shard(dir, layout, r)) parts[kind].push_back(std::move(tensor));
+  for (const std::string& kind : detail::shard_kinds(layout)) {
+    const torch::Tensor flat = torch::cat(parts.at(kind));
+    for (const auto& t : layout.tensors) {
+      torch::Tensor full = flat.narrow(0, t.offset, t.numel()).view(t.shape).clone();
+      if (kind == "master")
+        out.weights[t.name] = std::move(full);
+      else
+        out.state[(kind == "ema" ? "ema." : kind + ".") + t.name] = std::move(full);
+    }
+  }
+  for (const auto& t : layout.tensors) {
+    out.state["adamw.state." + t.name] = torch::tensor({std::int64_t{layout.step > 0 ? 1 : 0}}, torch::kInt64);
+    if (layout.step > 0) out.state["adamw.step." + t.name] = torch::tensor({layout.step}, torch::kInt64);
+  }
+  out.layout = layout;
+  return out;
+}
+
+/// Whether `dir`'s manifest says it is sharded (no verification of the other files: read_checkpoint* do that).
+inline bool is_sharded_checkpoint(const std::filesystem::path& dir) { return detail::read_manifest(dir).shards > 0; }
+
+/// Reads range [lo, hi) of a sharded checkpoint's flat buffer, loading only the shards that overlap it (every
+/// file's checksum verified, as read_checkpoint does); contents.state and config_text as read_checkpoint's, no
+/// weights. What a rank of a sharded run reads on resume, at any world size.
+/// Example: written by 2 ranks (total 49: [0, 25), [25, 49)), read as rank 1 of 3 ([17, 34)) -> shard 0's last 8
+///   elements then shard 1's first 9, for every kind.
+/// @pre 0 <= lo <= hi <= the layout's total (else invalid_input naming both).
+inline std::pair<checkpoint_contents, checkpoint_range> read_checkpoint_range(const std::filesystem::path& dir,
+                                                                              std::int64_t lo, std::int64_t hi) {
+  const detail::manifest m = detail::read_manifest(dir);
+  require(m.shards > 0, dir.string(), ": not a sharded checkpoint (it has weights.safetensors: read_checkpoint)");
+  detail::verify_files(dir, m, /*hashes=*/true);
+  checkpoint_range range{.layout = detail::read_layout(dir, m), .lo = lo, .hi = hi, .tensors = {}};
+  require(0 <= lo && lo <= hi && hi <= range.layout.total, dir.string(), ": range [", lo, ", ", hi,
+          ") is not within the flat buffer of ", range.layout.total, " elements");
+  std::map<std::string, std::vector<torch::Tensor>> parts;
+  for (int r = 0; r < range.layout.shards; ++r) {
+    const flat_shard shard = range.layout.shard(r);
+    const std::int64_t first = std::max(lo, shard.lo), last = std::min(hi, shard.hi);
+    if (first >= last) continue;
+    for (auto& [kind, tensor] : detail::load_shard(dir, range.layout, r))
+      parts[kind].push_back(tensor.narrow(0, first - shard.lo, last - first));
+  }
+  const torch::Dtype dtype = range.layout.dtype == "float64" ? torch::kFloat64 : torch::kFloat32;
+  for (const std::string& kind : detail::shard_kinds(range.layout))
+    range.tensors[kind] = parts.contains(kind) ? torch::cat(parts.at(kind)).clone() : torch::empty({0}, dtype);
+  checkpoint_contents contents = detail::read_common(dir, m);
+  contents.layout = range.layout;
+  return {std::move(contents), std::move(range)};
+}
+
+/// Writes a sharded checkpoint to `dir` atomically, as one rank of `communicator` (every rank calls it; a
+/// collective): rank 0 creates "<dir>.tmp"; every rank writes its shard file there (`shard`: its range of the flat
+/// buffer by kind, as checkpoint_range holds them); rank 0 writes `contents`' state.safetensors and config.toml,
+/// layout.txt, then the manifest with every shard's size and XXH64 as its rank reported them, and renames the
+/// directory to `dir`. `layout` is the same on every rank.
+/// A rank that fails (a full disk) rethrows its error after the others learned of it; they throw "<dir>: rank 1
+/// could not write its shard (see its message)". A rank that dies leaves "<dir>.tmp" without a manifest (or none
+/// committed) and every earlier checkpoint intact; the survivors' next collective names it.
+/// @pre shard holds detail::shard_kinds(layout), each 1-D of layout.shard(rank).count() elements.
+template <Communicator C>
+void write_sharded_checkpoint(const std::filesystem::path& dir, const checkpoint_contents& contents,
+                              const checkpoint_layout& layout, const std::map<std::string, torch::Tensor>& shard,
+                              C& communicator) {
+  require(layout.shards == communicator.size(), "a sharded checkpoint of ", layout.shards, " shards written by ",
+          communicator.size(), " ranks");
+  std::filesystem::path staging = dir;
+  staging += ".tmp";
+  const bool lead = communicator.rank() == 0;
+  // Runs `body`, then tells every rank whether it failed on any: the failing rank rethrows its error, the others
+  // name it. Returns the ranks' reports (two 64-bit words each, from body's return).
+  const auto everywhere = [&](const char* what, auto&& body) {
+    std::exception_ptr error;
+    std::array<std::uint64_t, 3> mine = {0, 0, 0};
+    try {
+      const std::array<std::uint64_t, 2> report = body();
+      mine = {1, report[0], report[1]};
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::vector<std::uint64_t> all = all_gather_values(communicator, std::span<const std::uint64_t>(mine));
+    if (error) std::rethrow_exception(error);
+    for (int r = 0; r < communicator.size(); ++r)
+      require(all[3 * static_cast<std::size_t>(r)] == 1, dir.string(), ": rank ", r, " could not ", what,
+              " (see its message)");
+    return all;
+  };
+  everywhere("create the staging directory", [&]() -> std::array<std::uint64_t, 2> {
+    if (lead) {
+      std::error_code error;
+      std::filesystem::remove_all(staging, error);
+      std::filesystem::create_directories(staging, error);
+      require(!error, staging.string(), ": cannot create the checkpoint directory: ", error.message());
+    }
+    return {0, 0};
+  });
+  const flat_shard mine = layout.shard(communicator.rank());
+  const std::vector<std::uint64_t> reports = everywhere("write its shard", [&]() -> std::array<std::uint64_t, 2> {
+    for (const std::string& kind : detail::shard_kinds(layout)) {
+      const auto it = shard.find(kind);
+      require(it != shard.end() && it->second.numel() == mine.count(), "rank ", communicator.rank(),
+              "'s shard has no '", kind, "' of ", mine.count(), " elements");
+    }
+    const std::filesystem::path path = staging / layout.shard_file(communicator.rank());
+    save_safetensors(path, shard,
+                     {{"format", std::string(checkpoint_format)},
+                      {"iteration", std::to_string(contents.iteration)},
+                      {"range", std::to_string(mine.lo) + " " + std::to_string(mine.hi)}});
+    const file_digest_result digest = file_digest(path);
+    return {digest.size, digest.xxh64};
+  });
+  everywhere("commit the checkpoint", [&]() -> std::array<std::uint64_t, 2> {
+    if (!lead) return {0, 0};
+    const std::map<std::string, std::string> metadata = {{"format", std::string(checkpoint_format)},
+                                                         {"iteration", std::to_string(contents.iteration)},
+                                                         {"seed", std::to_string(contents.seed)}};
+    save_safetensors(staging / "state.safetensors", contents.state, metadata);
+    detail::write_checked(staging / "config.toml", contents.config_text);
+    detail::write_checked(staging / checkpoint_layout_file, checkpoint_layout_text(layout));
+    detail::manifest m{.format = std::string(checkpoint_format),
+                       .iteration = contents.iteration,
+                       .seed = contents.seed,
+                       .ranks = contents.ranks,
+                       .shards = layout.shards,
+                       .files = {}};
+    for (const std::string_view name :
+         {std::string_view("state.safetensors"), std::string_view("config.toml"), checkpoint_layout_file}) {
+      const file_digest_result digest = file_digest(staging / name);
+      m.files.push_back({.name = std::string(name), .size = digest.size, .xxh64 = hex_digest(digest.xxh64)});
+    }
+    for (int r = 0; r < layout.shards; ++r)
+      m.files.push_back({.name = layout.shard_file(r),
+                         .size = reports[3 * static_cast<std::size_t>(r) + 1],
+                         .xxh64 = hex_digest(reports[3 * static_cast<std::size_t>(r) + 2])});
+    detail::write_checked(staging / checkpoint_manifest, detail::manifest_text(m));
+    detail::sync_directory(staging);
+    commit_checkpoint(staging, dir);
+    return {0, 0};
+  });
 }
 
 /// One "iter-<digits>" directory under a checkpoint root.

@@ -20,6 +20,7 @@
 // log-prob before the first optimizer step equals the rollout's bit for bit when the model is batch-invariant
 // (iteration_stats::first_update_log_prob_gap == 0); the trainer uses the recomputed value as the old
 // log-prob of the first update anyway, so that update's ratio is exactly 1 in every case.
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -74,6 +75,16 @@ struct autograd_policy_options {
   sharding_options sharding = {};
 
   friend bool operator==(const autograd_policy_options&, const autograd_policy_options&) = default;
+};
+
+/// The bytes of training state a policy holds on this rank, read off its tensors' storages (each storage counted
+/// once): what sharding divides. Example: full fine-tuning of a float32 model of P parameters, unsharded, after a
+/// step: parameters 4P, gradients_peak 4P, optimizer 8P (AdamW's two moments; + 4P with an EMA); ZeRO-1 on N ranks:
+/// parameters 4P + 4P / N (the working weights and this rank's masters), gradients_peak 4P, optimizer 8P / N.
+struct policy_memory {
+  double parameters = 0;      ///< trainable tensors (the model's working copies) and their float32 masters
+  double gradients_peak = 0;  ///< the most bytes held in gradient buffers since the last reset_memory_peak()
+  double optimizer = 0;       ///< AdamW's moments and the EMA's shadows
 };
 
 /// What one apply_update did.
@@ -255,7 +266,9 @@ class autograd_policy {
     const torch::Tensor w =
         torch::tensor(weights, torch::TensorOptions().dtype(torch::kFloat64)).to(log_probs.device());
     (w * log_probs).sum().backward();
+    note_gradient_bytes();  // the backward's gradients, before the 16-bit ones move into the float32 sums
     move_gradients_to_masters();
+    note_gradient_bytes();
     rows_ += rows;
     return values;
   }
@@ -354,6 +367,22 @@ class autograd_policy {
     copy_masters_to_model();
   }
 
+  /// Sharded: sets this rank's float32 masters to `pieces` (aligned with shard_masters(), in their shapes or flat),
+  /// then all-gathers every rank's into the model's tensors: a sharded resume, each rank having read only its own
+  /// range. A collective: every rank calls it.
+  /// @pre one tensor per piece of that piece's element count (else invalid_input naming the piece).
+  void load_shard_masters(std::span<const torch::Tensor> pieces) {
+    require(sharded() && pieces.size() == shard_masters_.size(), "load_shard_masters got ", pieces.size(),
+            " tensors for ", shard_masters_.size(), " pieces of the shard");
+    torch::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      require(pieces[k].numel() == shard_masters_[k].numel(), "load_shard_masters: piece ", k, " has ",
+              pieces[k].numel(), " elements, the shard's ", shard_masters_[k].numel());
+      shard_masters_[k].copy_(pieces[k].reshape(shard_masters_[k].sizes()));
+    }
+    gather_shards_into_model();
+  }
+
   /// The EMA of master_parameters(), or sharded, of shard_masters().
   [[nodiscard]] const std::vector<torch::Tensor>& ema_parameters() const { return ema_.shadow; }
   [[nodiscard]] bool sharded() const { return options_.sharding.sharded(); }
@@ -395,6 +424,31 @@ class autograd_policy {
     if (sharded() && collectives_.size > 1) collectives_.all_reduce_values(std::span<double>(&value, 1));
     return value;
   }
+
+  /// The training state's bytes on this rank (policy_memory), measured from the tensors it holds now; the gradient
+  /// peak since the last reset_memory_peak().
+  [[nodiscard]] policy_memory memory() {
+    std::vector<const void*> seen;
+    const auto bytes = [&](const torch::Tensor& t) -> double {
+      if (!t.defined() || t.numel() == 0) return 0.0;
+      const void* storage = t.storage().data();
+      if (std::find(seen.begin(), seen.end(), storage) != seen.end()) return 0.0;
+      seen.push_back(storage);
+      return static_cast<double>(t.storage().nbytes());
+    };
+    policy_memory out;
+    for (const torch::Tensor& t : parameters_) out.parameters += bytes(t);
+    for (const torch::Tensor& t : optimized()) out.parameters += bytes(t);
+    for (const auto& [key, state] : optimizer_->state()) {
+      const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
+      out.optimizer += bytes(adamw.exp_avg()) + bytes(adamw.exp_avg_sq()) + bytes(adamw.max_exp_avg_sq());
+    }
+    for (const torch::Tensor& t : ema_.shadow) out.optimizer += bytes(t);
+    out.gradients_peak = std::max(gradient_bytes_peak_, gradient_bytes());
+    return out;
+  }
+  /// Starts a new gradient peak (policy_memory::gradients_peak) from the bytes held now.
+  void reset_memory_peak() { gradient_bytes_peak_ = gradient_bytes(); }
 
   /// Elements of AdamW's moment tensors on this rank (exp_avg and exp_avg_sq; 0 before the first step): sharded
   /// over N ranks, about 1/N of the unsharded policy's.
@@ -458,6 +512,29 @@ class autograd_policy {
         masters_[i].mutable_grad() = gradient.clone();
       parameters_[i].mutable_grad() = torch::Tensor();
     }
+  }
+
+  // Bytes held in gradient buffers now: the model's tensors' .grad(), the float32 sums of 16-bit ones, the masters'
+  // and the shard's .grad() (each storage once).
+  [[nodiscard]] double gradient_bytes() const {
+    std::vector<const void*> seen;
+    double total = 0;
+    const auto add = [&](const torch::Tensor& t) {
+      if (!t.defined() || t.numel() == 0) return;
+      const void* storage = t.storage().data();
+      if (std::find(seen.begin(), seen.end(), storage) != seen.end()) return;
+      seen.push_back(storage);
+      total += static_cast<double>(t.storage().nbytes());
+    };
+    for (const torch::Tensor& t : parameters_) add(t.grad());
+    for (const torch::Tensor& t : masters_) add(t.grad());
+    for (const torch::Tensor& t : gradient_sums_) add(t);
+    for (const torch::Tensor& t : shard_masters_) add(t.grad());
+    return total;
+  }
+  // Raises the gradient peak to what is held now plus `extra` bytes of transient buffers.
+  void note_gradient_bytes(double extra = 0) {
+    gradient_bytes_peak_ = std::max(gradient_bytes_peak_, gradient_bytes() + extra);
   }
 
   // One trainable tensor's part of this rank's range: its flat elements [begin, begin + length).
@@ -549,12 +626,14 @@ class autograd_policy {
           if (owner == shard_.rank) owned.narrow(0, from - shard_.lo, to - from).copy_(part);
         }
       }
+      note_gradient_bytes(static_cast<double>(owned.nbytes()));  // the full local gradients and the owned sums
       std::int64_t at = 0;
       for (std::size_t k = 0; k < pieces_.size(); ++k) {
         shard_masters_[k].mutable_grad() = owned.narrow(0, at, pieces_[k].length).view_as(shard_masters_[k]).clone();
         at += pieces_[k].length;
       }
     }
+    note_gradient_bytes();
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       parameters_[i].mutable_grad() = torch::Tensor();
       gradient_sums_[i] = torch::Tensor();
@@ -622,6 +701,7 @@ class autograd_policy {
   std::vector<torch::Tensor> gradient_sums_;  // float32 gradient sums of 16-bit tensors until the reduction
   torch::ScalarType master_dtype_ = torch::kFloat32;
   bool shard_gradients_ready_ = false;
+  double gradient_bytes_peak_ = 0;  // policy_memory::gradients_peak
   ema_weights ema_;
   std::int64_t rows_ = 0;
   int steps_ = 0;

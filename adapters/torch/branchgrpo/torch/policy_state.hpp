@@ -8,9 +8,15 @@
 //                                         an EMA); sharded, the shards are all-gathered: a collective
 //   load_policy_state(policy, names, weights, state)   the inverse; sharded, each rank keeps its pieces
 //
-// Sharded checkpoints (each rank writing its shard, no gather) are the next step (docs/distributed.md).
+//   policy_layout(policy, names)          the flat buffer of a sharded policy as a sharded checkpoint's layout
+//   policy_shard_tensors(policy)          this rank's range of it ("master", AdamW's moments, "ema"), no collective:
+//                                         what the rank writes into its shard file (write_sharded_checkpoint)
+//   load_policy_shard(policy, range)      the inverse from a range read at any world size (read_checkpoint_range);
+//                                         a collective (the working weights are all-gathered)
 #include <cstddef>
+#include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -137,6 +143,129 @@ void load_policy_state(autograd_policy<Model>& policy, const std::vector<std::st
     const std::vector<torch::Tensor> averages = policy.pieces_of(full(state, "ema."));
     for (std::size_t k = 0; k < averages.size(); ++k) policy.ema_parameters()[k].copy_(averages[k]);
   }
+}
+
+namespace detail {
+// The flat concatenation of per-piece tensors (one per piece of the shard, in order): the shard's range as one
+// 1-D tensor in the master dtype.
+inline torch::Tensor flat_of(std::span<const torch::Tensor> per_piece, const torch::TensorOptions& options) {
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& t : per_piece) parts.push_back(t.detach().reshape({-1}).to(options));
+  return parts.empty() ? torch::empty({0}, options) : torch::cat(parts);
+}
+}  // namespace detail
+
+/// The flat buffer of a sharded policy as a sharded checkpoint's layout: its trainable tensors by `names`
+/// (trainable_parameters() order) with their offsets and shapes, the world size as the shards, the masters' dtype,
+/// AdamW's step (read off this rank's first piece: rank 0's, which writes the layout, has one) and the EMA flag.
+/// Example: tensors w [4, 8], b [17] on 2 ranks after 3 updates -> {total 49, shards 2, step 3, tensors
+///   {w 0 [4, 8], b 32 [17]}}.
+/// @pre policy.sharded(); names.size() == policy.parameters().size() (else invalid_input).
+template <class Model>
+checkpoint_layout policy_layout(autograd_policy<Model>& policy, const std::vector<std::string>& names) {
+  require(policy.sharded() && names.size() == policy.parameters().size(), "policy_layout needs a sharded policy and ",
+          policy.parameters().size(), " names, got ", names.size());
+  checkpoint_layout layout{
+      .tensors = {},
+      .total = policy.shard().total,
+      .shards = policy.shard().size,
+      .dtype = policy.shard_masters().empty() || policy.shard_masters().front().scalar_type() != torch::kFloat64
+                   ? "float32"
+                   : "float64",
+      .step = 0,
+      .ema = policy.options().optimizer.ema_decay > 0};
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    layout.tensors.push_back({.name = names[i], .offset = offset, .shape = policy.parameters()[i].sizes().vec()});
+    offset += policy.parameters()[i].numel();
+  }
+  const auto named = detail::named_pieces(policy.shard_masters());
+  const std::map<std::string, torch::Tensor> state = adamw_state_tensors(policy.optimizer(), named);
+  if (const auto step = state.find("adamw.step.0"); step != state.end())
+    layout.step = step->second.template item<std::int64_t>();
+  return layout;
+}
+
+/// This rank's range of a sharded policy's flat buffer, by kind: "master" (the float32 masters), "adamw.exp_avg"
+/// and "adamw.exp_avg_sq" (after a step), "ema" (with an EMA), each 1-D of shard().count() elements. No collective.
+/// Example: rank 1 of 2 with the layout of policy_layout's example -> each kind [24] (b's last 24 elements).
+/// @pre policy.sharded(); `layout` is policy_layout(policy, ...) (its step says whether the moments are there).
+template <class Model>
+std::map<std::string, torch::Tensor> policy_shard_tensors(autograd_policy<Model>& policy,
+                                                          const checkpoint_layout& layout) {
+  require(policy.sharded(), "policy_shard_tensors needs a sharded policy");
+  const torch::TensorOptions options =
+      torch::TensorOptions().dtype(layout.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+  std::map<std::string, torch::Tensor> out;
+  out["master"] = detail::flat_of(policy.shard_masters(), options);
+  if (layout.step > 0) {
+    const auto named = detail::named_pieces(policy.shard_masters());
+    const std::map<std::string, torch::Tensor> state = adamw_state_tensors(policy.optimizer(), named);
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      std::vector<torch::Tensor> pieces;
+      for (const auto& [key, piece] : named) {
+        const auto it = state.find(std::string("adamw.") + moment + "." + key);
+        require(it != state.end(), "rank ", policy.shard().rank, ": piece ", key, " has no AdamW state at step ",
+                layout.step);
+        pieces.push_back(it->second);
+      }
+      out[std::string("adamw.") + moment] = detail::flat_of(pieces, options);
+    }
+  }
+  if (layout.ema) out["ema"] = detail::flat_of(policy.ema_parameters(), options);
+  return out;
+}
+
+/// Sets a sharded policy's masters, AdamW state and EMA from `range` (read_checkpoint_range of this rank's
+/// shard().lo, shard().hi, from a checkpoint of any world size), then all-gathers the masters into the model's
+/// tensors. A collective: every rank calls it.
+/// @pre range covers exactly this rank's shard, and its layout names the policy's tensors in order with their
+///      shapes (else invalid_input naming the first that differs); with an EMA, range holds "ema".
+template <class Model>
+void load_policy_shard(autograd_policy<Model>& policy, const std::vector<std::string>& names,
+                       const checkpoint_range& range) {
+  require(policy.sharded(), "load_policy_shard needs a sharded policy");
+  require(range.lo == policy.shard().lo && range.hi == policy.shard().hi, "load_policy_shard got range [", range.lo,
+          ", ", range.hi, "), this rank's shard is [", policy.shard().lo, ", ", policy.shard().hi, ")");
+  require(range.layout.tensors.size() == names.size(), "the checkpoint's layout has ", range.layout.tensors.size(),
+          " tensors, this run ", names.size(), " trainable");
+  for (std::size_t i = 0; i < names.size(); ++i)
+    require(range.layout.tensors[i].name == names[i] &&
+                range.layout.tensors[i].shape == policy.parameters()[i].sizes().vec(),
+            "the checkpoint's layout has tensor ", i, " '", range.layout.tensors[i].name, "' ",
+            torch::IntArrayRef(range.layout.tensors[i].shape), ", this run '", names[i], "' ",
+            policy.parameters()[i].sizes());
+  torch::NoGradGuard no_grad;
+  const std::vector<torch::Tensor>& masters = policy.shard_masters();
+  // The range's kind split into pieces aligned with the shard's masters (they tile [lo, hi) in order).
+  const auto split = [&](const std::string& kind) {
+    const auto it = range.tensors.find(kind);
+    require(it != range.tensors.end(), "the checkpoint's range has no '", kind, "'");
+    std::vector<torch::Tensor> pieces;
+    std::int64_t at = 0;
+    for (const torch::Tensor& master : masters) {
+      pieces.push_back(it->second.narrow(0, at, master.numel()).to(master.options()).view(master.sizes()).clone());
+      at += master.numel();
+    }
+    return pieces;
+  };
+  const auto named = detail::named_pieces(masters);
+  std::map<std::string, torch::Tensor> state;
+  if (range.layout.step > 0) {
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      const std::vector<torch::Tensor> pieces = split(std::string("adamw.") + moment);
+      for (std::size_t k = 0; k < pieces.size(); ++k)
+        state[std::string("adamw.") + moment + "." + named[k].first] = pieces[k];
+    }
+    for (const auto& [key, piece] : named)
+      state["adamw.step." + key] = torch::tensor({range.layout.step}, torch::kInt64);
+  }
+  load_adamw_state(policy.optimizer(), named, state);
+  if (policy.options().optimizer.ema_decay > 0) {
+    const std::vector<torch::Tensor> averages = split("ema");
+    for (std::size_t k = 0; k < averages.size(); ++k) policy.ema_parameters()[k].copy_(averages[k]);
+  }
+  policy.load_shard_masters(split("master"));
 }
 
 }  // namespace branchgrpo

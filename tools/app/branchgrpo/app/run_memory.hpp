@@ -164,8 +164,11 @@ inline transformer_size size_of(const run_transformer& model, const latent_shape
 /// Example: the shipped shapes model with the default run (dense tree of 20 steps: 219 nodes, 2 trees of
 ///   [3, 16, 16] latents in float32) -> rollout = 2 * 219 * 768 * 4 bytes = 1.35 MB; the video model's
 ///   [3, 8, 16, 16] latents -> 2 * 219 * 6144 * 4 bytes = 10.8 MB.
+/// With `ranks` > 1 and [optimizer] sharding, each rank's training state: the gradient in full (ZeRO-1, and ZeRO-2 as
+/// built, whose full gradient lives until the reduction after the last backward), AdamW's moments and the EMA divided
+/// by the ranks (docs/distributed.md).
 inline run_memory_estimate estimate_run_memory(const run_config& config, const run_transformer& model,
-                                               std::int64_t text_tokens) {
+                                               std::int64_t text_tokens, int ranks = 1) {
   const double bytes = config.model.dtype == "float32" ? 4 : 2;
   const latent_shape shape = run_latent_shape(config, model);
   const detail::transformer_size size = detail::size_of(model, shape, text_tokens);
@@ -180,7 +183,8 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const r
   run_memory_estimate out;
   out.weights = parameters * bytes;
   const double trainable = config.lora.enabled ? lora : parameters;
-  out.training = trainable * bytes * (3 + (config.optimizer.ema_decay > 0 ? 1 : 0));
+  const double shared = config.sharding.sharded() ? static_cast<double>(std::max(ranks, 1)) : 1.0;
+  out.training = trainable * bytes * (1 + (2 + (config.optimizer.ema_decay > 0 ? 1 : 0)) / shared);
   const tree_plan plan = config.recipe.topology(config.rollout.steps);
   out.nodes_per_tree = plan.node_count();
   out.rollout = static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.node_count()) *
@@ -230,8 +234,9 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const f
 ///   [3, 16, 16] in model.dtype = float32), activations 2.11 GB (...), ...". On a CUDA device of 80 GB free the same
 ///   run says "... the run needs about 1.96 TB on cuda:0, over its 80 GB free (cudaMemGetInfo): rollout latents ...".
 inline void check_run_memory(const run_config& config, const run_transformer& model, std::int64_t text_tokens,
-                             const memory_budget& host, const std::optional<memory_budget>& device = std::nullopt) {
-  const run_memory_estimate e = estimate_run_memory(config, model, text_tokens);
+                             const memory_budget& host, const std::optional<memory_budget>& device = std::nullopt,
+                             int ranks = 1) {
+  const run_memory_estimate e = estimate_run_memory(config, model, text_tokens, ranks);
   const bool device_fits = device ? e.device_total() <= device->bytes : true;
   const bool host_fits = (device ? e.host_total() : e.total()) <= host.bytes;
   if (device_fits && host_fits) return;
@@ -252,6 +257,10 @@ inline void check_run_memory(const run_config& config, const run_transformer& mo
   const std::string training =
       "training state " + byte_text(e.training) +
       " (lora.enabled = " + (config.lora.enabled ? "true, lora.rank = " + std::to_string(config.lora.rank) : "false") +
+      (config.sharding.sharded() && ranks > 1
+           ? ", optimizer.sharding = \"" + std::string(sharding_name(config.sharding.mode)) + "\" over " +
+                 std::to_string(ranks) + " ranks"
+           : std::string()) +
       ")";
   const std::string decoded = "decoded samples " + byte_text(e.decoded) +
                               " (rollout.decode_batch = " + std::to_string(config.rollout.decode_batch) + " at a time)";
@@ -281,8 +290,8 @@ inline void check_run_memory(const run_config& config, const run_transformer& mo
 
 /// check_run_memory with the run's transformer and text length, read from the model's headers.
 inline void check_run_memory(const run_config& config, const memory_budget& host,
-                             const std::optional<memory_budget>& device = std::nullopt) {
-  check_run_memory(config, run_transformer_config(config), run_text_tokens(config), host, device);
+                             const std::optional<memory_budget>& device = std::nullopt, int ranks = 1) {
+  check_run_memory(config, run_transformer_config(config), run_text_tokens(config), host, device, ranks);
 }
 
 }  // namespace branchgrpo

@@ -91,7 +91,8 @@ inline torch::Device run_device(const run_config& config) {
 /// The pre-flight memory check (app/run_memory.hpp) before anything is loaded: on a CUDA device its parts against
 /// the device's free memory and the host buffers against `host`; on the CPU everything against `host`. A CUDA
 /// LibTorch built without the CUDA adapter cannot ask the device: the host part is checked and stderr says so.
-inline void check_run_memory_before_loading(const run_config& config, const memory_budget& host) {
+/// `ranks`: the processes of the run (each estimates its own share of a sharded training state).
+inline void check_run_memory_before_loading(const run_config& config, const memory_budget& host, int ranks = 1) {
   const torch::Device device = run_device(config);
   const std::optional<memory_budget> on_device = device_memory_budget(device);
   if (device.is_cuda() && !on_device)
@@ -99,7 +100,7 @@ inline void check_run_memory_before_loading(const run_config& config, const memo
                  "%s: model.device = \"%s\": its free memory is not checked before loading (a build "
                  "without the CUDA adapter)\n",
                  config.source.c_str(), config.model.device.c_str());
-  check_run_memory(config, host, on_device);
+  check_run_memory(config, host, on_device, ranks);
 }
 
 namespace detail {

@@ -40,6 +40,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -609,6 +610,8 @@ class training_run {
       last_components_[name] = finite_sum{.sum = sums[at], .count = sums[at + 1]}.mean();
       at += 2;
     }
+    last_memory_ = policy_->memory();
+    policy_->reset_memory_peak();
     ranks_ = communicator.size();
     last_tree_count_ =
         tree_share::of(static_cast<std::int64_t>(prompts.size()), communicator.rank(), communicator.size()).count();
@@ -619,6 +622,8 @@ class training_run {
   /// The mean unweighted score of each reward over the last iteration's leaves (weighted_sum::last_components; with
   /// several ranks over all of them).
   [[nodiscard]] const std::map<std::string, double>& last_components() const { return last_components_; }
+  /// This rank's training-state bytes after the last step, its gradient peak during it (policy_memory).
+  [[nodiscard]] const policy_memory& last_memory() const { return last_memory_; }
   /// Processes of the last step, or of the checkpoint the run resumed from (before its first step).
   [[nodiscard]] int ranks() const { return ranks_; }
   /// The trees whose leaves last_images() holds (this rank's share of the last iteration).
@@ -751,10 +756,9 @@ class training_run {
     checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
     out.ranks = ranks_;
     const auto named = named_masters();
-    require(gathered_ || !policy_->sharded() || policy_->shard().size == 1, "the checkpoint of a run sharded over ",
-            policy_->shard().size, " ranks needs gather_checkpoint_state() on every rank first");
-    policy_state trained = gathered_ ? std::move(*gathered_) : policy_state_tensors(*policy_, trainable_names());
-    gathered_.reset();
+    require(!policy_->sharded() || policy_->shard().size == 1, "a run sharded over ", policy_->shard().size,
+            " ranks has no checkpoint of its own: every rank calls save_checkpoint(communicator)");
+    policy_state trained = policy_state_tensors(*policy_, trainable_names());
     out.weights = std::move(trained.weights);
     out.state = std::move(trained.state);
     for (const auto& [name, values] : recipe_.normalizer.save_state())
@@ -764,11 +768,15 @@ class training_run {
     return out;
   }
 
-  /// Every rank calls it before rank 0's checkpoint(): sharded over several ranks, the shards of the masters, AdamW's
-  /// moments and the EMA are all-gathered into full tensors (a collective; the checkpoint format stays the one of
-  /// an unsharded run, so it resumes at any world size and sharding); otherwise nothing.
-  void gather_checkpoint_state() {
-    if (policy_->sharded() && policy_->shard().size > 1) gathered_ = policy_state_tensors(*policy_, trainable_names());
+  /// What a sharded checkpoint holds beside the shards (rank 0 writes it): iteration, seed, ranks, the normalizer's
+  /// buffers and the canonical config.
+  [[nodiscard]] checkpoint_contents checkpoint_common() {
+    checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
+    out.ranks = ranks_;
+    for (const auto& [name, values] : recipe_.normalizer.save_state())
+      out.state["normalizer." + name] = torch::tensor(values, torch::kFloat64);
+    out.config_text = canonical_config();
+    return out;
   }
 
   /// The canonical text of this run's config with its input files' checksums (config_text.hpp), computed once.
@@ -777,13 +785,23 @@ class training_run {
     return *config_text_;
   }
 
-  /// Restores a checkpoint of this configuration (weights, optimizer, EMA, normalizer, iteration).
+  /// Restores a checkpoint of this configuration (weights, optimizer, EMA, normalizer, iteration). With `range` (a
+  /// sharded run reading its own range of a sharded checkpoint: read_checkpoint_range), the policy's state comes
+  /// from it, and every rank must call restore (a collective); otherwise from contents' full tensors.
   /// @pre the checkpoint's trainable tensors match this run's by name and shape (else invalid_input naming them).
-  void restore(const checkpoint_contents& contents) {
+  void restore(const checkpoint_contents& contents, const checkpoint_range* range = nullptr) {
     require(contents.seed == config_.run.seed, "the checkpoint was written with seed ", contents.seed,
             ", the config has run.seed = ", config_.run.seed);
     require(contents.iteration >= 0 && contents.iteration <= config_.run.iterations, "the checkpoint is at iteration ",
             contents.iteration, ", the config has run.iterations = ", config_.run.iterations);
+    if (range) {
+      require(config_.optimizer.ema_decay == 0 || range->layout.ema,
+              "the checkpoint has no EMA (optimizer.ema_decay changed?)");
+      load_policy_shard(*policy_, trainable_names(), *range);  // checks the names and shapes
+      restore_normalizer(contents);
+      iteration_ = contents.iteration;
+      return;
+    }
     const auto named = named_masters();
     {
       std::vector<std::string> problems;
@@ -814,6 +832,12 @@ class training_run {
                 "' (optimizer.ema_decay changed?)");
     // Full tensors at any world size and sharding: a sharded rank keeps its pieces of them.
     load_policy_state(*policy_, trainable_names(), contents.weights, contents.state);
+    restore_normalizer(contents);
+    iteration_ = contents.iteration;
+  }
+
+  /// The stateful normalizer's buffers from a checkpoint's "normalizer.*" tensors.
+  void restore_normalizer(const checkpoint_contents& contents) {
     component_state normalizer;
     constexpr std::string_view prefix = "normalizer.";
     for (const auto& [name, tensor] : contents.state)
@@ -823,7 +847,6 @@ class training_run {
             std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
       }
     recipe_.normalizer.load_state(normalizer);
-    iteration_ = contents.iteration;
   }
 
   /// <output_dir>/checkpoints.
@@ -832,13 +855,24 @@ class training_run {
   }
 
   /// Writes the current state to checkpoint_root()/iter-<iteration> atomically and keeps the newest
-  /// run.keep_checkpoints. Returns the directory.
-  std::filesystem::path save_checkpoint() {
+  /// run.keep_checkpoints; returns the directory. Every rank of `communicator` calls it: a sharded run writes a
+  /// sharded checkpoint, each rank its own shard (write_sharded_checkpoint, a collective: no rank gathers the
+  /// state); otherwise rank 0 writes the checkpoint and the other ranks do nothing. Rank 0 prunes.
+  template <Communicator Comm>
+  std::filesystem::path save_checkpoint(Comm& communicator) {
     const std::filesystem::path dir = checkpoint_path(checkpoint_root(), iteration_);
-    write_checkpoint(dir, checkpoint());
-    prune_checkpoints(checkpoint_root(), config_.run.keep_checkpoints);
+    const bool lead = communicator.rank() == 0;
+    if (policy_->sharded()) {
+      const checkpoint_layout layout = policy_layout(*policy_, trainable_names());
+      write_sharded_checkpoint(dir, checkpoint_common(), layout, policy_shard_tensors(*policy_, layout), communicator);
+    } else if (lead) {
+      write_checkpoint(dir, checkpoint());
+    }
+    if (lead) prune_checkpoints(checkpoint_root(), config_.run.keep_checkpoints);
     return dir;
   }
+  /// One process: save_checkpoint of the group of one.
+  std::filesystem::path save_checkpoint() { return save_checkpoint(detail::one_process()); }
 
   /// Continues from the newest checkpoint under checkpoint_root() that verifies; returns its directory, or nullopt
   /// (nothing changed) when there is no checkpoint at all. First cleans what an interrupted write or prune left
@@ -847,7 +881,9 @@ class training_run {
   /// ("<root>: no valid checkpoint among 2 (newest: ...)"), and when the checkpoint's config differs from this
   /// run's in a key that changes the experiment ("<dir>: cannot resume: the config changes optimizer.lr (0.001 ->
   /// 0.002) ..."); keys that may change are listed on `log`.
-  /// With several processes only one may `recover` (the others pass false, after it did): the rest only read.
+  /// With several processes only one may `recover` (the others pass false, after it did): the rest only read. A
+  /// sharded run reads only its own range of a sharded checkpoint (read_checkpoint_range: resharding when the world
+  /// size changed), and then every rank must call resume at the same time (restore is a collective).
   std::optional<std::filesystem::path> resume(std::ostream& log = std::cerr, bool recover = true) {
     if (recover)
       for (const std::string& line : recover_checkpoints(checkpoint_root())) log << "checkpoints: " << line << '\n';
@@ -856,15 +892,19 @@ class training_run {
     std::string newest_problem;
     for (const checkpoint_entry& entry : entries) {
       checkpoint_contents contents;
+      std::optional<checkpoint_range> range;
       try {
-        contents = read_checkpoint(entry.dir);
+        if (policy_->sharded() && is_sharded_checkpoint(entry.dir))
+          std::tie(contents, range) = read_checkpoint_range(entry.dir, policy_->shard().lo, policy_->shard().hi);
+        else
+          contents = read_checkpoint(entry.dir);
       } catch (const std::exception& error) {
         if (newest_problem.empty()) newest_problem = error.what();
         log << "warning: skipping checkpoint " << entry.dir.string() << ": " << error.what() << '\n';
         continue;
       }
       check_resumable(entry.dir, contents.config_text, log);
-      restore(contents);
+      restore(contents, range ? &*range : nullptr);
       ranks_ = contents.ranks;
       return entry.dir;
     }
@@ -997,8 +1037,8 @@ class training_run {
   int iteration_ = 0;
   std::map<std::string, double> last_components_;
   std::int64_t last_tree_count_ = 0;
-  int ranks_ = 1;                         // processes of the last step (recorded in checkpoints)
-  std::optional<policy_state> gathered_;  // a sharded run's full state for the next checkpoint()
+  int ranks_ = 1;  // processes of the last step (recorded in checkpoints)
+  policy_memory last_memory_;
   bool keep_images_ = false;
   torch::Tensor last_images_;
   std::vector<std::int64_t> last_prompts_;
