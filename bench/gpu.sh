@@ -10,7 +10,8 @@
 # bf16_peak_fraction, ...), environment.txt (GPU, driver, torch) and build.log; then the same harness on a
 # Wan2.1-T2V-1.3B-size video transformer (random weights, bf16; bench_wan.txt, bench_wan.json); the shipped video
 # model trained with float32 masters, all-bf16 and classifier-free guidance (cfg_precision.txt); on a machine with two
-# GPUs or more also distributed.txt (the NCCL variant: data-parallel training on every GPU against one, via torchrun).
+# GPUs or more also distributed.txt (the NCCL variant: data-parallel training on every GPU against one, via torchrun;
+# then full fine-tuning sharded with ZeRO-1 and ZeRO-2 against unsharded: time, measured per-rank bytes, reward).
 #
 # Usage, on the GPU machine from the repository root:
 #   bench/gpu.sh                     # the default size (below), ~10 minutes including the build
@@ -227,3 +228,40 @@ all=$(seconds "$dist/all_gpus/metrics.jsonl")
   echo "$gpus GPUs: $all s / iteration"
   python3 -c "import sys; one, n, all = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]); print(f'speedup {one / all:.2f} of {n} (efficiency {one / all / n:.0%})')" "$one" "$gpus" "$all"
 } | tee -a "$out/distributed.txt"
+
+# The sharded variant (docs/distributed.md, "Sharded training"): full fine-tuning (LoRA off) of the shipped shapes
+# model on every GPU, unsharded and with optimizer.sharding = "optimizer" / "gradients" (ZeRO-1 / ZeRO-2 over NCCL
+# where LibTorch has it), 8 trees per GPU, a sharded checkpoint at the end; each rank's measured training-state bytes
+# come from the metrics row (memory/rank<r>/*). Appends to distributed.txt: seconds per iteration, rank 0's optimizer
+# state and gradient peak against the unsharded run's, and the last iteration's mean reward (the same experiment:
+# equal to rounding).
+sharded_config() {  # NAME SHARDING
+  train_config "$dist/$1.toml" "$repo/models/shapes-tiny" "$trees" "$dist/$1" "" ""
+  sed -i "/^\[lora\]\$/a enabled = false" "$dist/$1.toml"
+  [ "$2" = none ] || printf '[optimizer]\nsharding = "%s"\n' "$2" >> "$dist/$1.toml"
+}
+for sharding in none optimizer gradients; do
+  sharded_config "full_$sharding" "$sharding"
+  python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" --no_python \
+    "$build/bin/branchgrpo" train --config "$dist/full_$sharding.toml" --quiet --timeout 120 \
+    > "$dist/full_$sharding.log" 2>&1 || { tail -5 "$dist/full_$sharding.log" >&2; echo "bench/gpu.sh: full_$sharding failed" >&2; }
+done
+python3 - "$dist" "$gpus" <<'PY' | tee -a "$out/distributed.txt"
+import json, os, sys
+root, gpus = sys.argv[1], int(sys.argv[2])
+print(f"full fine-tuning of shapes-tiny on {gpus} GPUs (rank 0's measured bytes, last iteration)")
+base = None
+for sharding in ("none", "optimizer", "gradients"):
+    path = os.path.join(root, f"full_{sharding}", "metrics.jsonl")
+    if not os.path.exists(path):
+        print(f"{sharding}: no metrics (see full_{sharding}.log)")
+        continue
+    rows = [json.loads(line) for line in open(path)]
+    seconds = sum(r["seconds"] for r in rows[1:]) / max(len(rows) - 1, 1)
+    last = rows[-1]
+    optimizer, gradients = last["memory/rank0/optimizer"], last["memory/rank0/gradients_peak"]
+    base = base or (optimizer, gradients)
+    print(f"{sharding}: {seconds:.3f} s / iteration, optimizer state {optimizer / 1e6:.2f} MB "
+          f"(x{optimizer / base[0]:.3f}), gradient peak {gradients / 1e6:.2f} MB (x{gradients / base[1]:.3f}), "
+          f"last reward_mean {last['reward_mean']:.6f}")
+PY

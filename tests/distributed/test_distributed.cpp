@@ -17,7 +17,9 @@
 //                    a tiny LoRA model, each rank accumulating its rows: rank 0 also trains the unsharded policy alone
 //                    on every rank's rows and compares (max relative parameter difference < 1e-6 on 2 ranks, 1e-5
 //                    on 3, gradient norms within 1e-6); the sharded ranks end bit-identical; AdamW's state on a rank is
-//                    its share (ceil(total / size) elements a moment, against total alone); the EMA too. Prints "rank
+//                    its share (ceil(total / size) elements a moment, against total alone); the EMA too; ZeRO-2 with
+//                    rank r accumulating in r + 1 batches and padding (pad_accumulate) ends where one process ends.
+//                    Prints "rank
 //                    0: zero: <mode> <model>: max relative difference X, optimizer state A -> B elements"
 //                    Then checkpoints across world sizes (policy_state.hpp): the state gathered after 2 sharded
 //                    updates equals the unsharded one's, and resuming it in one unsharded process (N -> 1), or one
@@ -323,7 +325,8 @@ struct tiny_span {
   int first = 0, last = 3;
   const bg::policy_state* start = nullptr;
   const bg::checkpoint_range* start_range = nullptr;  // a sharded checkpoint's range for this rank
-  std::filesystem::path write_to = {};                // sharded: write a sharded checkpoint there at the end
+  bool uneven = false;  // rank r accumulates its rows in r + 1 batches and pads to the most (pad_accumulate)
+  std::filesystem::path write_to = {};  // sharded: write a sharded checkpoint there at the end
 };
 
 const std::vector<std::string> tiny_names(bool lora) {
@@ -351,7 +354,23 @@ tiny_run train_tiny(Comm& communicator, bool lora, bg::sharding_options sharding
       if (part.count() == 0) continue;
       std::vector<std::int64_t> prompts;
       std::vector<std::uint32_t> trees;
-      (void)policy.accumulate(tiny_edges(t, part, prompts, trees), tiny_weights(t, part.first));
+      if (!span.uneven || alone) {
+        (void)policy.accumulate(tiny_edges(t, part, prompts, trees), tiny_weights(t, part.first));
+        continue;
+      }
+      // r + 1 batches of rank r's rows (tree_share over its share), then pads up to size calls: what
+      // train_iteration does for a rank with fewer edges than another.
+      const bg::tree_share rows = bg::tree_share::of(part.count(), 0, 1);
+      for (int b = 0; b <= r; ++b) {
+        const bg::tree_share piece = bg::tree_share::of(rows.count(), b, r + 1);
+        const bg::tree_share batch{.first = part.first + piece.first, .last = part.first + piece.last};
+        if (batch.count() == 0) {
+          policy.pad_accumulate();
+          continue;
+        }
+        (void)policy.accumulate(tiny_edges(t, batch, prompts, trees), tiny_weights(t, batch.first));
+      }
+      for (int pad = r + 1; pad < communicator.size(); ++pad) policy.pad_accumulate();
     }
     if (communicator.size() > 1) policy.all_reduce_gradients(communicator);
     out.norms.push_back(policy.apply_update().grad_norm);
@@ -430,6 +449,18 @@ void sharded_training(bg::c10d_communicator& comm) {
       const double ema_worst = max_relative_difference({shard_flat}, {ema_flat.narrow(0, 0, mine_count)});
       expect(ema_worst < 1e-6, what + ": the EMA shard differs by " + std::to_string(ema_worst));
     }
+  // ZeRO-2 reduces during each backward pass, a collective per bucket: ranks with different numbers of batches
+  // (rank r: r + 1) pad to the most with pad_accumulate and end where one process ends.
+  for (const bool lora : {false, true}) {
+    const std::string what = std::string("gradients uneven") + (lora ? " lora" : " full");
+    const tiny_run mine = train_tiny(comm, lora, {.mode = bg::sharding_mode::gradients, .bucket_megabytes = 1e-4},
+                                     comm.size(), torch::kFloat32, {.uneven = true});
+    bg::single_process alone_group;
+    const tiny_run alone = train_tiny(alone_group, lora, {}, comm.size());
+    const double worst = max_relative_difference(mine.parameters, alone.parameters);
+    if (comm.rank() == 0) std::cout << "rank 0: zero: " << what << ": max relative difference " << worst << "\n";
+    expect(worst < 1e-5, what + ": parameters differ from one process's by " + std::to_string(worst));
+  }
   // Checkpoints across world sizes and sharding (policy_state.hpp): the gathered state after 2 updates is the
   // unsharded one's (same names, moments and EMA within 1e-6, same step); a sharded run's state resumed by one
   // unsharded process, and one process's state resumed sharded, take update 3 to where 3 unsharded updates end.

@@ -122,7 +122,7 @@ zero_resume)
   [ -f "$sharded/shard-00000-of-00002.safetensors" ] && [ -f "$sharded/shard-00001-of-00002.safetensors" ] &&
     [ ! -e "$sharded/weights.safetensors" ] || fail "not one shard file per rank: $(ls "$sharded")"
   # export-lora reads the sharded checkpoint: the merged transformer is the checkpoint's weights, exactly.
-  "$tool" export-lora --checkpoint "$sharded" --merge --output "$work/merged.safetensors" > /dev/null 2> "$work/export.err" ||
+  "$tool" export-lora "$sharded" --merge --output "$work/merged.safetensors" > /dev/null 2> "$work/export.err" ||
     fail "export-lora: $(cat "$work/export.err")"
   "$program" compare "$sharded" "$work/merged.safetensors" 0 || fail "the merged export differs from the shards"
   "$tool" train --config "$work/more.toml" --resume --quiet > /dev/null 2> "$work/resume.err" ||

@@ -46,6 +46,15 @@ concept Policy = Denoiser<P, B> &&
   {policy.apply_update()};
 };
 
+/// A policy whose accumulate takes part in collectives of its own (ZeRO-2 reducing gradient buckets while the
+/// backward pass completes them, branchgrpo/torch/policy.hpp): every rank must make the same number of accumulate
+/// calls per optimizer step, so train_iteration has a rank with fewer edges make up the difference with
+/// pad_accumulate(), which accumulates nothing and takes part in the same collectives.
+template <class P>
+concept PaddedAccumulationPolicy = requires(P& policy) {
+  policy.pad_accumulate();
+};
+
 /// A policy with a frozen reference model (the base without its adapters, or the initial weights):
 ///   policy.reference_velocity(x, batch)  the reference model's velocity, without gradient
 /// The loss's KL term (ppo_options::kl_beta > 0) needs it; train_iteration applies the term for every policy

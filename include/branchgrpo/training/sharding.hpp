@@ -24,7 +24,8 @@ namespace branchgrpo {
 ///   optimizer   ZeRO-1: the float32 master weights, AdamW's moments and the EMA of this rank's shard; gradients
 ///               are still summed in full on every rank (all-reduce), then each rank steps its shard and the
 ///               updated shards are all-gathered into every rank's working weights
-///   gradients   ZeRO-2: as optimizer, and the gradient sum reaches only the shard's owner (reduced in buckets)
+///   gradients   ZeRO-2: as optimizer, and the gradient sum reaches only the shard's owner, reduced bucket by
+///               bucket during the backward pass, so no rank holds the whole gradient
 ///   parameters  ZeRO-3: also the working weights, gathered layer by layer for the forward and backward passes;
 ///               not built in this version (docs/distributed.md gives its design)
 enum class sharding_mode { none, optimizer, gradients, parameters };

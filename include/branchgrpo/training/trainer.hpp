@@ -296,15 +296,31 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
   double loss_sum = 0, kl_sum = 0;
   std::int64_t clipped = 0;
   std::size_t group_begin = 0;
+  // The end of the chunk that starts at `begin`: at most max_batch edges of one step.
+  const auto chunk_end = [&](std::size_t begin, std::size_t group_end) {
+    const int step = full.step(full.parent(trained[begin]));
+    std::size_t end = begin;
+    while (end < group_end && static_cast<std::int64_t>(end - begin) < options.max_batch &&
+           full.step(full.parent(trained[end])) == step)
+      ++end;
+    return end;
+  };
+  const bool with_kl = ReferencePolicy<Model, B> && options.loss.kl_beta > 0.0;
   for (std::size_t group = 0; group < group_ends.size(); ++group) {
     const std::size_t group_end = group_ends[group];
     const bool first_group = group == 0;
+    // A policy whose accumulate is a collective: every rank makes as many calls as the rank with the most edges.
+    double pads = 0;
+    if constexpr (PaddedAccumulationPolicy<Model>) {
+      double calls = 0;
+      for (std::size_t begin = group_begin; begin < group_end; begin = chunk_end(begin, group_end))
+        calls += with_kl ? 2 : 1;
+      const std::vector<double> all = all_gather_values(communicator, std::span<const double>(&calls, 1));
+      pads = *std::max_element(all.begin(), all.end()) - calls;
+    }
     for (std::size_t begin = group_begin; begin < group_end;) {
       const int step = full.step(full.parent(trained[begin]));
-      std::size_t end = begin;
-      while (end < group_end && static_cast<std::int64_t>(end - begin) < options.max_batch &&
-             full.step(full.parent(trained[end])) == step)
-        ++end;
+      const std::size_t end = chunk_end(begin, group_end);
       const std::span<const std::int32_t> chunk(trained.data() + begin, end - begin);
       edge_batch<typename B::tensor> edges;
       edges.step = step;
@@ -351,6 +367,8 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
         }
       begin = end;
     }
+    if constexpr (PaddedAccumulationPolicy<Model>)
+      for (; pads > 0; --pads) policy.pad_accumulate();
     // The sum of the ranks' gradients. single_process is one rank by its type, and the sum over one rank is the
     // gradient itself: nothing to call, so a policy without all_reduce_gradients trains alone. Any other
     // communicator may have several ranks, so it always sums (a group of one at run time sums one gradient); the

@@ -157,6 +157,9 @@ void on_every_rank(Comm& communicator, Body&& body) {
   } catch (...) {
     error = std::current_exception();
   }
+  // A collective inside body failed: its error names the rank that died, and the group can gather nothing more.
+  if constexpr (requires { communicator.broken(); })
+    if (error && communicator.broken()) std::rethrow_exception(error);
   const double mine = error ? 1.0 : 0.0;
   const std::vector<double> failed = all_gather_values(communicator, std::span<const double>(&mine, 1));
   if (error) std::rethrow_exception(error);

@@ -474,6 +474,9 @@ class c10d_communicator {
 
   [[nodiscard]] int rank() const { return environment_.rank; }
   [[nodiscard]] int size() const { return environment_.world_size; }
+  /// Whether a collective failed (a rank died or hangs): every later one throws "the group is unusable", so a caller
+  /// that caught the failure rethrows it rather than trying another collective.
+  [[nodiscard]] bool broken() const { return broken_ != 0; }
   [[nodiscard]] int local_rank() const { return environment_.local_rank; }
   /// This rank's device: CUDA device LOCAL_RANK when CUDA is available, else the CPU.
   [[nodiscard]] torch::Device device() const { return device_; }

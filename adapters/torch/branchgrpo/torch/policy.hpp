@@ -158,6 +158,143 @@ shard_collectives collectives_of(C& communicator) {
   return out;
 }
 
+// ZeRO-2's reduction during the backward pass (sharding_mode::gradients). The flat buffer of trainable tensors is cut
+// into buckets of `bucket` float32 elements, reduced in a fixed order (the last bucket first: the backward pass makes
+// the last layers' gradients first) so that every rank's collectives match whatever order its hooks fire in.
+// A tensor's hook only records that its gradient is coming; at the next hook (its accumulation into .grad is done
+// by then) or at the end of the backward pass the gradient is added into its buckets and the tensor's .grad is
+// released. A bucket whose tensors have all been taken is reduced at once, each part to the rank that owns it, which
+// adds it into `owned`, the float32 sums of its range over the update's backward passes. So a rank holds its range's
+// sums, the buckets still waiting for a tensor, and one tensor's gradient: not the whole gradient.
+// Every rank must run the same number of backward passes per update (pad(): one with no gradient).
+struct backward_reducer {
+  shard_collectives collectives;
+  flat_shard shard;
+  std::vector<std::int64_t> offsets, sizes;  // each trainable tensor's first flat element and element count
+  std::vector<torch::Tensor> parameters;     // the model's trainable tensors (their .grad is taken and released)
+  std::int64_t bucket = 1;
+  torch::TensorOptions options;  // float32 (the master dtype) on the tensors' device
+  torch::Tensor owned;           // [shard.count()]: this rank's sums since the last update
+  bool active = false;           // inside one of the policy's backward passes
+  double peak = 0;               // the most bytes held at once (buckets, owned, .grad waiting to be taken)
+
+  [[nodiscard]] std::int64_t bucket_count() const { return (shard.total + bucket - 1) / bucket; }
+
+  void begin() {
+    const std::int64_t count = bucket_count();
+    buckets_.assign(static_cast<std::size_t>(count), torch::Tensor());
+    waiting_.assign(static_cast<std::size_t>(count), 0);
+    for (std::size_t i = 0; i < offsets.size(); ++i)
+      if (sizes[i] > 0)
+        for (std::int64_t b = offsets[i] / bucket; b <= (offsets[i] + sizes[i] - 1) / bucket; ++b)
+          ++waiting_[static_cast<std::size_t>(b)];
+    taken_.assign(offsets.size(), false);
+    pending_.clear();
+    next_ = count - 1;
+    if (!owned.defined()) owned = torch::zeros({shard.count()}, options);
+    active = true;
+  }
+  // The hook of tensor i: its gradient is on its way into .grad.
+  void hook(std::size_t i) {
+    if (!active) return;
+    take_pending();
+    pending_.push_back(i);
+    note();
+  }
+  // The end of the backward pass: every gradient taken, every bucket reduced (zeros where none came).
+  void finish() {
+    take_pending();
+    note();
+    while (next_ >= 0) reduce(next_--);
+    active = false;
+  }
+  // A backward pass without gradient: the same collectives, zeros (a rank with fewer edges than another).
+  void pad() {
+    begin();
+    finish();
+  }
+  [[nodiscard]] double held_bytes() const {
+    double bytes = owned.defined() ? static_cast<double>(owned.nbytes()) : 0.0;
+    for (const torch::Tensor& b : buckets_)
+      if (b.defined()) bytes += static_cast<double>(b.nbytes());
+    for (const std::size_t i : pending_)
+      if (parameters[i].grad().defined()) bytes += static_cast<double>(parameters[i].grad().nbytes());
+    return bytes;
+  }
+
+ private:
+  void note() { peak = std::max(peak, held_bytes()); }
+  // Adds the .grad of every tensor whose hook fired into its buckets, releases it, and reduces the buckets that are
+  // complete. A tensor whose .grad is not there yet (a hook for a gradient that is not accumulated: a recomputing
+  // block's inner grad() under LibTorch 2.x) stays pending until it is.
+  void take_pending() {
+    torch::NoGradGuard no_grad;
+    std::vector<std::size_t> still;
+    for (const std::size_t i : pending_) {
+      const torch::Tensor grad = parameters[i].grad();
+      if (!grad.defined()) {
+        still.push_back(i);
+        continue;
+      }
+      if (!taken_[i]) {
+        const torch::Tensor flat = grad.detach().reshape({-1}).to(options);
+        for (std::int64_t b = offsets[i] / bucket; b <= (offsets[i] + sizes[i] - 1) / bucket; ++b) {
+          torch::Tensor& sums = buckets_[static_cast<std::size_t>(b)];
+          const std::int64_t first = b * bucket, last = std::min(shard.total, first + bucket);
+          if (!sums.defined()) sums = torch::zeros({last - first}, options);
+          const std::int64_t from = std::max(first, offsets[i]), to = std::min(last, offsets[i] + sizes[i]);
+          sums.narrow(0, from - first, to - from).add_(flat.narrow(0, from - offsets[i], to - from));
+          --waiting_[static_cast<std::size_t>(b)];
+        }
+        taken_[i] = true;
+      }
+      parameters[i].mutable_grad() = torch::Tensor();
+    }
+    pending_ = std::move(still);
+    note();
+    while (next_ >= 0 && waiting_[static_cast<std::size_t>(next_)] == 0) reduce(next_--);
+  }
+  // Bucket b's sums (zeros where none came), each owner's part reduced to it and added into its `owned`.
+  void reduce(std::int64_t b) {
+    const std::int64_t first = b * bucket, last = std::min(shard.total, first + bucket);
+    torch::Tensor& sums = buckets_[static_cast<std::size_t>(b)];
+    if (!sums.defined()) sums = torch::zeros({last - first}, options);
+    for (int owner = shard.owner(first); owner <= shard.owner(last - 1); ++owner) {
+      const std::int64_t from = std::max(first, shard.chunk * owner), to = std::min(last, shard.chunk * (owner + 1));
+      torch::Tensor part = sums.narrow(0, from - first, to - from);
+      if (collectives.size > 1) collectives.reduce_to(part, owner);
+      if (owner == shard.rank) owned.narrow(0, from - shard.lo, to - from).add_(part);
+    }
+    sums = torch::Tensor();
+  }
+
+  std::vector<torch::Tensor> buckets_;  // pending sums by bucket (undefined: none yet, or reduced)
+  std::vector<int> waiting_;            // per bucket: tensors overlapping it not taken yet
+  std::vector<bool> taken_;             // per tensor: its gradient of this backward pass is in its buckets
+  std::vector<std::size_t> pending_;    // tensors whose hook fired and whose .grad is not taken yet
+  std::int64_t next_ = -1;              // the next bucket to reduce
+};
+
+// The hooks a policy registered on tensors, removed when it goes (a moved-from holder owns none).
+struct registered_hooks {
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks;
+  registered_hooks() = default;
+  registered_hooks(registered_hooks&& other) noexcept : hooks(std::move(other.hooks)) { other.hooks.clear(); }
+  registered_hooks& operator=(registered_hooks&& other) noexcept {
+    remove();
+    hooks = std::move(other.hooks);
+    other.hooks.clear();
+    return *this;
+  }
+  registered_hooks(const registered_hooks&) = delete;
+  registered_hooks& operator=(const registered_hooks&) = delete;
+  ~registered_hooks() { remove(); }
+  void remove() {
+    for (auto& [tensor, handle] : hooks) tensor.remove_hook(handle);
+    hooks.clear();
+  }
+};
+
 // The group of one process, for policies built without a communicator (stateless: one instance serves all).
 inline single_process& one_process() {
   static single_process one;
@@ -186,6 +323,9 @@ class autograd_policy {
   /// `communicator` (every rank calls them in the same order).
   /// Example: autograd_policy policy(model, backend, {.sharding = {.mode = sharding_mode::gradients}}, comm) on 2
   ///   ranks: optimizer_state_elements() is half the one-rank policy's (to within one chunk's rounding).
+  /// With sharding_mode::gradients (ZeRO-2) the gradient is reduced to its owners bucket by bucket during each
+  /// backward pass (a hook on every trainable tensor), so no rank holds the whole gradient; every rank must then
+  /// make the same number of accumulate calls per update (train_iteration pads with pad_accumulate()).
   /// @pre `communicator` outlives the policy; the model's trainable tensors live on one device and, sharded, have
   ///      one master dtype (float32 for 16-bit and float32 tensors) (else invalid_input).
   template <Communicator C>
@@ -201,6 +341,7 @@ class autograd_policy {
     if (options.sharding.sharded()) {
       collectives_ = detail::collectives_of(communicator);
       build_shard();
+      if (options.sharding.mode == sharding_mode::gradients) reduce_during_backward();
       optimizer_ = make_adamw(shard_masters_, options.optimizer);
       ema_.decay = options.optimizer.ema_decay;
       if (options.optimizer.ema_decay > 0) ema_.reset(shard_masters_);
@@ -244,7 +385,10 @@ class autograd_policy {
             "edge batch at step ", edges.step, " is inconsistent: ", rows, " parents, ", backend_.rows(edges.next),
             " children, ", edges.std.size(), " stds, ", edges.trees.size(), " trees, ", edges.prompts.size(),
             " prompts");
-    if (rows == 0) return {};
+    if (rows == 0) {  // no backward pass; with ZeRO-2 the collectives of one all the same
+      pad_accumulate();
+      return {};
+    }
     const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
     torch::Tensor mean, log_probs;
     {
@@ -265,12 +409,31 @@ class autograd_policy {
 
     const torch::Tensor w =
         torch::tensor(weights, torch::TensorOptions().dtype(torch::kFloat64)).to(log_probs.device());
-    (w * log_probs).sum().backward();
-    note_gradient_bytes();  // the backward's gradients, before the 16-bit ones move into the float32 sums
-    move_gradients_to_masters();
+    if (reducer_) {  // ZeRO-2: each bucket reduced to its owners as the backward pass completes it
+      reducer_->begin();
+      try {
+        (w * log_probs).sum().backward();
+      } catch (...) {
+        reducer_->active = false;
+        throw;
+      }
+      reducer_->finish();
+    } else {
+      (w * log_probs).sum().backward();
+      note_gradient_bytes();  // the backward's gradients, before the 16-bit ones move into the float32 sums
+      move_gradients_to_masters();
+    }
     note_gradient_bytes();
     rows_ += rows;
     return values;
+  }
+
+  /// PaddedAccumulationPolicy: an accumulate without rows. With ZeRO-2 (sharding_mode::gradients) the backward
+  /// pass's bucket reductions are collectives, so every rank must make the same number of accumulate calls per
+  /// update: a rank with fewer edges makes up the difference with this, which takes part in one backward pass's
+  /// collectives with zeros. Otherwise nothing.
+  void pad_accumulate() {
+    if (reducer_) reducer_->pad();
   }
 
   /// DataParallelPolicy: the accumulated gradient and row count become their sums over the communicator's ranks
@@ -306,6 +469,8 @@ class autograd_policy {
     scale_gradients_to_norm(optimized(), report.grad_norm, options_.optimizer.max_grad_norm);
     const bool finite = std::isfinite(report.grad_norm);
     if (finite) optimizer_->step();
+    if (reducer_)  // the pieces' gradients are views of the last update's sums: released, not zeroed in place
+      for (torch::Tensor& piece : shard_masters_) piece.mutable_grad() = torch::Tensor();
     optimizer_->zero_grad();
     rows_ = 0;
     shard_gradients_ready_ = false;
@@ -444,11 +609,14 @@ class autograd_policy {
       out.optimizer += bytes(adamw.exp_avg()) + bytes(adamw.exp_avg_sq()) + bytes(adamw.max_exp_avg_sq());
     }
     for (const torch::Tensor& t : ema_.shadow) out.optimizer += bytes(t);
-    out.gradients_peak = std::max(gradient_bytes_peak_, gradient_bytes());
+    out.gradients_peak = std::max({gradient_bytes_peak_, gradient_bytes(), reducer_ ? reducer_->peak : 0.0});
     return out;
   }
   /// Starts a new gradient peak (policy_memory::gradients_peak) from the bytes held now.
-  void reset_memory_peak() { gradient_bytes_peak_ = gradient_bytes(); }
+  void reset_memory_peak() {
+    gradient_bytes_peak_ = gradient_bytes();
+    if (reducer_) reducer_->peak = reducer_->held_bytes();
+  }
 
   /// Elements of AdamW's moment tensors on this rank (exp_avg and exp_avg_sq; 0 before the first step): sharded
   /// over N ranks, about 1/N of the unsharded policy's.
@@ -530,6 +698,7 @@ class autograd_policy {
     for (const torch::Tensor& t : masters_) add(t.grad());
     for (const torch::Tensor& t : gradient_sums_) add(t);
     for (const torch::Tensor& t : shard_masters_) add(t.grad());
+    if (reducer_ && reducer_->owned.defined()) add(reducer_->owned);
     return total;
   }
   // Raises the gradient peak to what is held now plus `extra` bytes of transient buffers.
@@ -580,6 +749,22 @@ class autograd_policy {
     }
   }
 
+  // ZeRO-2: a hook on every trainable tensor feeds the backward pass's gradients into the bucket reducer.
+  void reduce_during_backward() {
+    reducer_ = std::make_unique<detail::backward_reducer>();
+    reducer_->collectives = collectives_;
+    reducer_->shard = shard_;
+    reducer_->offsets = offsets_;
+    for (const torch::Tensor& p : parameters_) reducer_->sizes.push_back(p.numel());
+    reducer_->parameters = parameters_;
+    reducer_->bucket = options_.sharding.bucket_elements();
+    reducer_->options = masters_options();
+    detail::backward_reducer* const reducer = reducer_.get();  // stable: the hooks go with the policy
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      hooks_.hooks.emplace_back(parameters_[i],
+                                parameters_[i].register_hook([reducer, i](const torch::Tensor&) { reducer->hook(i); }));
+  }
+
   // Tensor i's summed gradient on this rank, in the master dtype (zeros where it has none).
   torch::Tensor local_gradient(std::size_t i) {
     const torch::Tensor& source =
@@ -590,48 +775,27 @@ class autograd_policy {
     return torch::TensorOptions().dtype(master_dtype_).device(parameters_.front().device());
   }
 
-  // The gradient summed over the ranks, for this rank's range only, into the pieces' .grad(); the full local
-  // gradients are released. ZeRO-1: every tensor's full gradient all-reduced, then sliced. ZeRO-2: the flat
-  // gradient bucket by bucket (bucket_megabytes of float32), each bucket's part in a rank's range reduced to that
-  // rank only. One rank: the same steps without a collective.
+  // The gradient summed over the ranks, for this rank's range only, into the pieces' .grad(). ZeRO-1: every
+  // tensor's full gradient all-reduced, then sliced, and the full local gradients released. ZeRO-2: the backward
+  // passes reduced every bucket to its owners already (backward_reducer); this rank's sums become its pieces'
+  // gradients. One rank: the same steps without a collective.
   void reduce_gradients_to_shard() {
     torch::NoGradGuard no_grad;
-    const bool several = collectives_.size > 1;
-    std::vector<torch::Tensor> gradients;
-    if (options_.sharding.mode == sharding_mode::optimizer) {
+    if (reducer_) {
+      if (!reducer_->owned.defined()) reducer_->owned = torch::zeros({shard_.count()}, masters_options());
+      std::int64_t at = 0;
+      for (std::size_t k = 0; k < pieces_.size(); ++k) {
+        shard_masters_[k].mutable_grad() = reducer_->owned.narrow(0, at, pieces_[k].length).view_as(shard_masters_[k]);
+        at += pieces_[k].length;
+      }
+      reducer_->owned = torch::Tensor();  // the next update's sums start afresh (the pieces keep these)
+    } else {
+      std::vector<torch::Tensor> gradients;
       for (std::size_t i = 0; i < parameters_.size(); ++i) gradients.push_back(local_gradient(i));
-      if (several) collectives_.all_reduce_tensors(gradients);
+      if (collectives_.size > 1) collectives_.all_reduce_tensors(gradients);
       for (std::size_t k = 0; k < pieces_.size(); ++k)
         shard_masters_[k].mutable_grad() =
             piece_of(gradients[pieces_[k].tensor], pieces_[k]).view_as(shard_masters_[k]).clone();
-    } else {
-      torch::Tensor owned = torch::empty({shard_.count()}, masters_options());
-      const std::int64_t bucket = options_.sharding.bucket_elements();
-      std::size_t tensor = 0;  // the first tensor that reaches into the bucket
-      for (std::int64_t first = 0; first < shard_.total; first += bucket) {
-        const std::int64_t last = std::min(shard_.total, first + bucket);
-        std::vector<torch::Tensor> parts;
-        while (offsets_[tensor] + parameters_[tensor].numel() <= first) ++tensor;
-        for (std::size_t i = tensor; i < parameters_.size() && offsets_[i] < last; ++i) {
-          const std::int64_t from = std::max(first, offsets_[i]);
-          const std::int64_t to = std::min(last, offsets_[i] + parameters_[i].numel());
-          parts.push_back(local_gradient(i).reshape({-1}).narrow(0, from - offsets_[i], to - from));
-        }
-        torch::Tensor flat = torch::cat(parts);
-        for (int owner = shard_.owner(first); owner <= shard_.owner(last - 1); ++owner) {
-          const std::int64_t from = std::max(first, shard_.chunk * owner);
-          const std::int64_t to = std::min(last, shard_.chunk * (owner + 1));
-          torch::Tensor part = flat.narrow(0, from - first, to - from);
-          if (several) collectives_.reduce_to(part, owner);
-          if (owner == shard_.rank) owned.narrow(0, from - shard_.lo, to - from).copy_(part);
-        }
-      }
-      note_gradient_bytes(static_cast<double>(owned.nbytes()));  // the full local gradients and the owned sums
-      std::int64_t at = 0;
-      for (std::size_t k = 0; k < pieces_.size(); ++k) {
-        shard_masters_[k].mutable_grad() = owned.narrow(0, at, pieces_[k].length).view_as(shard_masters_[k]).clone();
-        at += pieces_[k].length;
-      }
     }
     note_gradient_bytes();
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -698,10 +862,12 @@ class autograd_policy {
   std::vector<std::int64_t> offsets_;         // each trainable tensor's first element in the flat buffer
   std::vector<shard_piece> pieces_;           // this rank's range, tensor by tensor
   std::vector<torch::Tensor> shard_masters_;  // one master per piece: what AdamW and the EMA hold
-  std::vector<torch::Tensor> gradient_sums_;  // float32 gradient sums of 16-bit tensors until the reduction
+  std::vector<torch::Tensor> gradient_sums_;  // ZeRO-1: float32 gradient sums of 16-bit tensors until the reduction
   torch::ScalarType master_dtype_ = torch::kFloat32;
   bool shard_gradients_ready_ = false;
-  double gradient_bytes_peak_ = 0;  // policy_memory::gradients_peak
+  double gradient_bytes_peak_ = 0;                     // policy_memory::gradients_peak
+  std::unique_ptr<detail::backward_reducer> reducer_;  // ZeRO-2 only
+  detail::registered_hooks hooks_;                     // on parameters_, feeding reducer_ (removed first)
   ema_weights ema_;
   std::int64_t rows_ = 0;
   int steps_ = 0;
