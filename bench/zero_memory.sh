@@ -3,8 +3,8 @@
 # (Gloo on the loopback), for full fine-tuning of a FLUX-architecture transformer of ~69 M parameters with random
 # weights (`branchgrpo pretrain --steps 1`: hidden 512, 4 double and 8 single blocks, float32) on the shapes data.
 # The figures are the metrics row's memory/rank<r>/* (policy_memory: the bytes of the tensors the policy holds,
-# each storage once; the gradient peak during the iteration) and the process's peak resident set (VmHWM), next to
-# the formula of docs/distributed.md. Writes $OUT/zero_memory.md (default out/zero_memory); ~10 minutes on 2 cores.
+# each storage once: parameters and masters, the gradient an update carries, the gradient peak at any moment, AdamW's
+# moments) and the process's peak resident set (VmHWM), next to the formula of docs/distributed.md. Writes $OUT/zero_memory.md (default out/zero_memory); ~10 minutes on 2 cores.
 #   bench/zero_memory.sh [BUILD_DIR]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,8 +54,8 @@ python3 - "$out" "$model/pretrain.json" <<'PY'
 import json, sys
 out, info = sys.argv[1], json.load(open(sys.argv[2]))
 P = info["parameters"]
-rows = ["| ranks | sharding | parameters MB (formula) | gradient peak MB (formula) | optimizer MB (formula) | resident peak MB |",
-        "|---:|---|---:|---:|---:|---:|"]
+rows = ["| ranks | sharding | parameters MB (formula) | gradients MB (formula) | gradient peak MB | optimizer MB (formula) | resident peak MB |",
+        "|---:|---|---:|---:|---:|---:|---:|"]
 measured = {}
 for ranks in (1, 2, 4):
     for mode in ("none", "optimizer", "gradients"):
@@ -65,19 +65,19 @@ for ranks in (1, 2, 4):
         # the gradient 4P in full (none, ZeRO-1), or this rank's sums (4 chunk) under ZeRO-2, plus transients (a
         # bucket, one tensor's gradient: not in the formula); AdamW's moments 8P or 8 chunk.
         formula = {"parameters": 4 * P + (4 * chunk if mode != "none" else 0),
-                   "gradients_peak": 4 * chunk if mode == "gradients" else 4 * P,
+                   "gradients": 4 * chunk if mode == "gradients" else 4 * P,
                    "optimizer": 8 * (chunk if mode != "none" else P)}
         for r in range(ranks):
-            got = {k: row[f"memory/rank{r}/{k}"] for k in formula}
+            got = {k: row[f"memory/rank{r}/{k}"] for k in list(formula) + ["gradients_peak", "resident_peak"]}
             if r == 0:
                 measured[(mode, ranks)] = got
-            cells = [f"{got[k] / 1e6:.1f} ({formula[k] / 1e6:.1f})" for k in formula]
-            rows.append(f"| {ranks} (rank {r}) | {mode} | " + " | ".join(cells) +
-                        f" | {row[f'memory/rank{r}/resident_peak'] / 1e6:.0f} |")
+            cell = lambda k: f"{got[k] / 1e6:.1f} ({formula[k] / 1e6:.1f})"
+            rows.append(f"| {ranks} (rank {r}) | {mode} | {cell('parameters')} | {cell('gradients')} | "
+                        f"{got['gradients_peak'] / 1e6:.1f} | {cell('optimizer')} | {got['resident_peak'] / 1e6:.0f} |")
 text = [f"{P} trainable parameters (float32, full fine-tuning, bucket_mb 0.25); MB = 10^6 bytes; measured (formula).",
         ""] + rows + [""]
 for ranks in (2, 4):
-    for key, name in (("optimizer", "optimizer state"), ("gradients_peak", "gradient peak")):
+    for key, name in (("optimizer", "optimizer state"), ("gradients", "gradients"), ("gradients_peak", "gradient peak")):
         ratio = measured[("gradients", ranks)][key] / measured[("gradients", 1)][key]
         text.append(f"ZeRO-2 on {ranks} ranks: rank 0's {name} is {ratio:.3f} of one rank's "
                     f"(1/N = {1 / ranks:.3f}; {ratio * ranks - 1:+.1%} off, {'within' if abs(ratio * ranks - 1) <= 0.1 else 'NOT within'} 10 %)")

@@ -85,8 +85,8 @@ set_tests_properties(distributed_zero_one PROPERTIES LABELS "distributed;torch" 
 if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
   add_library(kill_on_rename MODULE ${CMAKE_CURRENT_LIST_DIR}/kill_on_rename.cpp)
   target_link_libraries(kill_on_rename PRIVATE ${CMAKE_DL_LIBS})
-  foreach(mode IN ITEMS same killed resume mismatch zero1_full zero2_full zero2_lora zero_resume zero_reshard_1_2
-                        zero_reshard_2_3 zero_killed)
+  foreach(mode IN ITEMS same killed resume mismatch zero1_full zero2_full zero2_lora zero2_uneven zero_resume
+                        zero_reshard_1_2 zero_reshard_2_3 zero_killed)
     add_test(NAME distributed_train_${mode}
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_ranks.sh ${mode} $<TARGET_FILE:branchgrpo_cli> ${program}
                      ${PROJECT_SOURCE_DIR}/models/shapes-tiny ${CMAKE_CURRENT_BINARY_DIR}/distributed_train_${mode}

@@ -13,6 +13,8 @@
 #               agree with one process's within 1e-6
 #   zero1_full, zero2_full, zero2_lora   as `same`, the 2 ranks sharded: [optimizer] sharding = "optimizer"
 #               (ZeRO-1) or "gradients" (ZeRO-2), full fine-tuning (LoRA off) or LoRA, against one unsharded process
+#   zero2_uneven  as zero2_full with 3 trees on 2 ranks (1 and 2): the rank with fewer accumulate calls pads
+#               (ZeRO-2 reduces during every backward pass, a collective)
 #   zero_resume a sharded checkpoint written by 2 ZeRO-2 ranks (one shard file per rank, no weights.safetensors) is
 #               resumed by one unsharded process, ending where 3 unsharded iterations end; export-lora --merge reads
 #               it (the shards assembled: exactly the checkpoint's weights)
@@ -83,10 +85,10 @@ print("metrics: counts equal, iteration 0's rewards equal (components within 1e-
 PY
 }
 
-# shard MODE NAME [full]: [optimizer] sharding = MODE (buckets of 250 floats: they straddle tensors and ranks) in
+# shard MODE NAME [full]: [optimizer] sharding = MODE (buckets of 10,000 floats: they straddle tensors and ranks) in
 # NAME.toml; with `full`, full fine-tuning (LoRA off).
 shard() {
-  [ "$1" = none ] || sed -i "/^\[optimizer\]\$/a sharding = \"$1\"\nbucket_mb = 0.001" "$work/$2.toml"
+  [ "$1" = none ] || sed -i "/^\[optimizer\]\$/a sharding = \"$1\"\nbucket_mb = 0.04" "$work/$2.toml"
   [ "${3:-}" = full ] && sed -i "/^\[lora\]\$/a enabled = false" "$work/$2.toml"
   return 0
 }
@@ -94,6 +96,16 @@ shard() {
 case $mode in
 same)
   config one 3 && config two 3
+  "$tool" train --config "$work/one.toml" --quiet --json > "$work/one.jsonl" 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
+  bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --json --timeout 20 ||
+    fail "two ranks"
+  compare_runs one two
+  ;;
+zero2_uneven)
+  # 3 trees on 2 ranks (1 and 2): ZeRO-2's per-backward reductions are collectives, so train_iteration pads the rank
+  # with fewer accumulate calls (pad_accumulate); the end is where one unsharded process ends.
+  config one 3 && config two 3 && shard none one full && shard gradients two full
+  sed -i "s/^prompts_per_iteration = 4$/prompts_per_iteration = 3/" "$work/one.toml" "$work/two.toml"
   "$tool" train --config "$work/one.toml" --quiet --json > "$work/one.jsonl" 2> "$work/one.err" || fail "one process: $(cat "$work/one.err")"
   bash "$here/run_ranks.sh" -n 2 -t 60 -- "$tool" train --config "$work/two.toml" --quiet --json --timeout 20 ||
     fail "two ranks"

@@ -158,14 +158,19 @@ shard_collectives collectives_of(C& communicator) {
   return out;
 }
 
-// ZeRO-2's reduction during the backward pass (sharding_mode::gradients). The flat buffer of trainable tensors is cut
-// into buckets of `bucket` float32 elements, reduced in a fixed order (the last bucket first: the backward pass makes
-// the last layers' gradients first) so that every rank's collectives match whatever order its hooks fire in.
+// ZeRO-2's reduction during the backward pass (sharding_mode::gradients). The trainable tensors, taken in a
+// reduction order, are cut into buckets of `bucket` float32 elements; the buckets are reduced in that order, the
+// same on every rank, so that the ranks' collectives match whatever order their hooks fire in.
 // A tensor's hook only records that its gradient is coming; at the next hook (its accumulation into .grad is done
 // by then) or at the end of the backward pass the gradient is added into its buckets and the tensor's .grad is
-// released. A bucket whose tensors have all been taken is reduced at once, each part to the rank that owns it, which
-// adds it into `owned`, the float32 sums of its range over the update's backward passes. So a rank holds its range's
-// sums, the buckets still waiting for a tensor, and one tensor's gradient: not the whole gradient.
+// released. A bucket whose tensors have all been taken is reduced at once, each rank's part of it (the elements in
+// its range of the flat buffer) to that rank, which adds it into `owned`, the float32 sums of its range over the
+// update's backward passes. So a rank holds its range's sums, the buckets still waiting for a tensor, and one
+// tensor's gradient: not the whole gradient.
+// The reduction order starts as the tensors' reverse order (the backward pass makes the last layers' gradients
+// first) and, after the first update in which a rank ran a backward pass, becomes the order rank 0's (or the first
+// such rank's) hooks fired in, agreed on by one all-gather inside an update's reduction (learn_order): then no
+// bucket waits for a tensor that comes late (a block's modulation, whose gradient comes after its MLP's).
 // Every rank must run the same number of backward passes per update (pad(): one with no gradient).
 struct backward_reducer {
   shard_collectives collectives;
@@ -178,19 +183,68 @@ struct backward_reducer {
   bool active = false;           // inside one of the policy's backward passes
   double peak = 0;               // the most bytes held at once (buckets, owned, .grad waiting to be taken)
 
-  [[nodiscard]] std::int64_t bucket_count() const { return (shard.total + bucket - 1) / bucket; }
+  /// Cuts the buckets along `order` (every tensor once).
+  void plan(std::vector<std::size_t> order) {
+    order_ = std::move(order);
+    segments_.clear();
+    where_.assign(sizes.size(), {});
+    std::int64_t filled = bucket;  // the current bucket's elements
+    for (const std::size_t i : order_)
+      for (std::int64_t begin = 0; begin < sizes[i];) {
+        if (filled == bucket) {
+          segments_.emplace_back();
+          filled = 0;
+        }
+        const std::int64_t length = std::min(sizes[i] - begin, bucket - filled);
+        where_[i].emplace_back(segments_.size() - 1, segments_.back().size());
+        segments_.back().push_back({.tensor = i, .begin = begin, .length = length, .at = filled});
+        begin += length;
+        filled += length;
+      }
+  }
+  /// The first plan: the tensors' reverse order.
+  void plan_reverse() {
+    std::vector<std::size_t> order(sizes.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = order.size() - 1 - k;
+    plan(std::move(order));
+  }
+  /// At an update's reduction (every rank, once per update): until it has, adopt the order in which the first rank
+  /// that ran a backward pass saw its gradients come (tensors it never saw, after them in reverse order). One
+  /// all-gather, the first time only.
+  void learn_order() {
+    if (learned_) return;
+    const auto n = static_cast<std::int64_t>(sizes.size());
+    torch::Tensor mine = torch::full({n}, -1.0, torch::TensorOptions().dtype(torch::kFloat64));
+    for (std::size_t k = 0; k < observed_.size(); ++k) mine[static_cast<std::int64_t>(k)] = double(observed_[k]);
+    torch::Tensor all = mine;
+    if (collectives.size > 1) {
+      all = torch::empty({n * collectives.size}, mine.options());
+      collectives.all_gather(mine, all);
+    }
+    const auto seen = all.accessor<double, 1>();
+    for (int r = 0; r < collectives.size; ++r) {
+      if (seen[r * n] < 0) continue;  // rank r ran no backward pass yet
+      std::vector<std::size_t> order;
+      std::vector<bool> placed(sizes.size(), false);
+      for (std::int64_t k = 0; k < n && seen[r * n + k] >= 0; ++k) {
+        order.push_back(static_cast<std::size_t>(seen[r * n + k]));
+        placed[order.back()] = true;
+      }
+      for (std::size_t k = sizes.size(); k-- > 0;)
+        if (!placed[k]) order.push_back(k);
+      plan(std::move(order));
+      learned_ = true;
+      return;
+    }
+  }
 
   void begin() {
-    const std::int64_t count = bucket_count();
-    buckets_.assign(static_cast<std::size_t>(count), torch::Tensor());
-    waiting_.assign(static_cast<std::size_t>(count), 0);
-    for (std::size_t i = 0; i < offsets.size(); ++i)
-      if (sizes[i] > 0)
-        for (std::int64_t b = offsets[i] / bucket; b <= (offsets[i] + sizes[i] - 1) / bucket; ++b)
-          ++waiting_[static_cast<std::size_t>(b)];
-    taken_.assign(offsets.size(), false);
+    waiting_.assign(segments_.size(), 0);
+    buckets_.assign(segments_.size(), torch::Tensor());
+    for (std::size_t b = 0; b < segments_.size(); ++b) waiting_[b] = static_cast<int>(segments_[b].size());
+    taken_.assign(sizes.size(), false);
     pending_.clear();
-    next_ = count - 1;
+    next_ = 0;
     if (!owned.defined()) owned = torch::zeros({shard.count()}, options);
     active = true;
   }
@@ -205,8 +259,9 @@ struct backward_reducer {
   void finish() {
     take_pending();
     note();
-    while (next_ >= 0) reduce(next_--);
+    while (next_ < segments_.size()) reduce(next_++);
     active = false;
+    observing_ = observing_ && observed_.empty();  // one backward pass's order is the one to learn
   }
   // A backward pass without gradient: the same collectives, zeros (a rank with fewer edges than another).
   void pad() {
@@ -223,6 +278,12 @@ struct backward_reducer {
   }
 
  private:
+  // A tensor's elements [begin, begin + length) at element `at` of its bucket.
+  struct segment {
+    std::size_t tensor = 0;
+    std::int64_t begin = 0, length = 0, at = 0;
+  };
+
   void note() { peak = std::max(peak, held_bytes()); }
   // Adds the .grad of every tensor whose hook fired into its buckets, releases it, and reduces the buckets that are
   // complete. A tensor whose .grad is not there yet (a hook for a gradient that is not accumulated: a recomputing
@@ -238,41 +299,70 @@ struct backward_reducer {
       }
       if (!taken_[i]) {
         const torch::Tensor flat = grad.detach().reshape({-1}).to(options);
-        for (std::int64_t b = offsets[i] / bucket; b <= (offsets[i] + sizes[i] - 1) / bucket; ++b) {
-          torch::Tensor& sums = buckets_[static_cast<std::size_t>(b)];
-          const std::int64_t first = b * bucket, last = std::min(shard.total, first + bucket);
-          if (!sums.defined()) sums = torch::zeros({last - first}, options);
-          const std::int64_t from = std::max(first, offsets[i]), to = std::min(last, offsets[i] + sizes[i]);
-          sums.narrow(0, from - first, to - from).add_(flat.narrow(0, from - offsets[i], to - from));
-          --waiting_[static_cast<std::size_t>(b)];
+        for (const auto& [b, k] : where_[i]) {
+          const segment& piece = segments_[b][k];
+          torch::Tensor& sums = buckets_[b];
+          if (!sums.defined()) sums = torch::zeros({bucket_length(b)}, options);
+          sums.narrow(0, piece.at, piece.length).add_(flat.narrow(0, piece.begin, piece.length));
+          --waiting_[b];
         }
         taken_[i] = true;
+        if (observing_) observed_.push_back(i);
       }
       parameters[i].mutable_grad() = torch::Tensor();
     }
     pending_ = std::move(still);
     note();
-    while (next_ >= 0 && waiting_[static_cast<std::size_t>(next_)] == 0) reduce(next_--);
+    while (next_ < segments_.size() && waiting_[next_] == 0) reduce(next_++);
   }
-  // Bucket b's sums (zeros where none came), each owner's part reduced to it and added into its `owned`.
-  void reduce(std::int64_t b) {
-    const std::int64_t first = b * bucket, last = std::min(shard.total, first + bucket);
-    torch::Tensor& sums = buckets_[static_cast<std::size_t>(b)];
-    if (!sums.defined()) sums = torch::zeros({last - first}, options);
-    for (int owner = shard.owner(first); owner <= shard.owner(last - 1); ++owner) {
-      const std::int64_t from = std::max(first, shard.chunk * owner), to = std::min(last, shard.chunk * (owner + 1));
-      torch::Tensor part = sums.narrow(0, from - first, to - from);
-      if (collectives.size > 1) collectives.reduce_to(part, owner);
-      if (owner == shard.rank) owned.narrow(0, from - shard.lo, to - from).add_(part);
+  [[nodiscard]] std::int64_t bucket_length(std::size_t b) const {
+    return segments_[b].back().at + segments_[b].back().length;
+  }
+  // Bucket b's sums (zeros where none came): each owner's elements packed in segment order, reduced to it, and added
+  // into its `owned` at their places in its range.
+  void reduce(std::size_t b) {
+    torch::Tensor& sums = buckets_[b];
+    if (!sums.defined()) sums = torch::zeros({bucket_length(b)}, options);
+    struct part {
+      std::int64_t at, flat, length;  // in the bucket, in the flat buffer
+    };
+    std::vector<std::vector<part>> owners(static_cast<std::size_t>(shard.size));
+    for (const segment& piece : segments_[b]) {
+      const std::int64_t first = offsets[piece.tensor] + piece.begin, last = first + piece.length;
+      for (int owner = shard.owner(first); owner <= shard.owner(last - 1); ++owner) {
+        const std::int64_t from = std::max(first, shard.chunk * owner), to = std::min(last, shard.chunk * (owner + 1));
+        owners[static_cast<std::size_t>(owner)].push_back(
+            {.at = piece.at + from - first, .flat = from, .length = to - from});
+      }
+    }
+    for (int owner = 0; owner < shard.size; ++owner) {
+      const std::vector<part>& parts = owners[static_cast<std::size_t>(owner)];
+      if (parts.empty()) continue;
+      std::vector<torch::Tensor> packed;
+      for (const part& p : parts) packed.push_back(sums.narrow(0, p.at, p.length));
+      torch::Tensor buffer = packed.size() == 1 ? packed.front() : torch::cat(packed);
+      if (collectives.size > 1) collectives.reduce_to(buffer, owner);
+      if (owner != shard.rank) continue;
+      std::int64_t at = 0;
+      for (const part& p : parts) {
+        owned.narrow(0, p.flat - shard.lo, p.length).add_(buffer.narrow(0, at, p.length));
+        at += p.length;
+      }
     }
     sums = torch::Tensor();
   }
 
+  std::vector<std::size_t> order_;                                       // the reduction order of the tensors
+  std::vector<std::vector<segment>> segments_;                           // per bucket, in the reduction order
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> where_;  // per tensor: its (bucket, segment)s
+  bool learned_ = false;                                                 // order_ is the observed one
+  bool observing_ = true;                                                // until a backward pass with gradients ended
+  std::vector<std::size_t> observed_;   // the order this rank's gradients came in, in its first backward pass
   std::vector<torch::Tensor> buckets_;  // pending sums by bucket (undefined: none yet, or reduced)
-  std::vector<int> waiting_;            // per bucket: tensors overlapping it not taken yet
+  std::vector<int> waiting_;            // per bucket: segments whose tensor is not taken yet
   std::vector<bool> taken_;             // per tensor: its gradient of this backward pass is in its buckets
   std::vector<std::size_t> pending_;    // tensors whose hook fired and whose .grad is not taken yet
-  std::int64_t next_ = -1;              // the next bucket to reduce
+  std::size_t next_ = 0;                // the next bucket to reduce
 };
 
 // The hooks a policy registered on tensors, removed when it goes (a moved-from holder owns none).
@@ -759,6 +849,7 @@ class autograd_policy {
     reducer_->parameters = parameters_;
     reducer_->bucket = options_.sharding.bucket_elements();
     reducer_->options = masters_options();
+    reducer_->plan_reverse();
     detail::backward_reducer* const reducer = reducer_.get();  // stable: the hooks go with the policy
     for (std::size_t i = 0; i < parameters_.size(); ++i)
       hooks_.hooks.emplace_back(parameters_[i],
@@ -782,6 +873,7 @@ class autograd_policy {
   void reduce_gradients_to_shard() {
     torch::NoGradGuard no_grad;
     if (reducer_) {
+      reducer_->learn_order();  // every rank reaches this once per update: the one point to agree on the order
       if (!reducer_->owned.defined()) reducer_->owned = torch::zeros({shard_.count()}, masters_options());
       std::int64_t at = 0;
       for (std::size_t k = 0; k < pieces_.size(); ++k) {
