@@ -4,7 +4,8 @@
 # weights (`branchgrpo pretrain --steps 1`: hidden 512, 4 double and 8 single blocks, float32) on the shapes data.
 # The figures are the metrics row's memory/rank<r>/* (policy_memory: the bytes of the tensors the policy holds,
 # each storage once: parameters and masters, the gradient an update carries, the gradient peak at any moment, AdamW's
-# moments) and the process's peak resident set (VmHWM), next to the formula of docs/distributed.md. Writes $OUT/zero_memory.md (default out/zero_memory); ~10 minutes on 2 cores.
+# moments) and the process's peak resident set (VmHWM), next to the formula of docs/distributed.md; from the second
+# of 2 iterations (ZeRO-2 learns its reduction order in the first update). Writes $OUT/zero_memory.md (default out/zero_memory); ~10 minutes on 2 cores.
 #   bench/zero_memory.sh [BUILD_DIR]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,7 +41,7 @@ bucket_mb = 0.25
 [lora]
 enabled = false
 [run]
-iterations = 1
+iterations = 2
 checkpoint_every = 0
 grid_every = 0
 output_dir = "$out/$name"
@@ -59,7 +60,7 @@ rows = ["| ranks | sharding | parameters MB (formula) | gradients MB (formula) |
 measured = {}
 for ranks in (1, 2, 4):
     for mode in ("none", "optimizer", "gradients"):
-        row = json.loads(open(f"{out}/{mode}-{ranks}/metrics.jsonl").readline())
+        row = [json.loads(line) for line in open(f"{out}/{mode}-{ranks}/metrics.jsonl")][-1]  # iteration 1: the learned order
         chunk = -(-P // ranks)  # this rank's elements of the flat buffer (rank 0's: the largest)
         # float32 model: the working weights 4P, sharded with this rank's float32 masters beside them (4 chunk);
         # the gradient 4P in full (none, ZeRO-1), or this rank's sums (4 chunk) under ZeRO-2, plus transients (a

@@ -861,6 +861,17 @@ TEST_CASE("run memory: the documented estimate and a one-line refusal naming the
   CHECK(byte_text(e.rollout) == "1.35 MB");
   CHECK_NOTHROW(check_run_memory(config, {.bytes = 1e9, .source = "test"}));
 
+  // Sharded over N ranks, each rank's training state: the gradient in full, AdamW's two moments divided by N (full
+  // fine-tuning in float32, no EMA: 3 times the weights' bytes alone, 1 + 2 / 4 = 1.5 times on 4 ranks).
+  run_config full = config;
+  full.lora.enabled = false;
+  const double weights = estimate_run_memory(full, flux, 3).weights;
+  CHECK(estimate_run_memory(full, flux, 3).training == 3 * weights);
+  CHECK(estimate_run_memory(full, flux, 3, 4).training == 3 * weights);  // unsharded: every rank holds it all
+  full.sharding.mode = sharding_mode::gradients;
+  CHECK(estimate_run_memory(full, flux, 3, 1).training == 3 * weights);
+  CHECK(estimate_run_memory(full, flux, 3, 4).training == 1.5 * weights);
+
   // The issue's example: branching 4096 at two split steps is 2^24 leaves per tree for 19 steps, about 2 TB.
   config = parse_run_config("[topology]\nsplit_steps = [0, 1]\nbranching = [4096]\n", "run.toml");
   config.model.dir = (models_dir() / "shapes-tiny").string();

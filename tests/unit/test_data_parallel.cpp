@@ -150,3 +150,56 @@ TEST_CASE("data parallel: fewer trees than ranks is one clear error", "[distribu
           "an iteration of 1 prompt cannot give each of 2 ranks a tree: use at least as many prompts per iteration as "
           "ranks");
 }
+
+namespace {
+// The toy policy as a PaddedAccumulationPolicy that counts its calls: accumulate and pad_accumulate between two
+// optimizer steps (what a policy whose accumulate is a collective, ZeRO-2, needs equal on every rank).
+struct counting_policy : decltype(make_toy_policy(7)) {
+  counting_policy() : decltype(make_toy_policy(7))(make_toy_policy(7)) {}
+  std::vector<double> accumulate(const edge_batch<host_backend::tensor>& edges, const loss_gradient_fn& gradient) {
+    ++calls;
+    return decltype(make_toy_policy(7))::accumulate(edges, gradient);
+  }
+  void pad_accumulate() {
+    ++calls;
+    ++pads;
+  }
+  auto apply_update() {
+    per_update.push_back(calls);
+    calls = 0;
+    return decltype(make_toy_policy(7))::apply_update();
+  }
+  int calls = 0, pads = 0;
+  std::vector<int> per_update;
+};
+}  // namespace
+
+TEST_CASE("data parallel: a policy whose accumulate is a collective gets as many calls on every rank",
+          "[distributed][trainer]") {
+  // 3 trees on 2 ranks: rank 0 rolls out 1, rank 1 2, so rank 0 has fewer trained edges in every optimizer step and
+  // makes up the difference with pad_accumulate (train_iteration counts the calls with one all-gather per step).
+  static_assert(PaddedAccumulationPolicy<counting_policy>);
+  const std::vector<std::int64_t> prompts = {0, 1, 2};
+  std::vector<counting_policy> policies(2);
+  std::vector<std::vector<double>> parameters(2);
+  with_method("branch", [&](auto recipe) {
+    thread_group group(2);
+    group.run([&](thread_group::member& member) {
+      counting_policy& policy = policies[static_cast<std::size_t>(member.rank())];
+      mode_reward<> reward;
+      host_backend backend;
+      for (int i = 0; i < 2; ++i)
+        (void)train_iteration(
+            backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(), prompts, i,
+            training_options{.max_batch = 4, .seed = 11, .updates_per_iteration = 2, .total_iterations = 2}, member);
+      parameters[static_cast<std::size_t>(member.rank())].assign(policy.parameters().begin(),
+                                                                 policy.parameters().end());
+    });
+    return 0;
+  });
+  REQUIRE(policies[0].per_update.size() == 4);  // 2 iterations x 2 optimizer steps
+  CHECK(policies[0].per_update == policies[1].per_update);
+  CHECK(policies[0].pads > 0);
+  CHECK(policies[1].pads == 0);
+  CHECK(parameters[0] == parameters[1]);
+}

@@ -11,6 +11,7 @@
 using branchgrpo::echo_text;
 using branchgrpo::parse_integer;
 using branchgrpo::parse_number;
+using branchgrpo::zero_padded;
 using branchgrpo::testing::error_of;
 namespace bg = branchgrpo;
 
@@ -37,6 +38,14 @@ TEST_CASE("parse_number accepts finite decimal numbers only", "[numbers][reliabi
   for (const char* bad : {"1e999", "nan", "inf", "", "0x1p3", "1,5", " 1", "1e"})
     CHECK(error_of([&] { (void)parse_number(bad, "--lr"); }) ==
           "--lr = " + std::string(bad) + ": must be a finite number");
+}
+
+TEST_CASE("zero_padded pads to a width and never cuts", "[numbers]") {
+  CHECK(zero_padded(10, 6) == "000010");
+  CHECK(zero_padded(1234567, 6) == "1234567");
+  CHECK(zero_padded(0, 0) == "0");
+  CHECK(zero_padded(7, 5) == "00007");
+  CHECK(error_of([] { (void)zero_padded(-1, 3); }) == "zero_padded(-1): a negative number");
 }
 
 TEST_CASE("error messages echo at most 32 characters of the input", "[numbers][reliability]") {

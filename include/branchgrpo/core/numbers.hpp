@@ -65,6 +65,17 @@ requires(!std::same_as<T, bool>) T
   return *value;
 }
 
+/// `value` in decimal, zero-padded on the left to at least `width` digits: names that sort in numeric order
+/// (checkpoints, shards, sample files).
+/// Example: zero_padded(10, 6) == "000010"; zero_padded(1234567, 6) == "1234567"; zero_padded(0, 0) == "0".
+/// @pre value >= 0 (else invalid_input naming it).
+inline std::string zero_padded(std::int64_t value, std::size_t width) {
+  require(value >= 0, "zero_padded(", value, "): a negative number");
+  std::string digits = std::to_string(value);
+  if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
+  return digits;
+}
+
 /// A range's bound as a message or `--help` shows it: the shortest text that reads back exactly, in plain digits
 /// from 0.0001 to 10 million, with an exponent beyond.
 /// Example: number_bound_text(0.0001) == "0.0001", number_bound_text(1e6) == "1000000",

@@ -16,6 +16,8 @@
 // the stateful normalizers and cross-tree pruners stay identical everywhere; each rank then accumulates the
 // gradient of its own trees' trained edges with the one-process weights (1 / all trained edges), the gradients
 // are summed over the ranks before every optimizer step (DataParallelPolicy), and the parameters stay identical.
+// A policy whose accumulate is itself a collective (PaddedAccumulationPolicy: ZeRO-2 reducing during the backward
+// pass) gets the same number of accumulate calls on every rank: a rank with fewer edges pads.
 #include <algorithm>
 #include <array>
 #include <chrono>

@@ -123,7 +123,7 @@ void print_evaluation(std::ostream& out, const nlohmann::json& row) {
 void keep_config(const std::filesystem::path& out, const std::string& config_file, training_run& run) {
   const std::string text = read_input_file(config_file, input_kinds::config);
   const std::filesystem::path dir = make_directory(out / "configs");
-  const std::string stem = "config-" + checkpoint_path(".", run.iteration()).filename().string().substr(5);
+  const std::string stem = "config-" + zero_padded(run.iteration(), 6);
   std::string name = stem;
   for (int n = 2;
        std::filesystem::exists(dir / (name + ".toml")) || std::filesystem::exists(dir / (name + ".canonical.toml"));
@@ -289,19 +289,16 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     ++timed;
     // Every rank's measured training-state bytes and peak resident set, for the metrics row (docs/distributed.md).
     const policy_memory& memory = run->last_memory();
-    const std::array<double, 4> mine = {memory.parameters, memory.gradients_peak, memory.optimizer,
+    const std::array<double, 5> mine = {memory.parameters, memory.gradients, memory.gradients_peak, memory.optimizer,
                                         static_cast<double>(peak_resident_bytes())};
     const std::vector<double> memories = all_gather_values(communicator, std::span<const double>(mine));
     on_every_rank(communicator, [&] {
       if (!lead) return;
       nlohmann::json row = iteration_metrics(stats, run->last_components(), run->policy().last_update().grad_norm);
-      for (std::size_t r = 0; r < memories.size() / 4; ++r) {
-        const std::string prefix = "memory/rank" + std::to_string(r) + "/";
-        row[prefix + "parameters"] = memories[4 * r];
-        row[prefix + "gradients_peak"] = memories[4 * r + 1];
-        row[prefix + "optimizer"] = memories[4 * r + 2];
-        row[prefix + "resident_peak"] = memories[4 * r + 3];
-      }
+      const char* const parts[] = {"parameters", "gradients", "gradients_peak", "optimizer", "resident_peak"};
+      for (std::size_t r = 0; r < memories.size() / mine.size(); ++r)
+        for (std::size_t part = 0; part < mine.size(); ++part)
+          row["memory/rank" + std::to_string(r) + "/" + parts[part]] = memories[r * mine.size() + part];
       metrics->append(row);
       bar.clear();
       if (stats.trees_dropped > 0)

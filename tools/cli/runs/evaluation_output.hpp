@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "branchgrpo/app/training_run.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/evaluation/statistics.hpp"
 #include "cli/images/image_grid.hpp"
 #include "cli/images/png.hpp"
@@ -123,14 +124,10 @@ inline void write_evaluation_samples(const std::filesystem::path& dir, const hel
   (void)make_directory(dir);
   std::string lines;
   const auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
-  const auto digits = [](std::int64_t v, int width) {
-    std::string text = std::to_string(v);
-    return std::string(text.size() < static_cast<std::size_t>(width) ? width - text.size() : 0, '0') + text;
-  };
   const std::int64_t rows = e.images.defined() ? e.images.size(0) : 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t row = e.first_row + r, prompt = e.prompt_of(row), sample = row % e.samples_per_prompt;
-    const std::string file = digits(prompt, 4) + "-" + digits(sample, 2) + ".png";
+    const std::string file = zero_padded(prompt, 4) + "-" + zero_padded(sample, 2) + ".png";
     write_png((dir / file).string(), e.images.dim() == 5 ? frame_strip(e.images[r]) : to_rgb(e.images[r]));
     nlohmann::json line = {{"file", file},
                            {"prompt", prompts[static_cast<std::size_t>(prompt)]},

@@ -109,9 +109,7 @@ inline constexpr std::string_view checkpoint_manifest = "manifest.txt";
 /// "<root>/iter-<iteration, 6 digits>". Example: checkpoint_path("out/checkpoints", 10) == ".../iter-000010".
 inline std::filesystem::path checkpoint_path(const std::filesystem::path& root, int iteration) {
   require(iteration >= 0, "checkpoint iteration ", iteration, " is negative");
-  std::string digits = std::to_string(iteration);
-  if (digits.size() < 6) digits.insert(0, 6 - digits.size(), '0');
-  return root / ("iter-" + digits);
+  return root / ("iter-" + zero_padded(iteration, 6));
 }
 
 namespace detail {

@@ -52,11 +52,7 @@ struct checkpoint_layout {
   [[nodiscard]] flat_shard shard(int r) const { return flat_shard::of(total, r, shards); }
   /// "shard-00001-of-00002.safetensors": the file of shard r.
   [[nodiscard]] std::string shard_file(int r) const {
-    const auto digits = [](int value) {
-      std::string text = std::to_string(value);
-      return std::string(text.size() < 5 ? 5 - text.size() : 0, '0') + text;
-    };
-    return "shard-" + digits(r) + "-of-" + digits(shards) + ".safetensors";
+    return "shard-" + zero_padded(r, 5) + "-of-" + zero_padded(shards, 5) + ".safetensors";
   }
   friend bool operator==(const checkpoint_layout&, const checkpoint_layout&) = default;
 };

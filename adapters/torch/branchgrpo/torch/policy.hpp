@@ -79,12 +79,19 @@ struct autograd_policy_options {
 
 /// The bytes of training state a policy holds on this rank, read off its tensors' storages (each storage counted
 /// once): what sharding divides. Example: full fine-tuning of a float32 model of P parameters, unsharded, after a
-/// step: parameters 4P, gradients_peak 4P, optimizer 8P (AdamW's two moments; + 4P with an EMA); ZeRO-1 on N ranks:
-/// parameters 4P + 4P / N (the working weights and this rank's masters), gradients_peak 4P, optimizer 8P / N.
+/// step: parameters 4P, gradients 4P, optimizer 8P (AdamW's two moments; + 4P with an EMA); ZeRO-1 on N ranks:
+/// parameters 4P + 4P / N (the working weights and this rank's masters), gradients 4P, optimizer 8P / N; ZeRO-2:
+/// gradients 4P / N.
 struct policy_memory {
-  double parameters = 0;      ///< trainable tensors (the model's working copies) and their float32 masters
-  double gradients_peak = 0;  ///< the most bytes held in gradient buffers since the last reset_memory_peak()
-  double optimizer = 0;       ///< AdamW's moments and the EMA's shadows
+  double parameters = 0;  ///< trainable tensors (the model's working copies) and their float32 masters
+  /// The gradient an update carries: the bytes in gradient buffers when its last backward pass ended (the full
+  /// gradient; under ZeRO-2 this rank's sums, 4 / N bytes a parameter), the most over the updates since the last
+  /// reset_memory_peak().
+  double gradients = 0;
+  /// The most bytes held in gradient buffers at any moment since the last reset_memory_peak(): `gradients` plus what
+  /// is in flight (under ZeRO-2 the buckets waiting for a tensor and one tensor's .grad; under ZeRO-1 a piece).
+  double gradients_peak = 0;
+  double optimizer = 0;  ///< AdamW's moments and the EMA's shadows
 };
 
 /// What one apply_update did.
@@ -554,6 +561,7 @@ class autograd_policy {
   policy_update_report apply_update() {
     policy_update_report report{.rows = rows_, .grad_norm = 0, .steps = steps_};
     if (rows_ == 0) return report;
+    if (!sharded()) gradient_state_ = std::max(gradient_state_, gradient_bytes());
     // Sharded: the global norm is the square root of the shards' squared norms summed over the ranks.
     report.grad_norm = sharded() ? sharded_gradient_norm() : clip_gradient_norm(masters_, 0);
     scale_gradients_to_norm(optimized(), report.grad_norm, options_.optimizer.max_grad_norm);
@@ -699,11 +707,13 @@ class autograd_policy {
       out.optimizer += bytes(adamw.exp_avg()) + bytes(adamw.exp_avg_sq()) + bytes(adamw.max_exp_avg_sq());
     }
     for (const torch::Tensor& t : ema_.shadow) out.optimizer += bytes(t);
+    out.gradients = gradient_state_;
     out.gradients_peak = std::max({gradient_bytes_peak_, gradient_bytes(), reducer_ ? reducer_->peak : 0.0});
     return out;
   }
   /// Starts a new gradient peak (policy_memory::gradients_peak) from the bytes held now.
   void reset_memory_peak() {
+    gradient_state_ = 0;
     gradient_bytes_peak_ = gradient_bytes();
     if (reducer_) reducer_->peak = reducer_->held_bytes();
   }
@@ -872,6 +882,7 @@ class autograd_policy {
   // gradients. One rank: the same steps without a collective.
   void reduce_gradients_to_shard() {
     torch::NoGradGuard no_grad;
+    gradient_state_ = std::max(gradient_state_, gradient_bytes());
     if (reducer_) {
       reducer_->learn_order();  // every rank reaches this once per update: the one point to agree on the order
       if (!reducer_->owned.defined()) reducer_->owned = torch::zeros({shard_.count()}, masters_options());
@@ -885,9 +896,16 @@ class autograd_policy {
       std::vector<torch::Tensor> gradients;
       for (std::size_t i = 0; i < parameters_.size(); ++i) gradients.push_back(local_gradient(i));
       if (collectives_.size > 1) collectives_.all_reduce_tensors(gradients);
-      for (std::size_t k = 0; k < pieces_.size(); ++k)
-        shard_masters_[k].mutable_grad() =
-            piece_of(gradients[pieces_[k].tensor], pieces_[k]).view_as(shard_masters_[k]).clone();
+      // Tensor by tensor: its pieces copied, then its full gradient released (one piece in flight, not a shard).
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < parameters_.size(); ++i) {
+        for (; k < pieces_.size() && pieces_[k].tensor == i; ++k)
+          shard_masters_[k].mutable_grad() = piece_of(gradients[i], pieces_[k]).view_as(shard_masters_[k]).clone();
+        note_gradient_bytes();
+        gradients[i] = torch::Tensor();
+        parameters_[i].mutable_grad() = torch::Tensor();
+        gradient_sums_[i] = torch::Tensor();
+      }
     }
     note_gradient_bytes();
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -958,6 +976,7 @@ class autograd_policy {
   torch::ScalarType master_dtype_ = torch::kFloat32;
   bool shard_gradients_ready_ = false;
   double gradient_bytes_peak_ = 0;                     // policy_memory::gradients_peak
+  double gradient_state_ = 0;                          // policy_memory::gradients
   std::unique_ptr<detail::backward_reducer> reducer_;  // ZeRO-2 only
   detail::registered_hooks hooks_;                     // on parameters_, feeding reducer_ (removed first)
   ema_weights ema_;

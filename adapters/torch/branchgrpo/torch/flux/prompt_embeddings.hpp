@@ -400,9 +400,7 @@ inline std::vector<std::filesystem::path> prompt_shards(const std::filesystem::p
   std::int64_t count = -1;
   std::size_t width = 0;  // the digits of a shard's number: 5 in p-00001-of-00004
   const auto shard_name = [&](std::int64_t i) {
-    std::string number = std::to_string(i);
-    if (number.size() < width) number.insert(0, width - number.size(), '0');
-    return stem + "-" + number + "-of-" + total_text + ".safetensors";
+    return stem + "-" + zero_padded(i, width) + "-of-" + total_text + ".safetensors";
   };
   for (std::size_t i = 0; i < files.size(); ++i) {
     const std::string name = files[i].stem().string();
