@@ -5,7 +5,8 @@
 # The figures are the metrics row's memory/rank<r>/* (policy_memory: the bytes of the tensors the policy holds,
 # each storage once: parameters and masters, the gradient an update carries, the gradient peak at any moment, AdamW's
 # moments) and the process's peak resident set (VmHWM), next to the formula of docs/distributed.md; from the second
-# of 2 iterations (ZeRO-2 learns its reduction order in the first update). Writes $OUT/zero_memory.md (default out/zero_memory); ~10 minutes on 2 cores.
+# of 2 iterations (ZeRO-2 learns its reduction order in the first update). Writes $OUT/zero_memory.md (default
+# out/zero_memory); ~5 minutes on 2 cores.
 #   bench/zero_memory.sh [BUILD_DIR]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -567,7 +567,7 @@ class autograd_policy {
     scale_gradients_to_norm(optimized(), report.grad_norm, options_.optimizer.max_grad_norm);
     const bool finite = std::isfinite(report.grad_norm);
     if (finite) optimizer_->step();
-    if (reducer_)  // the pieces' gradients are views of the last update's sums: released, not zeroed in place
+    if (sharded())  // the pieces' gradients (ZeRO-2: views of the update's sums) are released, not kept as zeros
       for (torch::Tensor& piece : shard_masters_) piece.mutable_grad() = torch::Tensor();
     optimizer_->zero_grad();
     rows_ = 0;
