@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/zero_memory.sh: each rank's training-state bytes, measured, under optimizer.sharding at 1, 2 and 4 ranks
-# (Gloo on the loopback), for full fine-tuning of a FLUX-architecture transformer of ~69 M parameters with random
+# (Gloo on the loopback), for full fine-tuning of a FLUX-architecture transformer of 70.5 M parameters with random
 # weights (`branchgrpo pretrain --steps 1`: hidden 512, 4 double and 8 single blocks, float32) on the shapes data.
 # The figures are the metrics row's memory/rank<r>/* (policy_memory: the bytes of the tensors the policy holds,
 # each storage once: parameters and masters, the gradient an update carries, the gradient peak at any moment, AdamW's
