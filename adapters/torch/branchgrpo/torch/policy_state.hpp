@@ -153,6 +153,13 @@ inline torch::Tensor flat_of(std::span<const torch::Tensor> per_piece, const tor
   for (const torch::Tensor& t : per_piece) parts.push_back(t.detach().reshape({-1}).to(options));
   return parts.empty() ? torch::empty({0}, options) : torch::cat(parts);
 }
+
+// AdamW's state of one optimized tensor, or null before its first step (no copy: adamw_state_tensors clones).
+inline const torch::optim::AdamWParamState* adamw_state_of(torch::optim::AdamW& optimizer, const torch::Tensor& piece) {
+  auto& states = optimizer.state();
+  const auto found = states.find(optimizer_state_key<torch::optim::AdamW>(piece));
+  return found == states.end() ? nullptr : &static_cast<const torch::optim::AdamWParamState&>(*found->second);
+}
 }  // namespace detail
 
 /// The flat buffer of a sharded policy as a sharded checkpoint's layout: its trainable tensors by `names`
@@ -179,10 +186,9 @@ checkpoint_layout policy_layout(autograd_policy<Model>& policy, const std::vecto
     layout.tensors.push_back({.name = names[i], .offset = offset, .shape = policy.parameters()[i].sizes().vec()});
     offset += policy.parameters()[i].numel();
   }
-  const auto named = detail::named_pieces(policy.shard_masters());
-  const std::map<std::string, torch::Tensor> state = adamw_state_tensors(policy.optimizer(), named);
-  if (const auto step = state.find("adamw.step.0"); step != state.end())
-    layout.step = step->second.template item<std::int64_t>();
+  if (!policy.shard_masters().empty())
+    if (const auto* state = detail::adamw_state_of(policy.optimizer(), policy.shard_masters().front()))
+      layout.step = state->step();
   return layout;
 }
 
@@ -199,18 +205,16 @@ std::map<std::string, torch::Tensor> policy_shard_tensors(autograd_policy<Model>
   std::map<std::string, torch::Tensor> out;
   out["master"] = detail::flat_of(policy.shard_masters(), options);
   if (layout.step > 0) {
-    const auto named = detail::named_pieces(policy.shard_masters());
-    const std::map<std::string, torch::Tensor> state = adamw_state_tensors(policy.optimizer(), named);
-    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-      std::vector<torch::Tensor> pieces;
-      for (const auto& [key, piece] : named) {
-        const auto it = state.find(std::string("adamw.") + moment + "." + key);
-        require(it != state.end(), "rank ", policy.shard().rank, ": piece ", key, " has no AdamW state at step ",
-                layout.step);
-        pieces.push_back(it->second);
-      }
-      out[std::string("adamw.") + moment] = detail::flat_of(pieces, options);
+    std::vector<torch::Tensor> averages, squares;  // the moments themselves, concatenated once below
+    for (std::size_t k = 0; k < policy.shard_masters().size(); ++k) {
+      const auto* state = detail::adamw_state_of(policy.optimizer(), policy.shard_masters()[k]);
+      require(state != nullptr, "rank ", policy.shard().rank, ": piece ", k, " has no AdamW state at step ",
+              layout.step);
+      averages.push_back(state->exp_avg());
+      squares.push_back(state->exp_avg_sq());
     }
+    out["adamw.exp_avg"] = detail::flat_of(averages, options);
+    out["adamw.exp_avg_sq"] = detail::flat_of(squares, options);
   }
   if (layout.ema) out["ema"] = detail::flat_of(policy.ema_parameters(), options);
   return out;

@@ -753,18 +753,13 @@ class training_run {
 
   /// The checkpoint of the current state (see checkpoint.hpp).
   [[nodiscard]] checkpoint_contents checkpoint() {
-    checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
-    out.ranks = ranks_;
-    const auto named = named_masters();
     require(!policy_->sharded() || policy_->shard().size == 1, "a run sharded over ", policy_->shard().size,
             " ranks has no checkpoint of its own: every rank calls save_checkpoint(communicator)");
+    checkpoint_contents out = checkpoint_common();
     policy_state trained = policy_state_tensors(*policy_, trainable_names());
     out.weights = std::move(trained.weights);
-    out.state = std::move(trained.state);
-    for (const auto& [name, values] : recipe_.normalizer.save_state())
-      out.state["normalizer." + name] = torch::tensor(values, torch::kFloat64);
-    out.state.merge(adamw_state_presence(out.state, named));
-    out.config_text = canonical_config();
+    out.state.merge(trained.state);
+    out.state.merge(adamw_state_presence(out.state, named_masters()));
     return out;
   }
 
