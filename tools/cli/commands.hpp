@@ -35,6 +35,14 @@ void add_toy_command(CLI::App& app);
 ///    "dance":{...,"time_ratio_vs_dance":1.0,...},...}.
 void add_compare_command(CLI::App& app);
 
+/// Registers the `gradient-signal` subcommand on `app`: on the toy's base model, D draws of one iteration's policy
+/// gradient per method (never applied), and per band of denoising steps the signal fraction |E g|^2 / E|g|^2, the
+/// alignment cos(E g, dance's E g) and the mean |advantage| of the trained edges. Prints a table (one JSON object
+/// keyed by method with --json); throws branchgrpo::invalid_input, naming the value, for a bad --methods entry or
+/// count. Example: `branchgrpo gradient-signal --draws 8 --json` ->
+///   {"branch":{...,"signal_fraction":...,"steps_0_2":{"alignment_with_dance":...,...},...},"dance":{...},...}.
+void add_gradient_signal_command(CLI::App& app);
+
 /// Registers the `bench` subcommand (with its `iteration` subcommand) on `app`. `bench iteration` runs
 /// dance, branch, branch-widpru, branch-deppru and branch-mix alternately (A B C D E A B ...) on copies of one
 /// model, same seed and prompts, and prints a table (one JSON object keyed by variant with --json). Throws

@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   branchgrpo::cli::add_tree_command(app);
   branchgrpo::cli::add_toy_command(app);
   branchgrpo::cli::add_compare_command(app);  // the toy always; --model shapes with LibTorch
+  branchgrpo::cli::add_gradient_signal_command(app);
   branchgrpo::cli::add_bench_command(app);
   branchgrpo::cli::add_weights_command(app);
   branchgrpo::cli::add_policies_command(app);

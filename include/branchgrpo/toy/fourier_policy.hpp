@@ -198,6 +198,15 @@ class fourier_policy {
     std::fill(gradient_.begin(), gradient_.end(), 0.0);
   }
 
+  /// Replaces the optimizer's options for the next updates (its moments are kept), e.g. another learning rate for
+  /// an ablation; the base W does not depend on them.
+  /// Example: policy.set_optimizer({.lr = 0.2}) -> policy.options().optimizer.lr == 0.2.
+  /// @pre the options are valid (else invalid_input naming the value, before anything changes).
+  void set_optimizer(const adam& optimizer) {
+    validate_parameters(optimizer, "adam");
+    options_.optimizer = optimizer;
+  }
+
   /// Back to the fitted base: W = base, zero gradient, fresh Adam state.
   void reset_to_base() {
     weights_ = base_;

@@ -43,6 +43,7 @@
 #include "cli/output/output_file.hpp"
 #include "cli/output/progress_bar.hpp"
 #include "cli/runs/method_runs.hpp"
+#include "cli/runs/method_variant.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -60,6 +61,8 @@ struct compare_options {
   bool json = false;
   bool quiet = false;
   std::string remote_reward, remote_scorer;  // shapes: the alignment term from a reward server (as demo's)
+  // --methods' entries (cli/runs/method_variant.hpp); none: dance and the four BranchGRPO variants.
+  std::vector<std::string> methods;
 };
 
 constexpr double confidence = 0.95;
@@ -154,10 +157,10 @@ struct seed_setup {
 
 // --- The toy (as `toy --compare`) --------------------------------------------------------------------------------
 
-run_record train_toy(std::string_view name, const fourier_policy<host_backend>& base, double base_reward,
+run_record train_toy(const method_variant& variant, const fourier_policy<host_backend>& base, double base_reward,
                      const seed_setup& setup, const compare_options& options, const sigma_schedule& schedule,
                      progress& bar) {
-  run_record run{.method = std::string(name),
+  run_record run{.method = variant.label,
                  .seed = setup.seed,
                  .stats = {},
                  .cumulative = {},
@@ -165,12 +168,16 @@ run_record train_toy(std::string_view name, const fourier_policy<host_backend>& 
                  .eval_iterations = {0},
                  .eval_rewards = {base_reward}};
   fourier_policy<host_backend> policy = base;
-  with_method(name, [&](auto recipe) {
+  if (variant.lr) policy.set_optimizer({.lr = *variant.lr});
+  with_variant(variant, [&](auto recipe) {
     mode_reward<> reward;
     host_backend backend;
     const prompt_schedule prompts{.prompt_count = toy_runs::eval_modes, .per_iteration = toy_prompts};
-    const training_options training{
-        .max_batch = 64, .seed = setup.seed, .updates_per_iteration = 1, .total_iterations = options.iters, .loss = {}};
+    const training_options training{.max_batch = 64,
+                                    .seed = setup.seed,
+                                    .updates_per_iteration = variant.updates.value_or(1),
+                                    .total_iterations = options.iters,
+                                    .loss = {}};
     for (int i = 0; i < options.iters; ++i) {
       std::vector<std::int64_t> trained = prompts(i);
       for (std::int64_t& p : trained) p = setup.order[static_cast<std::size_t>(p)];
@@ -194,12 +201,12 @@ run_record train_toy(std::string_view name, const fourier_policy<host_backend>& 
 // method from a copy of it.
 template <class Each>
 void run_toy_seed(const seed_setup& setup, const fourier_policy<host_backend>& base, const compare_options& options,
-                  const std::vector<std::string>& methods, progress& bar, Each&& each) {
+                  const std::vector<method_variant>& methods, progress& bar, Each&& each) {
   const sigma_schedule schedule = shifted_linear_schedule(20);
   fourier_policy<host_backend> copy = base;
   const double base_reward = toy_runs::evaluate(copy, schedule, setup.seed).reward;
-  for (const std::string& name : methods) {
-    each(train_toy(name, base, base_reward, setup, options, schedule, bar));
+  for (const method_variant& variant : methods) {
+    each(train_toy(variant, base, base_reward, setup, options, schedule, bar));
     ++bar.runs_done;
   }
 }
@@ -221,16 +228,42 @@ demo_runs::demo_options shapes_options(const compare_options& options, const see
   return d;
 }
 
+// The demo's configuration of the variant's method, with its overrides applied to the run's recipe and options.
+run_config shapes_config(const method_variant& variant, const demo_runs::demo_options& d, int iterations) {
+  run_config config = demo_runs::demo_config(d, iterations, variant.method);
+  // demo_config writes each method's files under its name; a variant keeps its own.
+  if (!variant.plain()) config.run.output_dir = (std::filesystem::path(d.out) / ("variant-" + variant.label)).string();
+  if (variant.scope) {
+    auto* normalizer = std::get_if<depth_wise>(&config.recipe.normalizer.normalizer.policy);
+    require(normalizer != nullptr, "--methods ", variant.label, ": scope needs a depth-wise normalizer, and ",
+            variant.method, " has none");
+    normalizer->scope = *variant.scope;
+  }
+  if (variant.correlation_s) {
+    auto* correlator = std::get_if<correlated>(&config.recipe.correlator.policy);
+    require(correlator != nullptr, "--methods ", variant.label, ": s needs correlated sibling noise, and ",
+            variant.method, " has independent chains");
+    correlator->s = *variant.correlation_s;
+  }
+  if (variant.fusion) {
+    config.recipe.fusion.policy = make_policy<fusion_policies>(*variant.fusion);
+    config.recipe.normalizer.use_fusion(config.recipe.fusion);
+  }
+  if (variant.updates) config.run.updates_per_iteration = *variant.updates;
+  if (variant.lr) config.optimizer.lr = *variant.lr;
+  return config;
+}
+
 template <class Each>
-void run_shapes_seed(const seed_setup& setup, const compare_options& options, const std::vector<std::string>& methods,
-                     progress& bar, Each&& each) {
+void run_shapes_seed(const seed_setup& setup, const compare_options& options,
+                     const std::vector<method_variant>& methods, progress& bar, Each&& each) {
   const demo_runs::demo_options d = shapes_options(options, setup);
   double base_reward = std::numeric_limits<double>::quiet_NaN();
-  for (const std::string& name : methods) {
-    auto trainer = demo_runs::make_run(demo_runs::demo_config(d, options.iters, name), d);
+  for (const method_variant& variant : methods) {
+    auto trainer = demo_runs::make_run(shapes_config(variant, d, options.iters), d);
     if (std::isnan(base_reward))  // the base model (LoRA B = 0), also the warm-up before the seed's first timing
       base_reward = demo_runs::evaluate(*trainer, d).reward;
-    run_record run{.method = name,
+    run_record run{.method = variant.label,
                    .seed = setup.seed,
                    .stats = {},
                    .cumulative = {},
@@ -588,6 +621,9 @@ std::string with_interval(const mean_interval& ci, int digits, bool sign) {
 void print_table(const std::vector<method_summary>& summaries, const compare_options& options,
                  const std::array<double, 2>& budgets) {
   const method_summary& dance = summaries.front();
+  // The method column fits the longest label (a --methods variant such as branch:scope=per_batch), at least 15.
+  int name_width = 15;
+  for (const method_summary& s : summaries) name_width = std::max(name_width, static_cast<int>(s.name.size()) + 1);
   std::cout << "compare: " << options.model << " model, " << summaries.size() << " methods x " << options.seeds
             << " seeds (" << options.seed << " to " << options.seed + static_cast<std::uint64_t>(options.seeds - 1)
             << ") x " << options.iters << " iterations, from one base model\n"
@@ -597,11 +633,11 @@ void print_table(const std::vector<method_summary>& summaries, const compare_opt
             << ", evaluated every " << options.eval_every << " iterations; gain = after - before, per seed\n"
             << "intervals: 95% Student-t over the " << options.seeds << " seeds (t_{0.975, " << options.seeds - 1
             << "} = " << fixed(dance.gain.t, 3) << ")\n\n";
-  std::cout << std::left << std::setw(15) << "method" << std::right << std::setw(8) << "base" << std::setw(28)
+  std::cout << std::left << std::setw(name_width) << "method" << std::right << std::setw(8) << "base" << std::setw(28)
             << "gain [95% CI]" << std::setw(28) << "gain - dance [95% CI]" << std::setw(9) << "s/iter" << std::setw(21)
             << "vs dance [95% CI]" << std::setw(21) << "cpu vs dance" << '\n';
   for (const method_summary& s : summaries)
-    std::cout << std::left << std::setw(15) << s.name << std::right << std::setw(8) << fixed(s.base.mean, 4)
+    std::cout << std::left << std::setw(name_width) << s.name << std::right << std::setw(8) << fixed(s.base.mean, 4)
               << std::setw(28) << with_interval(s.gain, 4, true) << std::setw(28)
               << with_interval(s.gain_vs_dance, 4, true) << std::setw(9) << fixed(s.seconds_per_iter.mean, 3)
               << std::setw(21) << with_interval(s.time_ratio, 2, false) << std::setw(21)
@@ -610,11 +646,11 @@ void print_table(const std::vector<method_summary>& summaries, const compare_opt
             << "budget: dance's mean training time for " << options.budget_iters << " iterations, "
             << fixed(budgets[0], 3) << " s wall, " << fixed(budgets[1], 3)
             << " s CPU; each seed's held-out curve read there (its last value after a run ends)\n";
-  std::cout << std::left << std::setw(15) << "method" << std::right << std::setw(26) << "reward@budget [95% CI]"
+  std::cout << std::left << std::setw(name_width) << "method" << std::right << std::setw(26) << "reward@budget [95% CI]"
             << std::setw(28) << "- dance at equal time" << std::setw(26) << "reward@cpu budget" << std::setw(28)
             << "- dance at equal cpu time" << '\n';
   for (const method_summary& s : summaries)
-    std::cout << std::left << std::setw(15) << s.name << std::right << std::setw(26)
+    std::cout << std::left << std::setw(name_width) << s.name << std::right << std::setw(26)
               << with_interval(s.at_budget[0], 4, false) << std::setw(28) << with_interval(s.equal_time[0], 4, true)
               << std::setw(26) << with_interval(s.at_budget[1], 4, false) << std::setw(28)
               << with_interval(s.equal_time[1], 4, true) << '\n';
@@ -627,6 +663,32 @@ void print_table(const std::vector<method_summary>& summaries, const compare_opt
 // Bytes a run keeps per iteration (its statistics, its time, a possible evaluation): small, but the product of
 // --seeds and --iters is not.
 constexpr double bytes_per_iteration = sizeof(iteration_stats) + 4 * sizeof(double);
+
+// What runs without --methods: DanceGRPO and the paper's four BranchGRPO variants.
+constexpr std::array<std::string_view, 5> default_compared_methods = {"dance", "branch", "branch-widpru",
+                                                                      "branch-deppru", "branch-mix"};
+
+// --methods' entries parsed, plain dance first (every difference is taken to it: added when missing), each label
+// once. Example: {"branch:s=1", "dance"} -> {dance, branch:s=1}.
+std::vector<method_variant> compared_methods(const compare_options& options) {
+  std::vector<method_variant> out;
+  if (options.methods.empty())
+    for (const std::string_view name : default_compared_methods) out.push_back(parse_method_variant(name));
+  for (const std::string& entry : options.methods) {
+    method_variant variant = parse_method_variant(entry);
+    with_variant(variant, [](const auto&) {});  // refuses an override the method cannot take, before any run
+    for (const method_variant& earlier : out)
+      require(earlier.label != variant.label, "--methods: '", entry, "' is listed twice");
+    out.push_back(std::move(variant));
+  }
+  const auto dance =
+      std::find_if(out.begin(), out.end(), [](const method_variant& m) { return m.plain() && m.method == "dance"; });
+  if (dance == out.end())
+    out.insert(out.begin(), parse_method_variant("dance"));
+  else
+    std::rotate(out.begin(), dance, dance + 1);
+  return out;
+}
 
 void validate(compare_options& options) {
   // Ranges are checked as the flags are parsed (number_options.hpp); here what depends on the model.
@@ -656,8 +718,8 @@ void validate(compare_options& options) {
   const std::uint64_t last = std::numeric_limits<std::uint64_t>::max();
   require(options.seed <= last - static_cast<std::uint64_t>(options.seeds - 1), "--seed = ", options.seed,
           ": with --seeds = ", options.seeds, " the last seed would exceed 2^64 - 1");
-  require_fits(static_cast<double>(options.seeds) * static_cast<double>(method_names.size()) * options.iters *
-                   bytes_per_iteration,
+  require_fits(static_cast<double>(options.seeds) * static_cast<double>(compared_methods(options).size()) *
+                   options.iters * bytes_per_iteration,
                setting_text("--seeds", options.seeds) + ", " + setting_text("--iters", options.iters),
                "the record of every iteration");
 }
@@ -671,7 +733,7 @@ void run_compare(compare_options options) {
     if (error || !std::filesystem::is_directory(out))
       throw write_error(out, "cannot create the output directory", error ? error.value() : ENOTDIR);
   }
-  const std::vector<std::string> methods(method_names.begin(), method_names.end());  // dance first
+  const std::vector<method_variant> methods = compared_methods(options);  // dance first
   std::vector<std::vector<run_record>> runs(methods.size());
   progress bar{.bar = run_progress(!options.quiet, options.seeds * static_cast<int>(methods.size()) * options.iters),
                .runs_done = 0,
@@ -683,12 +745,14 @@ void run_compare(compare_options options) {
     const std::uint64_t seed = options.seed + static_cast<std::uint64_t>(k);
     const seed_setup setup{
         .index = k, .seed = seed, .order = prompt_order(toy ? toy_runs::eval_modes : 4, seed, k == 0)};
-    // Seed k starts with method k mod 5, so no method always runs first (or right after the base evaluation).
-    std::vector<std::string> rotated;
+    // Seed k starts with method k mod M, so no method always runs first (or right after the base evaluation).
+    std::vector<method_variant> rotated;
     for (std::size_t j = 0; j < methods.size(); ++j)
       rotated.push_back(methods[(j + static_cast<std::size_t>(k)) % methods.size()]);
     const auto keep = [&](run_record run) {
-      const auto m = static_cast<std::size_t>(std::find(methods.begin(), methods.end(), run.method) - methods.begin());
+      const auto m = static_cast<std::size_t>(
+          std::find_if(methods.begin(), methods.end(), [&](const method_variant& v) { return v.label == run.method; }) -
+          methods.begin());
       runs[m].push_back(std::move(run));
     };
     if (toy) run_toy_seed(setup, *toy_base, options, rotated, bar, keep);
@@ -759,6 +823,10 @@ void add_compare_command(CLI::App& app) {
   compare->add_option("--out", options->out, "Directory for runs.csv, the two PNG plots and summary.json (created)")
       ->type_name("DIR")
       ->capture_default_str();
+  add_text_list(compare, "--methods", options->methods,
+                "Methods to compare, comma-separated, each a name with optional :key=value overrides (scope, s, "
+                "fusion, updates, lr; e.g. branch:scope=per_batch); dance is always included, first (default: "
+                "dance, branch, branch-widpru, branch-deppru, branch-mix)");
   compare->add_flag("--json", options->json, "One JSON object keyed by method, nothing else");
   compare->add_flag("--quiet", options->quiet, "No progress bar");
 #ifdef BRANCHGRPO_CLI_TORCH

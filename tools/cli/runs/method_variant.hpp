@@ -1,0 +1,123 @@
+#pragma once
+// A named method with ablation overrides, as `compare --methods` takes it: the method's name, then `:key=value`
+// parts that each change one thing, so an ablation switches one candidate cause at a time:
+//
+//   branch                        the named recipe as it is
+//   branch:scope=per_batch        depth-wise statistics over every tree of the iteration, not per tree
+//   branch:s=1                    correlated siblings with s = 1 (correlation 1 / (1 + s^2) = 0.5)
+//   branch:fusion=path_softmax    another fusion weighting (fusion/catalog.hpp)
+//   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
+//   branch:lr=0.05                another learning rate (the toy's Adam, the shapes model's AdamW)
+//
+// The recipe overrides (scope, s, fusion) act on with_method's typed recipe; updates and lr act on the run's
+// options and are read by the caller. Torch-free: the toy's compare uses it without LibTorch.
+#include <cmath>
+#include <concepts>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "branchgrpo/advantage/depth_wise.hpp"
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/core/policy_list.hpp"
+#include "branchgrpo/correlator/correlated.hpp"
+#include "branchgrpo/fusion/catalog.hpp"
+#include "branchgrpo/training/methods.hpp"
+
+namespace branchgrpo::cli {
+
+/// One entry of `--methods`: a named method and what it overrides (unset: the method's own).
+struct method_variant {
+  std::string label;   ///< the entry as given: the method's name in tables, files and JSON
+  std::string method;  ///< one of method_names
+  std::optional<normalization_scope> scope = {};
+  std::optional<double> correlation_s = {};
+  std::optional<std::string> fusion = {};
+  std::optional<int> updates = {};
+  std::optional<double> lr = {};
+
+  /// Whether it is the named method unchanged.
+  [[nodiscard]] bool plain() const { return label == method; }
+};
+
+/// Parses one `--methods` entry.
+/// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
+///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
+/// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr)
+///      and a value in its domain (scope per_tree | per_batch, s > 0 finite, fusion a fusion policy's name,
+///      updates an integer in [1, 1000], lr in (0, 1]); no key twice (else invalid_input naming the part).
+inline method_variant parse_method_variant(std::string_view entry) {
+  method_variant out{.label = std::string(entry), .method = {}};
+  std::size_t colon = entry.find(':');
+  out.method = std::string(entry.substr(0, colon));
+  bool known = false;
+  for (const std::string_view name : method_names) known = known || name == out.method;
+  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ", name_list(method_names),
+          ", optionally followed by :key=value overrides)");
+  while (colon != std::string_view::npos) {
+    const std::size_t next = entry.find(':', colon + 1);
+    const std::string_view part = entry.substr(colon + 1, next == std::string_view::npos ? next : next - colon - 1);
+    colon = next;
+    const std::size_t equals = part.find('=');
+    require(equals != std::string_view::npos && equals > 0, "--methods: '", part, "' in '", entry,
+            "' is not key=value (keys: scope, s, fusion, updates, lr)");
+    const std::string_view key = part.substr(0, equals);
+    const std::string value(part.substr(equals + 1));
+    const std::string what = "--methods " + std::string(entry) + ": " + std::string(key);
+    const auto once = [&](bool unset) { require(unset, "--methods: '", key, "' is set twice in '", entry, "'"); };
+    if (key == "scope") {
+      once(!out.scope);
+      require(value == "per_tree" || value == "per_batch", what, " = ", value, ": must be per_tree or per_batch");
+      out.scope = value == "per_tree" ? normalization_scope::per_tree : normalization_scope::per_batch;
+    } else if (key == "s") {
+      once(!out.correlation_s);
+      out.correlation_s = parse_number(value, what, 1e-6, 1e6);
+    } else if (key == "fusion") {
+      once(!out.fusion);
+      (void)make_policy<fusion_policies>(value);  // refuses an unknown name, listing the known ones
+      out.fusion = value;
+    } else if (key == "updates") {
+      once(!out.updates);
+      out.updates = parse_integer<int>(value, what, 1, 1000);
+    } else if (key == "lr") {
+      once(!out.lr);
+      out.lr = parse_number(value, what, 1e-12, 1.0);
+    } else {
+      fail("--methods: unknown key '", key, "' in '", entry, "' (expected scope, s, fusion, updates or lr)");
+    }
+  }
+  return out;
+}
+
+/// Calls `body(recipe)` with the variant's recipe: with_method's, with scope and s set, and with an any_fusion in
+/// the fusion slot when the variant names a fusion. Returns what body returns.
+/// Example: with_variant(parse_method_variant("branch:s=1"), [](auto r) { return r.correlator.s; }) == 1.
+/// @pre the overrides fit the recipe: scope needs a depth_wise normalizer, s a correlated correlator (else
+///      invalid_input naming the variant).
+template <class Body>
+decltype(auto) with_variant(const method_variant& variant, Body&& body) {
+  return with_method(variant.method, [&](auto recipe) {
+    if (variant.scope) {
+      if constexpr (std::same_as<decltype(recipe.normalizer), depth_wise>)
+        recipe.normalizer.scope = *variant.scope;
+      else
+        fail("--methods ", variant.label, ": scope needs a depth-wise normalizer, and ", variant.method, " has none");
+    }
+    if (variant.correlation_s) {
+      if constexpr (std::same_as<decltype(recipe.correlator), correlated>)
+        recipe.correlator.s = *variant.correlation_s;
+      else
+        fail("--methods ", variant.label, ": s needs correlated sibling noise, and ", variant.method,
+             " has independent chains");
+    }
+    if (!variant.fusion) return body(std::move(recipe));
+    any_fusion fusion;
+    fusion.policy = make_policy<fusion_policies>(*variant.fusion);
+    return body(method{recipe.topology, recipe.stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner});
+  });
+}
+
+}  // namespace branchgrpo::cli
