@@ -77,7 +77,7 @@ TEST_CASE("depth_wise: 0 for a depth of one node and below min_std") {
   CHECK(depth_wise{.min_std = 0.0}(tree, {.leaf = {}, .fused = flat})[4] == Approx(1.25).margin(1e-6));
 }
 
-TEST_CASE("depth_wise: per_tree against per_batch on a 2-tree forest") {
+TEST_CASE("depth_wise: per_tree, per_batch and pooled on a 2-tree forest") {
   const rollout_tree forest = binary_tree(numbered_trees(2));
   REQUIRE(uniform_mean{}(forest, two_trees_leaf) == two_trees_fused);
   const reward_view rewards{.leaf = two_trees_leaf, .fused = two_trees_fused};
@@ -91,6 +91,13 @@ TEST_CASE("depth_wise: per_tree against per_batch on a 2-tree forest") {
   check_values(depth_wise{.scope = normalization_scope::per_batch}(forest, rewards),
                {0, -0.54772, 0.54772, -0.90749, 0, -0.45374, 1.36123,  //
                 0, -1.09545, 1.09545, -1.36123, -0.45374, 0.45374, 1.36123});
+  // pooled: each tree centred on its own mean, the within-tree variance pooled. Depth 1: tree 0 {2, 4} (mu 3, +-1),
+  //   tree 1 {1, 5} (mu 3, +-2), sigma^2 = (1 + 1 + 4 + 4) / (2 * 1) = 5 -> -+0.44721, -+0.89443 (the wider split
+  //   gets the larger advantage; per_tree gives both -+0.70711); depth 2: squares 14 + 20, sigma^2 = 34 / (2 * 3),
+  //   sigma 2.38048 -> -0.84017, 0, -0.42008, 1.26025 and -1.26025, -0.42008, 0.42008, 1.26025.
+  check_values(depth_wise{.scope = normalization_scope::pooled}(forest, rewards),
+               {0, -0.44721, 0.44721, -0.84017, 0, -0.42008, 1.26025,  //
+                0, -0.89443, 0.89443, -1.26025, -0.42008, 0.42008, 1.26025});
 }
 
 TEST_CASE("depth_wise: roots stay 0 even with several roots per tree") {

@@ -17,17 +17,24 @@
 
 namespace branchgrpo {
 
-/// Which nodes share the statistics of one depth: those of one tree (the official code) or those of
-/// every tree in the batch.
-enum class normalization_scope { per_tree, per_batch };
+/// Which nodes share the statistics of one depth: those of one tree (the official code), those of every tree in
+/// the batch, or pooled: each tree's own mean, with the within-tree std pooled over the batch's trees.
+enum class normalization_scope { per_tree, per_batch, pooled };
 
-/// The scopes' names in configs: per_tree, per_batch.
-inline constexpr std::array<enum_choice<normalization_scope>, 2> normalization_scope_names = {
-    {{"per_tree", normalization_scope::per_tree}, {"per_batch", normalization_scope::per_batch}}};
+/// The scopes' names in configs: per_tree, per_batch, pooled.
+inline constexpr std::array<enum_choice<normalization_scope>, 3> normalization_scope_names = {
+    {{"per_tree", normalization_scope::per_tree},
+     {"per_batch", normalization_scope::per_batch},
+     {"pooled", normalization_scope::pooled}}};
 constexpr const auto& enum_choices(normalization_scope) { return normalization_scope_names; }
 
 inline const char* to_string(normalization_scope scope) {
-  return scope == normalization_scope::per_tree ? "per_tree" : "per_batch";
+  switch (scope) {
+    case normalization_scope::per_tree: return "per_tree";
+    case normalization_scope::per_batch: return "per_batch";
+    case normalization_scope::pooled: return "pooled";
+  }
+  return "?";
 }
 
 namespace detail {
@@ -102,6 +109,35 @@ inline bool normalize_depth_per_tree(const double* fused, double* out, node_rang
   return true;
 }
 
+/// The pooled scope for the nodes of one depth of every tree: A(n) = (r(n) - mu_t) / (sigma_pooled + epsilon),
+/// mu_t the mean of n's own tree at that depth and sigma_pooled^2 = sum_t sum_n (r(n) - mu_t)^2 / (T (m - 1)), the
+/// within-tree variance pooled over the T trees (m nodes each). Each tree is still centred on itself (its prompt's
+/// level cancels, as per_tree), but a split whose children differ little gets a small advantage: with two nodes a
+/// tree's advantages are +-|gap| / (sqrt(2) sigma_pooled), not +-0.7071 whatever the gap. Returns false, with `out`
+/// untouched, when the sums are not finite.
+inline bool normalize_depth_pooled(const double* fused, double* out, node_range level, std::int32_t stride,
+                                   std::int32_t trees, double epsilon, double min_std) {
+  const auto m = static_cast<double>(std::int64_t{level.size()});
+  std::vector<double> means(static_cast<std::size_t>(trees));
+  double squares = 0.0;
+  for (std::int32_t t = 0; t < trees; ++t) {
+    const std::int32_t begin = level.begin + t * stride, end = level.end + t * stride;
+    double sum = 0.0;
+    for (std::int32_t n = begin; n < end; ++n) sum += fused[n];
+    const double mean = sum / m;
+    for (std::int32_t n = begin; n < end; ++n) squares += (fused[n] - mean) * (fused[n] - mean);
+    means[static_cast<std::size_t>(t)] = mean;
+  }
+  if (!std::isfinite(squares)) return false;
+  const double sigma = std::sqrt(squares / (static_cast<double>(trees) * (m - 1.0)));
+  if (sigma < min_std) return true;  // advantages stay 0
+  const double scale = 1.0 / (sigma + epsilon);
+  for (std::int32_t t = 0; t < trees; ++t)
+    for (std::int32_t n = level.begin + t * stride; n < level.end + t * stride; ++n)
+      out[n] = (fused[n] - means[static_cast<std::size_t>(t)]) * scale;
+  return true;
+}
+
 /// depth_wise per_tree: every depth of every tree, trees four at a time, with the roots and one-node depths
 /// set to 0 (`out` need not be cleared). Returns false at the first non-finite reward or sum, with `out`
 /// partly written: the caller then reports the error as the depth-by-depth pass does.
@@ -145,6 +181,10 @@ inline bool normalize_per_tree(const rollout_tree& tree, const double* fused, do
 ///   {3, 2, 4, 1, 3, 2, 6}, per_tree ->
 ///   {0, -0.70711, 0.70711, -0.92582, 0, -0.46291, 1.38873}
 ///   (depth 1: mu 3, sigma sqrt(2); depth 2: mu 3, sigma sqrt(14 / 3) = 2.16025).
+///   pooled keeps each tree's own mean but pools the within-tree variance over the trees: with a second tree
+///   whose depth 1 is {1, 5}, depth 1 gives -+0.44721 in the first tree and -+0.89443 in the second (sigma^2 =
+///   (1 + 1 + 4 + 4) / 2), where per_tree gives -+0.70711 to both (tests/unit/test_advantage.cpp). Its why:
+///   docs/results.md#why-branch-loses-per-iteration.
 /// @pre epsilon, min_std finite and >= 0, not both 0; rewards.fused.size() == tree.node_count(), finite.
 /// @post result.size() == tree.node_count(); roots 0; inside each normalized group the advantages sum to
 ///   0 (up to rounding).
@@ -164,8 +204,9 @@ struct depth_wise {
   }
 
   void operator()(const rollout_tree& tree, const reward_view& rewards, std::span<double> out) const {
-    require(scope == normalization_scope::per_tree || scope == normalization_scope::per_batch, "depth_wise scope ",
-            static_cast<int>(scope), " is not a normalization_scope");
+    require(scope == normalization_scope::per_tree || scope == normalization_scope::per_batch ||
+                scope == normalization_scope::pooled,
+            "depth_wise scope ", static_cast<int>(scope), " is not a normalization_scope");
     detail::check_scale_guards("depth_wise", epsilon, min_std);
     require(rewards.fused.size() == static_cast<std::size_t>(tree.node_count()), "got ", rewards.fused.size(),
             " fused rewards for ", tree.node_count(), " nodes");
@@ -185,9 +226,18 @@ struct depth_wise {
       const node_range level = tree.nodes_at_depth(0, d);  // tree t's: shifted by t * stride
       const bool per_batch = scope == normalization_scope::per_batch;
       const std::int32_t group = per_batch ? tree.tree_count() : 1;
-      if (std::int64_t{level.size()} * group < 2) {  // one node: advantage 0, but the reward must be valid
+      // One node (per tree for pooled, whose groups are trees): advantage 0, but the reward must be valid.
+      if (std::int64_t{level.size()} * group < 2) {
         for (std::int32_t t = 0; t < tree.tree_count(); ++t)
           detail::check_node_rewards(rewards.fused, level, t * stride);
+        continue;
+      }
+      if (scope == normalization_scope::pooled) {
+        if (!detail::normalize_depth_pooled(fused, advantages, level, stride, tree.tree_count(), epsilon, min_std)) {
+          for (std::int32_t t = 0; t < tree.tree_count(); ++t)
+            detail::check_node_rewards(rewards.fused, level, t * stride);
+          fail("depth_wise: the fused rewards at depth ", d, " overflow when squared");
+        }
         continue;
       }
       for (std::int32_t first = 0; first < tree.tree_count(); first += group)
@@ -205,7 +255,7 @@ struct depth_wise {
   static constexpr std::string_view name = "depth_wise", summary = "z-score per depth (paper Eq. 4); the default";
   static constexpr auto parameters() {
     return std::tuple{parameter("scope", &depth_wise::scope,
-                                "per_tree (paper) or per_batch (every tree of the iteration at once)", rules::any{}),
+                                "per_tree (paper), per_batch (every tree of the iteration at once) or pooled (own tree's mean, std pooled over the trees)", rules::any{}),
                       parameter("epsilon", &depth_wise::epsilon, "added to the std before dividing",
                                 rules::in_range{.low = 0, .high = 1}),
                       parameter("min_std", &depth_wise::min_std, "a depth whose std is below this gets advantage 0",

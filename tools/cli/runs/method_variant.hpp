@@ -4,6 +4,7 @@
 //
 //   branch                        the named recipe as it is
 //   branch:scope=per_batch        depth-wise statistics over every tree of the iteration, not per tree
+//   branch:scope=pooled           each tree's own mean, the std pooled over the iteration's trees
 //   branch:s=1                    correlated siblings with s = 1 (correlation 1 / (1 + s^2) = 0.5)
 //   branch:fusion=path_softmax    another fusion weighting (fusion/catalog.hpp)
 //   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
@@ -47,7 +48,7 @@ struct method_variant {
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
 /// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr)
-///      and a value in its domain (scope per_tree | per_batch, s > 0 finite, fusion a fusion policy's name,
+///      and a value in its domain (scope per_tree | per_batch | pooled, s in [0, 1000], fusion a fusion policy's name,
 ///      updates an integer in [1, 1000], lr in (0, 1]); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
@@ -70,11 +71,16 @@ inline method_variant parse_method_variant(std::string_view entry) {
     const auto once = [&](bool unset) { require(unset, "--methods: '", key, "' is set twice in '", entry, "'"); };
     if (key == "scope") {
       once(!out.scope);
-      require(value == "per_tree" || value == "per_batch", what, " = ", value, ": must be per_tree or per_batch");
-      out.scope = value == "per_tree" ? normalization_scope::per_tree : normalization_scope::per_batch;
+      bool named = false;
+      for (const auto& choice : normalization_scope_names)
+        if (choice.name == value) {
+          out.scope = choice.value;
+          named = true;
+        }
+      require(named, what, " = ", value, ": must be per_tree, per_batch or pooled");
     } else if (key == "s") {
       once(!out.correlation_s);
-      out.correlation_s = parse_number(value, what, 1e-6, 1e6);
+      out.correlation_s = parse_number(value, what, 0.0, 1000.0);  // correlated::s's range
     } else if (key == "fusion") {
       once(!out.fusion);
       (void)make_policy<fusion_policies>(value);  // refuses an unknown name, listing the known ones
