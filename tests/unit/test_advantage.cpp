@@ -77,7 +77,7 @@ TEST_CASE("depth_wise: 0 for a depth of one node and below min_std") {
   CHECK(depth_wise{.min_std = 0.0}(tree, {.leaf = {}, .fused = flat})[4] == Approx(1.25).margin(1e-6));
 }
 
-TEST_CASE("depth_wise: per_tree, per_batch and pooled on a 2-tree forest") {
+TEST_CASE("depth_wise: per_tree, per_batch, pooled and leaf_scaled on a 2-tree forest") {
   const rollout_tree forest = binary_tree(numbered_trees(2));
   REQUIRE(uniform_mean{}(forest, two_trees_leaf) == two_trees_fused);
   const reward_view rewards{.leaf = two_trees_leaf, .fused = two_trees_fused};
@@ -98,6 +98,12 @@ TEST_CASE("depth_wise: per_tree, per_batch and pooled on a 2-tree forest") {
   check_values(depth_wise{.scope = normalization_scope::pooled}(forest, rewards),
                {0, -0.44721, 0.44721, -0.84017, 0, -0.42008, 1.26025,  //
                 0, -0.89443, 0.89443, -1.26025, -0.42008, 0.42008, 1.26025});
+  // leaf_scaled: each tree centred on its own mean at every depth, divided by the std of its own leaves: tree 0's
+  //   {1, 3, 2, 6} sqrt(14 / 3) = 2.16025, tree 1's {0, 2, 4, 6} sqrt(20 / 3) = 2.58199. Depth 1 -> -+1 / 2.16025 =
+  //   -+0.46291 and -+2 / 2.58199 = -+0.77460; the leaves' depth is per_tree's.
+  check_values(depth_wise{.scope = normalization_scope::leaf_scaled}(forest, rewards),
+               {0, -0.46291, 0.46291, -0.92582, 0, -0.46291, 1.38873,  //
+                0, -0.77460, 0.77460, -1.16190, -0.38730, 0.38730, 1.16190});
 }
 
 TEST_CASE("depth_wise: roots stay 0 even with several roots per tree") {

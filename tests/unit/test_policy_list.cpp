@@ -62,7 +62,7 @@ TEST_CASE("validate_parameters names the first parameter that breaks its rule") 
           bg::validate_parameters(bg::split_schedule{.split_steps = {0, 3}, .branching = {}}, "t");
         }) == "t.branching = []: must not be empty");
   CHECK(error_of([] { bg::validate_parameters(bg::depth_wise{.scope = bg::normalization_scope(7)}, "a"); }) ==
-        "a.scope = 7: must be per_tree, per_batch or pooled");
+        "a.scope = 7: must be per_tree, per_batch, pooled or leaf_scaled");
 }
 
 TEST_CASE("each list holds its family's policies, the default first") {
@@ -114,7 +114,7 @@ TEST_CASE("describe_policies gives each parameter's default, rule and meaning") 
   CHECK(pruners[1].parameters[0].constraint == ">= 1");
   const std::vector<bg::policy_description> topologies = bg::describe_policies<bg::topology_policies>();
   CHECK(topologies[0].parameters[0].default_value == "[0, 3, 6, 9]");  // split_schedule::dense()
-  CHECK(bg::describe_policies<bg::advantage_policies>()[0].parameters[0].constraint == "per_tree, per_batch or pooled");
+  CHECK(bg::describe_policies<bg::advantage_policies>()[0].parameters[0].constraint == "per_tree, per_batch, pooled or leaf_scaled");
 }
 
 TEST_CASE("all_in intersects a run-time list of pruners; any_pruner gates it by the run's fraction") {

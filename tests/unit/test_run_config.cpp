@@ -376,7 +376,7 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[correlator]\nkind = \"scaled\"\nscale = 0\n") ==
         "run.toml: correlator.scale = 0: must be in [0.001, 1000]");
   CHECK(error_of("[advantage]\nscope = \"global\"\n") ==
-        "run.toml: advantage.scope = 'global': must be per_tree, per_batch or pooled");
+        "run.toml: advantage.scope = 'global': must be per_tree, per_batch, pooled or leaf_scaled");
   CHECK(error_of("[pruning]\nactive_fraction = 1.5\n") == "run.toml: pruning.active_fraction = 1.5: must be in [0, 1]");
   CHECK(error_of("[[pruning.pruners]]\nk = 1\n") ==
         "run.toml: pruning.pruners[0]: needs a kind (keep_all, parent_top_k, depth_window, sde_window or extreme)");

@@ -18,14 +18,16 @@
 namespace branchgrpo {
 
 /// Which nodes share the statistics of one depth: those of one tree (the official code), those of every tree in
-/// the batch, or pooled: each tree's own mean, with the within-tree std pooled over the batch's trees.
-enum class normalization_scope { per_tree, per_batch, pooled };
+/// the batch; or each tree's own mean at the depth with a std that keeps the size of the gaps: the within-tree std
+/// pooled over the batch's trees (pooled), or the std of the tree's own leaves (leaf_scaled).
+enum class normalization_scope { per_tree, per_batch, pooled, leaf_scaled };
 
-/// The scopes' names in configs: per_tree, per_batch, pooled.
-inline constexpr std::array<enum_choice<normalization_scope>, 3> normalization_scope_names = {
+/// The scopes' names in configs: per_tree, per_batch, pooled, leaf_scaled.
+inline constexpr std::array<enum_choice<normalization_scope>, 4> normalization_scope_names = {
     {{"per_tree", normalization_scope::per_tree},
      {"per_batch", normalization_scope::per_batch},
-     {"pooled", normalization_scope::pooled}}};
+     {"pooled", normalization_scope::pooled},
+     {"leaf_scaled", normalization_scope::leaf_scaled}}};
 constexpr const auto& enum_choices(normalization_scope) { return normalization_scope_names; }
 
 inline const char* to_string(normalization_scope scope) {
@@ -33,6 +35,7 @@ inline const char* to_string(normalization_scope scope) {
     case normalization_scope::per_tree: return "per_tree";
     case normalization_scope::per_batch: return "per_batch";
     case normalization_scope::pooled: return "pooled";
+    case normalization_scope::leaf_scaled: return "leaf_scaled";
   }
   return "?";
 }
@@ -109,16 +112,26 @@ inline bool normalize_depth_per_tree(const double* fused, double* out, node_rang
   return true;
 }
 
-/// The pooled scope for the nodes of one depth of every tree: A(n) = (r(n) - mu_t) / (sigma_pooled + epsilon),
-/// mu_t the mean of n's own tree at that depth and sigma_pooled^2 = sum_t sum_n (r(n) - mu_t)^2 / (T (m - 1)), the
-/// within-tree variance pooled over the T trees (m nodes each). Each tree is still centred on itself (its prompt's
-/// level cancels, as per_tree), but a split whose children differ little gets a small advantage: with two nodes a
-/// tree's advantages are +-|gap| / (sqrt(2) sigma_pooled), not +-0.7071 whatever the gap. Returns false, with `out`
-/// untouched, when the sums are not finite.
-inline bool normalize_depth_pooled(const double* fused, double* out, node_range level, std::int32_t stride,
-                                   std::int32_t trees, double epsilon, double min_std) {
+/// The nodes of one depth of every tree, each tree centred on its own mean at that depth and divided by its own
+/// scale: A(n) = (r(n) - mu_t) / (sigma[t] + epsilon); a tree whose sigma[t] < min_std gets 0.
+inline void centre_per_tree(const double* fused, double* out, node_range level, std::int32_t stride,
+                            std::span<const double> sigma, double epsilon, double min_std) {
   const auto m = static_cast<double>(std::int64_t{level.size()});
-  std::vector<double> means(static_cast<std::size_t>(trees));
+  for (std::size_t t = 0; t < sigma.size(); ++t) {
+    const std::int32_t begin = level.begin + static_cast<std::int32_t>(t) * stride;
+    const std::int32_t end = begin + level.size();
+    double sum = 0.0;
+    for (std::int32_t n = begin; n < end; ++n) sum += fused[n];
+    const double mean = sum / m;
+    const double scale = sigma[t] < min_std ? 0.0 : 1.0 / (sigma[t] + epsilon);
+    for (std::int32_t n = begin; n < end; ++n) out[n] = (fused[n] - mean) * scale;
+  }
+}
+
+/// pooled's scale at one depth: sigma_pooled^2 = sum_t sum_n (r(n) - mu_t)^2 / (T (m - 1)), the within-tree
+/// variance pooled over the T trees (m nodes each at that depth). Not finite when a sum overflows.
+inline double pooled_std(const double* fused, node_range level, std::int32_t stride, std::int32_t trees) {
+  const auto m = static_cast<double>(std::int64_t{level.size()});
   double squares = 0.0;
   for (std::int32_t t = 0; t < trees; ++t) {
     const std::int32_t begin = level.begin + t * stride, end = level.end + t * stride;
@@ -126,16 +139,8 @@ inline bool normalize_depth_pooled(const double* fused, double* out, node_range 
     for (std::int32_t n = begin; n < end; ++n) sum += fused[n];
     const double mean = sum / m;
     for (std::int32_t n = begin; n < end; ++n) squares += (fused[n] - mean) * (fused[n] - mean);
-    means[static_cast<std::size_t>(t)] = mean;
   }
-  if (!std::isfinite(squares)) return false;
-  const double sigma = std::sqrt(squares / (static_cast<double>(trees) * (m - 1.0)));
-  if (sigma < min_std) return true;  // advantages stay 0
-  const double scale = 1.0 / (sigma + epsilon);
-  for (std::int32_t t = 0; t < trees; ++t)
-    for (std::int32_t n = level.begin + t * stride; n < level.end + t * stride; ++n)
-      out[n] = (fused[n] - means[static_cast<std::size_t>(t)]) * scale;
-  return true;
+  return std::sqrt(squares / (static_cast<double>(trees) * (m - 1.0)));
 }
 
 /// depth_wise per_tree: every depth of every tree, trees four at a time, with the roots and one-node depths
@@ -205,7 +210,7 @@ struct depth_wise {
 
   void operator()(const rollout_tree& tree, const reward_view& rewards, std::span<double> out) const {
     require(scope == normalization_scope::per_tree || scope == normalization_scope::per_batch ||
-                scope == normalization_scope::pooled,
+                scope == normalization_scope::pooled || scope == normalization_scope::leaf_scaled,
             "depth_wise scope ", static_cast<int>(scope), " is not a normalization_scope");
     detail::check_scale_guards("depth_wise", epsilon, min_std);
     require(rewards.fused.size() == static_cast<std::size_t>(tree.node_count()), "got ", rewards.fused.size(),
@@ -222,22 +227,37 @@ struct depth_wise {
     // Roots have no edge and are not normalized, but their rewards must be valid all the same.
     const node_range roots = tree.nodes_at_depth(0, 0);
     for (std::int32_t t = 0; t < tree.tree_count(); ++t) detail::check_node_rewards(rewards.fused, roots, t * stride);
+    // leaf_scaled: every depth of a tree is divided by the std of that tree's leaves (its prompt's reward spread).
+    std::vector<double> tree_sigma(static_cast<std::size_t>(tree.tree_count()), 0.0);
+    if (scope == normalization_scope::leaf_scaled) {
+      const node_range leaves = tree.nodes_at_depth(0, tree.steps());
+      for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
+        detail::check_node_rewards(rewards.fused, leaves, t * stride);
+        if (leaves.size() < 2) continue;  // one leaf: no spread, advantages 0
+        const double sigma = detail::pooled_std(fused + t * stride, leaves, 0, 1);  // tree t's leaves alone
+        require(std::isfinite(sigma), "depth_wise: the leaf rewards of tree ", t, " overflow when squared");
+        tree_sigma[static_cast<std::size_t>(t)] = sigma;
+      }
+    }
     for (int d = 1; d <= tree.steps(); ++d) {              // depth 0 holds the roots, which have no edge
       const node_range level = tree.nodes_at_depth(0, d);  // tree t's: shifted by t * stride
       const bool per_batch = scope == normalization_scope::per_batch;
       const std::int32_t group = per_batch ? tree.tree_count() : 1;
-      // One node (per tree for pooled, whose groups are trees): advantage 0, but the reward must be valid.
+      // One node (per tree for pooled and leaf_scaled, whose groups are trees): advantage 0, but the reward must
+      // be valid.
       if (std::int64_t{level.size()} * group < 2) {
         for (std::int32_t t = 0; t < tree.tree_count(); ++t)
           detail::check_node_rewards(rewards.fused, level, t * stride);
         continue;
       }
-      if (scope == normalization_scope::pooled) {
-        if (!detail::normalize_depth_pooled(fused, advantages, level, stride, tree.tree_count(), epsilon, min_std)) {
-          for (std::int32_t t = 0; t < tree.tree_count(); ++t)
-            detail::check_node_rewards(rewards.fused, level, t * stride);
-          fail("depth_wise: the fused rewards at depth ", d, " overflow when squared");
+      if (scope == normalization_scope::pooled || scope == normalization_scope::leaf_scaled) {
+        for (std::int32_t t = 0; t < tree.tree_count(); ++t) detail::check_node_rewards(rewards.fused, level, t * stride);
+        if (scope == normalization_scope::pooled) {
+          const double sigma = detail::pooled_std(fused, level, stride, tree.tree_count());
+          require(std::isfinite(sigma), "depth_wise: the fused rewards at depth ", d, " overflow when squared");
+          std::fill(tree_sigma.begin(), tree_sigma.end(), sigma);
         }
+        detail::centre_per_tree(fused, advantages, level, stride, tree_sigma, epsilon, min_std);
         continue;
       }
       for (std::int32_t first = 0; first < tree.tree_count(); first += group)
@@ -255,7 +275,7 @@ struct depth_wise {
   static constexpr std::string_view name = "depth_wise", summary = "z-score per depth (paper Eq. 4); the default";
   static constexpr auto parameters() {
     return std::tuple{parameter("scope", &depth_wise::scope,
-                                "per_tree (paper), per_batch (every tree of the iteration at once) or pooled (own tree's mean, std pooled over the trees)", rules::any{}),
+                                "per_tree (paper), per_batch (all trees at once); own tree's mean with a std pooled over the trees (pooled) or of the tree's leaves (leaf_scaled)", rules::any{}),
                       parameter("epsilon", &depth_wise::epsilon, "added to the std before dividing",
                                 rules::in_range{.low = 0, .high = 1}),
                       parameter("min_std", &depth_wise::min_std, "a depth whose std is below this gets advantage 0",

@@ -5,6 +5,7 @@
 //   branch                        the named recipe as it is
 //   branch:scope=per_batch        depth-wise statistics over every tree of the iteration, not per tree
 //   branch:scope=pooled           each tree's own mean, the std pooled over the iteration's trees
+//   branch:scope=leaf_scaled      each tree's own mean, divided by the std of the tree's leaves
 //   branch:s=1                    correlated siblings with s = 1 (correlation 1 / (1 + s^2) = 0.5)
 //   branch:fusion=path_softmax    another fusion weighting (fusion/catalog.hpp)
 //   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
@@ -48,7 +49,7 @@ struct method_variant {
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
 /// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr)
-///      and a value in its domain (scope per_tree | per_batch | pooled, s in [0, 1000], fusion a fusion policy's name,
+///      and a value in its domain (scope per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion a fusion policy's name,
 ///      updates an integer in [1, 1000], lr in (0, 1]); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
@@ -77,7 +78,7 @@ inline method_variant parse_method_variant(std::string_view entry) {
           out.scope = choice.value;
           named = true;
         }
-      require(named, what, " = ", value, ": must be per_tree, per_batch or pooled");
+      require(named, what, " = ", value, ": must be per_tree, per_batch, pooled or leaf_scaled");
     } else if (key == "s") {
       once(!out.correlation_s);
       out.correlation_s = parse_number(value, what, 0.0, 1000.0);  // correlated::s's range
