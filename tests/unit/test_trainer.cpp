@@ -648,3 +648,111 @@ TEST_CASE("one process: rollouts, rewards, losses and parameters are pinned bit 
     check_pinned(one_process_numbers(separate, two_part_reward{.failed_tree = 2}, 3, 2, 0.0), pinned);
   }
 }
+
+namespace {
+
+// The toy policy, recording every weight d loss / d log-prob the trainer returns to accumulate, with the row's step
+// and std.
+struct recording_policy {
+  fourier_policy<host_backend> inner = make_toy_policy(7);
+  std::vector<double> weights = {}, stds = {};
+  std::vector<int> steps = {};
+
+  host_tensor operator()(const host_tensor& x, const denoise_batch& batch) { return inner(x, batch); }
+  std::vector<double> accumulate(const edge_batch<host_tensor>& edges, const loss_gradient_fn& gradient) {
+    return inner.accumulate(edges, loss_gradient_fn([&](std::span<const double> log_probs) {
+                              std::vector<double> w = gradient(log_probs);
+                              for (std::size_t i = 0; i < w.size(); ++i) {
+                                weights.push_back(w[i]);
+                                steps.push_back(edges.step);
+                                stds.push_back(edges.std[i]);
+                              }
+                              return w;
+                            }));
+  }
+  void apply_update() { inner.apply_update(); }
+};
+
+// One update of the toy over one dense tree's 218 edges (as in the stages test) with the given loss options.
+struct recorded_update {
+  update_report report;
+  recording_policy policy;
+};
+
+recorded_update update_with(ppo_options loss, int updates = 1) {
+  host_backend backend;
+  const auto schedule = shifted_linear_schedule(20);
+  const rollout_tree dense(split_schedule::dense()(20), {{.key = 0, .prompt = 0}});
+  std::vector<double> scores(16);
+  for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = 0.1 * static_cast<double>(i % 5);
+  recorded_update out;
+  const auto result =
+      rollout(backend, out.policy, dance_sde{}, correlated{}, schedule, dense, toy_latent_shape(), {.seed = 4});
+  auto branch = branch_method();
+  const edge_credit credit = assign_credit(branch, result.tree, keep_finite_trees(result.tree, scores), 0, 1);
+  out.report = update_policy(backend, out.policy, result, credit, dance_sde{}, schedule,
+                             training_options{.max_batch = 64, .updates_per_iteration = updates, .loss = loss});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("step weights and RatioNorm scale each edge's gradient weight as their formulas say", "[trainer][guard]") {
+  // One optimizer step: every ratio is exactly 1, so each option only multiplies the plain weight -A / edges.
+  const recorded_update plain = update_with({});
+  REQUIRE(plain.policy.weights.size() == 218);
+  const auto schedule = shifted_linear_schedule(20);
+  const auto check_scaled = [&](const recorded_update& run, auto factor) {
+    REQUIRE(run.policy.weights.size() == plain.policy.weights.size());
+    for (std::size_t i = 0; i < plain.policy.weights.size(); ++i) {
+      INFO("row " << i << " at step " << plain.policy.steps[i]);
+      CHECK(run.policy.steps[i] == plain.policy.steps[i]);
+      CHECK(run.policy.weights[i] ==
+            Approx(plain.policy.weights[i] * factor(plain.policy.steps[i], plain.policy.stds[i])).epsilon(1e-12));
+    }
+  };
+  // GRPO-Guard's reweighting: 1 / (sigma_t - sigma_{t+1}).
+  check_scaled(update_with({.step_weight = step_weighting::inverse_dt}),
+               [&](int t, double) { return 1.0 / (schedule.sigma(t) - schedule.sigma(t + 1)); });
+  // TempFlow-GRPO: dance_sde's std eta sqrt(dt) of the step over its mean over the 20 steps.
+  double mean_std = 0;
+  for (int t = 0; t < 20; ++t) mean_std += 0.3 * std::sqrt(schedule.sigma(t) - schedule.sigma(t + 1)) / 20;
+  check_scaled(update_with({.step_weight = step_weighting::noise_std}), [&](int t, double) {
+    return 0.3 * std::sqrt(schedule.sigma(t) - schedule.sigma(t + 1)) / mean_std;
+  });
+  // RatioNorm: d log r_hat / d log p = the edge's std.
+  check_scaled(update_with({.ratio_norm = true}), [](int, double std) { return std; });
+  // They compose: both factors.
+  check_scaled(update_with({.ratio_norm = true, .step_weight = step_weighting::inverse_dt}), [&](int t, double std) {
+    return std / (schedule.sigma(t) - schedule.sigma(t + 1));
+  });
+  CHECK(update_with({.ratio_norm = true}).report.evaluations == 218);
+}
+
+TEST_CASE("RatioNorm after the first optimizer step: the old means and the gap's gradient", "[trainer][guard]") {
+  // Two groups [0, 109), [109, 218): the second group's edges cost three more evaluations each (their old mean
+  // before the first step, their current mean, the accumulate at the old mean); that accumulate's weights are the
+  // first's, negated (the gap is -log p(old mean) + const).
+  const recorded_update guarded = update_with({.ratio_norm = true}, 2);
+  CHECK(guarded.report.evaluations == 218 + 3 * 109);
+  CHECK(guarded.policy.inner.optimizer_state().steps == 2);
+  const std::vector<double>& w = guarded.policy.weights;
+  REQUIRE(w.size() == 218 + 109);
+  // After the first group's 109 rows, each chunk of the second group appears twice: at next, then at the old mean.
+  std::size_t row = 109, moved = 0;
+  while (row < w.size()) {
+    std::size_t chunk = 0;
+    while (row + chunk < w.size() && guarded.policy.steps[row + chunk] == guarded.policy.steps[row] &&
+           chunk < 2 * 64)
+      ++chunk;
+    REQUIRE(chunk % 2 == 0);
+    const std::size_t half = chunk / 2;
+    for (std::size_t i = 0; i < half; ++i) {
+      CHECK(w[row + half + i] == -w[row + i]);
+      if (w[row + i] != 0.0) ++moved;
+    }
+    row += chunk;
+  }
+  CHECK(moved > 0);
+  CHECK(std::isfinite(guarded.report.loss));
+}
