@@ -657,9 +657,11 @@ struct recording_policy {
   fourier_policy<host_backend> inner = make_toy_policy(7);
   std::vector<double> weights = {}, stds = {};
   std::vector<int> steps = {};
+  std::vector<edge_batch<host_tensor>> calls = {};
 
   host_tensor operator()(const host_tensor& x, const denoise_batch& batch) { return inner(x, batch); }
   std::vector<double> accumulate(const edge_batch<host_tensor>& edges, const loss_gradient_fn& gradient) {
+    calls.push_back(edges);
     return inner.accumulate(edges, loss_gradient_fn([&](std::span<const double> log_probs) {
                               std::vector<double> w = gradient(log_probs);
                               for (std::size_t i = 0; i < w.size(); ++i) {
@@ -755,4 +757,31 @@ TEST_CASE("RatioNorm after the first optimizer step: the old means and the gap's
   }
   CHECK(moved > 0);
   CHECK(std::isfinite(guarded.report.loss));
+
+  // The old means are the rollout policy's (the toy's base weights): each second-group chunk's second call has the
+  // same parents and, as `next`, the base policy's transition mean a x + c v_base(x).
+  host_backend backend;
+  auto base = make_toy_policy(7);
+  std::size_t rows = 0, pairs = 0;
+  for (std::size_t c = 0; c < guarded.policy.calls.size(); ++c) {
+    const edge_batch<host_tensor>& edges = guarded.policy.calls[c];
+    if (rows < 109) {
+      rows += edges.std.size();
+      continue;
+    }
+    REQUIRE(c + 1 < guarded.policy.calls.size());
+    const edge_batch<host_tensor>& at_old = guarded.policy.calls[++c];
+    CHECK(at_old.x == edges.x);
+    CHECK(at_old.step == edges.step);
+    const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
+    const host_tensor old_mean =
+        backend.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, base(edges.x, batch));
+    CHECK(at_old.next == old_mean);
+    CHECK_FALSE(edges.next == old_mean);
+    ++pairs;
+  }
+  CHECK(rows == 109);
+  // Edges per step 2, 2, 2, 4, 4, 4, 8, 8, 8, then 16: the first group ends 3 edges into step 13, so the second
+  // group is 13 edges of step 13 and 16 of each of steps 14 - 19: 7 chunks.
+  CHECK(pairs == 7);
 }
