@@ -647,6 +647,26 @@ TEST_CASE("[eval]: held-out evaluation keys, their defaults, their checks and wh
   CHECK(error_of("[eval]\nembeddings = \"h\"\nstepz = 2\n").rfind("run.toml: unknown key eval.stepz", 0) == 0);
 }
 
+TEST_CASE("[loss] ratio_norm and step_weight: off by default, read, written only when on, one-line errors") {
+  const bg::run_config plain = bg::parse_run_config("", "run.toml");
+  CHECK_FALSE(plain.loss.ratio_norm);
+  CHECK(plain.loss.step_weight == bg::step_weighting::none);
+  CHECK(bg::config_text(plain, false).find("loss.ratio_norm") == std::string::npos);
+  CHECK(bg::config_text(plain, false).find("loss.step_weight") == std::string::npos);
+  const bg::run_config guard =
+      bg::parse_run_config("[loss]\nratio_norm = true\nstep_weight = \"inverse_dt\"\n", "run.toml");
+  CHECK(guard.loss == bg::ppo_options{.ratio_norm = true, .step_weight = bg::step_weighting::inverse_dt});
+  CHECK(bg::parse_run_config("[loss]\nstep_weight = \"noise_std\"\n", "run.toml").loss.step_weight ==
+        bg::step_weighting::noise_std);
+  const std::string text = bg::config_text(guard, false);
+  CHECK_THAT(text, Catch::Matchers::Contains("loss.ratio_norm = true\n") &&
+                       Catch::Matchers::Contains("loss.step_weight = \"inverse_dt\"\n"));
+  CHECK(bg::parse_run_config(text, "canonical.toml").loss == guard.loss);
+  CHECK(error_of("[loss]\nstep_weight = \"dt\"\n") ==
+        "run.toml: loss.step_weight = 'dt': must be none, inverse_dt or noise_std");
+  CHECK(error_of("[loss]\nratio_norm = 1\n").rfind("run.toml: loss.ratio_norm = 1: ", 0) == 0);
+}
+
 TEST_CASE("[optimizer] sharding: the modes, the bucket size, their one-line errors and what resume may change") {
   // Off by default, and a config without it writes no sharding key (its checkpoints resume as before).
   const bg::run_config plain = bg::parse_run_config("", "run.toml");
