@@ -658,10 +658,10 @@ TEST_CASE("[loss] ratio_norm and step_weight: off by default, read, written only
   CHECK(guard.loss == bg::ppo_options{.ratio_norm = true, .step_weight = bg::step_weighting::inverse_dt});
   CHECK(bg::parse_run_config("[loss]\nstep_weight = \"noise_std\"\n", "run.toml").loss.step_weight ==
         bg::step_weighting::noise_std);
-  const std::string text = bg::config_text(guard, false);
-  CHECK_THAT(text, Catch::Matchers::Contains("loss.ratio_norm = true\n") &&
-                       Catch::Matchers::Contains("loss.step_weight = \"inverse_dt\"\n"));
-  CHECK(bg::parse_run_config(text, "canonical.toml").loss == guard.loss);
+  // The canonical text names both and reads back as the same loss.
+  for (const std::string_view line : {"loss.ratio_norm = true\n", "loss.step_weight = \"inverse_dt\"\n"})
+    CHECK(bg::config_text(guard, false).find(line) != std::string::npos);
+  CHECK(bg::parse_run_config(bg::config_text(guard, false), "canonical.toml").loss == guard.loss);
   CHECK(error_of("[loss]\nstep_weight = \"dt\"\n") ==
         "run.toml: loss.step_weight = 'dt': must be none, inverse_dt or noise_std");
   CHECK(error_of("[loss]\nratio_norm = 1\n").rfind("run.toml: loss.ratio_norm = 1: ", 0) == 0);
