@@ -5,9 +5,10 @@
 // whose second term pulls the ratio's mean below 1 and whose first term's spread grows as s shrinks (late steps),
 // so PPO's symmetric clip misses over-confident positive updates. RatioNorm adds the mean gap back and rescales:
 //   log r_hat = s (log r + b) = mean_i(eps_i dmu_i),   b = mean_i(dmu_i^2) / (2 s^2),
-// a ratio centred on 1 whose spread no longer grows as 1 / s, then clips r_hat = exp(log r_hat) as usual. b is kl_flow(mu, mu_old, s), and from the policy's log-prob at
-// mu_old, b = -log p(mu_old) - log s - log(2 pi) / 2 (kl_from_log_prob_at_reference), so d b / d theta is the
-// gradient of -log p(mu_old): the trainer feeds it through a second accumulate at next = mu_old.
+// a ratio centred on 1 whose spread no longer grows as 1 / s, then clips r_hat = exp(log r_hat) as usual. b is
+// kl_flow(mu, mu_old, s), and from the policy's log-prob at mu_old, b = -log p(mu_old) - log s - log(2 pi) / 2
+// (kl_from_log_prob_at_reference), so d b / d theta is the gradient of -log p(mu_old): the trainer feeds it through a
+// second accumulate at next = mu_old.
 #include <cmath>
 
 #include "branchgrpo/core/error.hpp"
@@ -51,8 +52,8 @@ inline double ratio_norm_loss(double log_new, double log_old, double mean_gap, d
 /// @pre as ratio_norm_loss.
 inline double ratio_norm_loss_gradient(double log_new, double log_old, double mean_gap, double advantage,
                                        double clip_range, double std) {
-  return std * ppo_clipped_loss_gradient(ratio_norm_log_ratio(log_new, log_old, mean_gap, std), 0.0, advantage,
-                                         clip_range);
+  return std *
+         ppo_clipped_loss_gradient(ratio_norm_log_ratio(log_new, log_old, mean_gap, std), 0.0, advantage, clip_range);
 }
 
 }  // namespace branchgrpo

@@ -278,8 +278,8 @@ concept DataParallelPolicy = Communicator<C> && requires(P& policy, C& communica
 
 /// What the update stage did.
 struct update_report {
-  std::int64_t evaluations = 0;          ///< policy rows (PPO, plus the KL term's when kl_beta > 0)
-  double loss = 0;                       ///< mean PPO loss over the trained edges
+  std::int64_t evaluations = 0;          ///< policy rows (PPO, plus the KL term's and RatioNorm's when on)
+  double loss = 0;                       ///< mean PPO loss over the trained edges (weighted; r_hat with ratio_norm)
   double clip_fraction = 0;              ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
   double kl = 0;                         ///< mean KL to the reference over the trained edges (0 when kl_beta == 0)
   double first_update_log_prob_gap = 0;  ///< max |log-prob at the first update - the rollout's|
@@ -495,6 +495,8 @@ inline std::vector<std::size_t> update_group_ends(std::int64_t edges, int update
 /// step in chunks of max_batch rows through policy.accumulate (plus accumulate_kl when kl_beta > 0), then one
 /// optimizer step. The loss is the mean over all trained edges. Before the first optimizer step the parameters
 /// are those of the rollout, so the first group's old log-prob is the one just computed: its ratio is exactly 1.
+/// ppo_options::step_weight multiplies each edge's loss and weight by its step's weight; ppo_options::ratio_norm
+/// clips GRPO-Guard's normalized ratio instead (docs/loss.md), at 3 more evaluations per edge after the first group.
 /// Example: one dense tree's 218 trained edges, updates_per_iteration 2, max_batch 64 -> two optimizer steps
 ///   over edges [0, 109) and [109, 218), evaluations 218, clip_fraction 0 in the first group
 ///   (tests/unit/test_trainer.cpp).
