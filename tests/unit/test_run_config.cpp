@@ -93,6 +93,8 @@ keep_window = true
 clip_range = 0.01
 advantage_clip = 3.0
 kl_beta = 0.02
+ratio_norm = true
+step_weight = "noise_std"
 
 [optimizer]
 lr = 3e-4
@@ -193,7 +195,11 @@ TEST_CASE("every documented key is parsed") {
   CHECK(std::get<bg::depth_window>(c.recipe.pruner.pruner.pruners[1].policy) ==
         bg::depth_window{
             .depths = {1, 2}, .width = 3, .start = 1, .every = 5, .direction = -1, .stop = 2, .keep_window = true});
-  CHECK(c.loss == bg::ppo_options{.clip_range = 0.01, .advantage_clip = 3.0, .kl_beta = 0.02});
+  CHECK(c.loss == bg::ppo_options{.clip_range = 0.01,
+                                  .advantage_clip = 3.0,
+                                  .kl_beta = 0.02,
+                                  .ratio_norm = true,
+                                  .step_weight = bg::step_weighting::noise_std});
   CHECK(c.sharding == bg::sharding_options{.mode = bg::sharding_mode::gradients, .bucket_megabytes = 8});
   CHECK(c.optimizer == bg::optimizer_options{.lr = 3e-4,
                                              .beta1 = 0.8,
