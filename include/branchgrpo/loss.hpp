@@ -11,4 +11,13 @@
 // (double, or a tensor type whose exp / clamp / max are found by ADL); the gradients
 // ppo_clipped_loss_gradient and kl_flow_gradient are closed forms for double, used by exact-gradient toys.
 // Use kl_beta > 0 (0.01 - 0.04) against reward hacking on long runs, as Flow-GRPO does.
+//
+// Options of the same loss, off by default (composing with the clip and the KL term; with a BranchGRPO tree they
+// are new here):
+//   log r_hat = s (log r + mean_i dmu_i^2 / (2 s^2))                 ratio_norm_log_ratio   GRPO-Guard RatioNorm
+//   w_t = 1 / (sigma_t - sigma_{t+1})                                 inverse_dt_weight      GRPO-Guard reweighting
+//   w_t = std_t / mean_s std_s                                        noise_aware_weights    TempFlow-GRPO
+// (ppo_options::ratio_norm, ppo_options::step_weight; loss/ratio_guard.hpp, loss/step_weights.hpp).
 #include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/loss/ratio_guard.hpp"
+#include "branchgrpo/loss/step_weights.hpp"

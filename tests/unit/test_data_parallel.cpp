@@ -31,17 +31,20 @@ struct run_summary {
 // `iterations` of `recipe` on the toy with `prompts`; the communicator decides this rank's trees.
 template <class Recipe, class Comm, class Score = mode_reward<>>
 run_summary train_toy(Recipe recipe, const std::vector<std::int64_t>& prompts, int iterations, int updates,
-                      Comm& communicator) {
+                      Comm& communicator, ppo_options loss = {}) {
   auto policy = make_toy_policy(7);
   Score reward;
   host_backend backend;
   const auto schedule = shifted_linear_schedule(20);
   run_summary out;
   for (int i = 0; i < iterations; ++i)
-    out.stats.push_back(train_iteration(
-        backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
-        training_options{.max_batch = 16, .seed = 11, .updates_per_iteration = updates, .total_iterations = iterations},
-        communicator));
+    out.stats.push_back(train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), prompts, i,
+                                        training_options{.max_batch = 16,
+                                                         .seed = 11,
+                                                         .updates_per_iteration = updates,
+                                                         .total_iterations = iterations,
+                                                         .loss = loss},
+                                        communicator));
   out.parameters.assign(policy.parameters().begin(), policy.parameters().end());
   return out;
 }
@@ -49,12 +52,12 @@ run_summary train_toy(Recipe recipe, const std::vector<std::int64_t>& prompts, i
 // Every rank's summary of the same run on `ranks` threads.
 template <class Score = mode_reward<>, class Recipe>
 std::vector<run_summary> train_on_ranks(const Recipe& recipe, const std::vector<std::int64_t>& prompts, int ranks,
-                                        int iterations, int updates) {
+                                        int iterations, int updates, ppo_options loss = {}) {
   std::vector<run_summary> out(static_cast<std::size_t>(ranks));
   thread_group group(ranks);
   group.run([&](thread_group::member& member) {
     out[static_cast<std::size_t>(member.rank())] =
-        train_toy<Recipe, thread_group::member, Score>(recipe, prompts, iterations, updates, member);
+        train_toy<Recipe, thread_group::member, Score>(recipe, prompts, iterations, updates, member, loss);
   });
   return out;
 }
@@ -68,10 +71,10 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
 
 template <class Score = mode_reward<>, class Recipe>
 void check_ranks_match_one_process(const Recipe& recipe, const std::vector<std::int64_t>& prompts, int ranks,
-                                   int updates) {
+                                   int updates, ppo_options loss = {}) {
   single_process one;
-  const run_summary alone = train_toy<Recipe, single_process, Score>(recipe, prompts, 3, updates, one);
-  const std::vector<run_summary> parts = train_on_ranks<Score>(recipe, prompts, ranks, 3, updates);
+  const run_summary alone = train_toy<Recipe, single_process, Score>(recipe, prompts, 3, updates, one, loss);
+  const std::vector<run_summary> parts = train_on_ranks<Score>(recipe, prompts, ranks, 3, updates, loss);
   for (const run_summary& part : parts) {
     CHECK(part.parameters == parts[0].parameters);  // every rank holds the same parameters
     CHECK(max_relative_difference(part.parameters, alone.parameters) < 1e-9);
@@ -105,6 +108,12 @@ TEST_CASE("data parallel: 2 and 3 ranks end where one process ends", "[distribut
       return 0;
     });
   }
+  // GRPO-Guard's options: each rank keeps the old means of its own edges.
+  with_method("branch", [](auto recipe) {
+    check_ranks_match_one_process(recipe, four_prompts, 2, 2,
+                                  ppo_options{.ratio_norm = true, .step_weight = step_weighting::inverse_dt});
+    return 0;
+  });
 }
 
 TEST_CASE("data parallel: stateful and cross-tree components see the whole forest", "[distributed][trainer]") {
@@ -179,27 +188,33 @@ TEST_CASE("data parallel: a policy whose accumulate is a collective gets as many
   // 3 trees on 2 ranks: rank 0 rolls out 1, rank 1 2, so rank 0 has fewer trained edges in every optimizer step and
   // makes up the difference with pad_accumulate (train_iteration counts the calls with one all-gather per step).
   static_assert(PaddedAccumulationPolicy<counting_policy>);
-  const std::vector<std::int64_t> prompts = {0, 1, 2};
-  std::vector<counting_policy> policies(2);
-  std::vector<std::vector<double>> parameters(2);
-  with_method("branch", [&](auto recipe) {
-    thread_group group(2);
-    group.run([&](thread_group::member& member) {
-      counting_policy& policy = policies[static_cast<std::size_t>(member.rank())];
-      mode_reward<> reward;
-      host_backend backend;
-      for (int i = 0; i < 2; ++i)
-        (void)train_iteration(
-            backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(), prompts, i,
-            training_options{.max_batch = 4, .seed = 11, .updates_per_iteration = 2, .total_iterations = 2}, member);
-      parameters[static_cast<std::size_t>(member.rank())].assign(policy.parameters().begin(),
-                                                                 policy.parameters().end());
+  // RatioNorm adds an accumulate per chunk after the first optimizer step: counted too.
+  for (const ppo_options loss : {ppo_options{}, ppo_options{.ratio_norm = true}}) {
+    INFO("ratio_norm " << loss.ratio_norm);
+    const std::vector<std::int64_t> prompts = {0, 1, 2};
+    std::vector<counting_policy> policies(2);
+    std::vector<std::vector<double>> parameters(2);
+    with_method("branch", [&](auto recipe) {
+      thread_group group(2);
+      group.run([&](thread_group::member& member) {
+        counting_policy& policy = policies[static_cast<std::size_t>(member.rank())];
+        mode_reward<> reward;
+        host_backend backend;
+        for (int i = 0; i < 2; ++i)
+          (void)train_iteration(
+              backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(), prompts, i,
+              training_options{
+                  .max_batch = 4, .seed = 11, .updates_per_iteration = 2, .total_iterations = 2, .loss = loss},
+              member);
+        parameters[static_cast<std::size_t>(member.rank())].assign(policy.parameters().begin(),
+                                                                   policy.parameters().end());
+      });
+      return 0;
     });
-    return 0;
-  });
-  REQUIRE(policies[0].per_update.size() == 4);  // 2 iterations x 2 optimizer steps
-  CHECK(policies[0].per_update == policies[1].per_update);
-  CHECK(policies[0].pads > 0);
-  CHECK(policies[1].pads == 0);
-  CHECK(parameters[0] == parameters[1]);
+    REQUIRE(policies[0].per_update.size() == 4);  // 2 iterations x 2 optimizer steps
+    CHECK(policies[0].per_update == policies[1].per_update);
+    CHECK(policies[0].pads > 0);
+    CHECK(policies[1].pads == 0);
+    CHECK(parameters[0] == parameters[1]);
+  }
 }

@@ -147,3 +147,71 @@ TEST_CASE("edge_loss: doc example and the KL switch") {
   // Negative clipped advantage: A -9 -> -5, r = e^-0.01 < 1 - eps: max(4.950249, 4.995) = 4.995.
   CHECK(edge_loss(-0.01, 0.0, -9.0, 0.0, ppo_options{}) == Approx(4.995).margin(1e-12));
 }
+
+TEST_CASE("ppo_options: ratio_norm and step_weight are off by default and validated") {
+  const ppo_options defaults{};
+  CHECK_FALSE(defaults.ratio_norm);
+  CHECK(defaults.step_weight == step_weighting::none);
+  CHECK_NOTHROW(validate(ppo_options{.ratio_norm = true, .step_weight = step_weighting::noise_std}));
+  CHECK_THROWS_WITH(validate(ppo_options{.step_weight = step_weighting{7}}),
+                    "ppo step_weight 7 is not none, inverse_dt or noise_std");
+  CHECK(step_weighting_name(step_weighting::inverse_dt) == "inverse_dt");
+  CHECK(parse_step_weighting("noise_std") == step_weighting::noise_std);
+  CHECK(parse_step_weighting("none") == step_weighting::none);
+  CHECK_THROWS_WITH(parse_step_weighting("dt"), "ppo step_weight \"dt\" is not none, inverse_dt or noise_std");
+}
+
+TEST_CASE("RatioNorm: doc examples") {
+  CHECK(ratio_norm_log_ratio(-0.02, 0.0, 0.03, 0.1) == Approx(0.001).epsilon(1e-12));
+  CHECK(ratio_norm_loss(0.01, 0.0, 0.0, 1.0, eps, 0.05) == Approx(-std::exp(0.0005)).epsilon(1e-12));
+  CHECK(ratio_norm_loss(0.01, 0.0, 0.0, 1.0, eps, 0.05) == Approx(-1.000500125).epsilon(1e-9));
+  CHECK(ppo_clipped_loss(0.01, 0.0, 1.0, eps) == Approx(-1.001).epsilon(1e-12));
+  CHECK(ratio_norm_loss_gradient(0.01, 0.0, 0.0, 1.0, eps, 0.05) == Approx(-0.050025006).epsilon(1e-8));
+  CHECK(ppo_clipped_loss_gradient(0.01, 0.0, 1.0, eps) == 0.0);
+  CHECK(ratio_norm_loss_gradient(0.01, 0.0, 0.0, -2.0, eps, 0.1) == Approx(0.200200100).epsilon(1e-8));
+  CHECK(ratio_norm_loss_gradient(-0.02, 0.0, 0.03, 1.0, eps, 0.1) == 0.0);
+  CHECK(ppo_clipped_loss_gradient(-0.02, 0.0, 1.0, eps) == Approx(-0.980198673).epsilon(1e-8));
+  CHECK_THROWS_WITH(ratio_norm_log_ratio(0.0, 0.0, 0.0, 0.0), "ratio_norm std 0 is not finite and positive");
+  CHECK_THROWS_WITH(ratio_norm_log_ratio(0.0, 0.0, -1.0, 0.1), "ratio_norm mean gap -1 is not finite and >= 0");
+  CHECK_THROWS_AS(ratio_norm_log_ratio(not_a_number, 0.0, 0.0, 0.1), invalid_input);
+}
+
+TEST_CASE("RatioNorm: the gradient matches central differences in log_new") {
+  const double h = 1e-7;
+  for (const double log_new : {-0.03, -0.004, 0.002, 0.05})
+    for (const double advantage : {-1.5, 0.7})
+      for (const double gap : {0.0, 0.02}) {
+        const double up = ratio_norm_loss(log_new + h, 0.0, gap, advantage, eps, 0.08);
+        const double down = ratio_norm_loss(log_new - h, 0.0, gap, advantage, eps, 0.08);
+        INFO("log_new " << log_new << ", A " << advantage << ", gap " << gap);
+        CHECK(ratio_norm_loss_gradient(log_new, 0.0, gap, advantage, eps, 0.08) ==
+              Approx((up - down) / (2 * h)).epsilon(1e-6).margin(1e-9));
+      }
+}
+
+TEST_CASE("step weights: doc examples") {
+  CHECK(inverse_dt_weight(1.0, 0.75) == 4.0);
+  CHECK(inverse_dt_weight(0.75, 0.0) == Approx(1.333333).epsilon(1e-6));
+  CHECK_THROWS_WITH(inverse_dt_weight(0.5, 0.5),
+                    "inverse_dt weight of the step from sigma 0.5 to 0.5 is undefined (needs 0 <= next < sigma <= 1)");
+  const std::vector<double> noise = noise_aware_weights(std::vector<double>{0.3, 0.2, 0.1});
+  REQUIRE(noise.size() == 3);
+  CHECK(noise[0] == Approx(1.5).epsilon(1e-12));
+  CHECK(noise[1] == Approx(1.0).epsilon(1e-12));
+  CHECK(noise[2] == Approx(0.5).epsilon(1e-12));
+  CHECK_THROWS_WITH(noise_aware_weights(std::vector<double>{0.0, 0.0}),
+                    "noise_std weights: every step has std 0 (an ODE stepper)");
+  CHECK_THROWS_WITH(noise_aware_weights(std::vector<double>{0.1, -0.2}), "noise_std weight: step 1 has std -0.2");
+
+  const sigma_schedule schedule({1.0, 0.75, 0.0});
+  const std::vector<double> stds = {0.3, 0.1};
+  CHECK(step_loss_weights(step_weighting::none, schedule, stds) == std::vector<double>{1.0, 1.0});
+  const std::vector<double> inverse = step_loss_weights(step_weighting::inverse_dt, schedule, stds);
+  CHECK(inverse[0] == 4.0);
+  CHECK(inverse[1] == Approx(1.333333).epsilon(1e-6));
+  const std::vector<double> tempflow = step_loss_weights(step_weighting::noise_std, schedule, stds);
+  CHECK(tempflow[0] == Approx(1.5).epsilon(1e-12));
+  CHECK(tempflow[1] == Approx(0.5).epsilon(1e-12));
+  CHECK_THROWS_WITH(step_loss_weights(step_weighting::none, schedule, std::vector<double>{0.3}),
+                    "step weights got 1 noise stds for 2 steps");
+}

@@ -93,6 +93,8 @@ keep_window = true
 clip_range = 0.01
 advantage_clip = 3.0
 kl_beta = 0.02
+ratio_norm = true
+step_weight = "noise_std"
 
 [optimizer]
 lr = 3e-4
@@ -193,7 +195,11 @@ TEST_CASE("every documented key is parsed") {
   CHECK(std::get<bg::depth_window>(c.recipe.pruner.pruner.pruners[1].policy) ==
         bg::depth_window{
             .depths = {1, 2}, .width = 3, .start = 1, .every = 5, .direction = -1, .stop = 2, .keep_window = true});
-  CHECK(c.loss == bg::ppo_options{.clip_range = 0.01, .advantage_clip = 3.0, .kl_beta = 0.02});
+  CHECK(c.loss == bg::ppo_options{.clip_range = 0.01,
+                                  .advantage_clip = 3.0,
+                                  .kl_beta = 0.02,
+                                  .ratio_norm = true,
+                                  .step_weight = bg::step_weighting::noise_std});
   CHECK(c.sharding == bg::sharding_options{.mode = bg::sharding_mode::gradients, .bucket_megabytes = 8});
   CHECK(c.optimizer == bg::optimizer_options{.lr = 3e-4,
                                              .beta1 = 0.8,
@@ -645,6 +651,26 @@ TEST_CASE("[eval]: held-out evaluation keys, their defaults, their checks and wh
   CHECK(error_of("[eval]\nembeddings = \"h\"\n[[eval.rewards]]\nname = \"clip\"\n")
             .rfind("run.toml: eval.rewards[0].name = 'clip': must be ", 0) == 0);
   CHECK(error_of("[eval]\nembeddings = \"h\"\nstepz = 2\n").rfind("run.toml: unknown key eval.stepz", 0) == 0);
+}
+
+TEST_CASE("[loss] ratio_norm and step_weight: off by default, read, written only when on, one-line errors") {
+  const bg::run_config plain = bg::parse_run_config("", "run.toml");
+  CHECK_FALSE(plain.loss.ratio_norm);
+  CHECK(plain.loss.step_weight == bg::step_weighting::none);
+  CHECK(bg::config_text(plain, false).find("loss.ratio_norm") == std::string::npos);
+  CHECK(bg::config_text(plain, false).find("loss.step_weight") == std::string::npos);
+  const bg::run_config guard =
+      bg::parse_run_config("[loss]\nratio_norm = true\nstep_weight = \"inverse_dt\"\n", "run.toml");
+  CHECK(guard.loss == bg::ppo_options{.ratio_norm = true, .step_weight = bg::step_weighting::inverse_dt});
+  CHECK(bg::parse_run_config("[loss]\nstep_weight = \"noise_std\"\n", "run.toml").loss.step_weight ==
+        bg::step_weighting::noise_std);
+  // The canonical text names both and reads back as the same loss.
+  for (const std::string_view line : {"loss.ratio_norm = true\n", "loss.step_weight = \"inverse_dt\"\n"})
+    CHECK(bg::config_text(guard, false).find(line) != std::string::npos);
+  CHECK(bg::parse_run_config(bg::config_text(guard, false), "canonical.toml").loss == guard.loss);
+  CHECK(error_of("[loss]\nstep_weight = \"dt\"\n") ==
+        "run.toml: loss.step_weight = 'dt': must be none, inverse_dt or noise_std");
+  CHECK(error_of("[loss]\nratio_norm = 1\n").rfind("run.toml: loss.ratio_norm = 1: ", 0) == 0);
 }
 
 TEST_CASE("[optimizer] sharding: the modes, the bucket size, their one-line errors and what resume may change") {

@@ -648,3 +648,206 @@ TEST_CASE("one process: rollouts, rewards, losses and parameters are pinned bit 
     check_pinned(one_process_numbers(separate, two_part_reward{.failed_tree = 2}, 3, 2, 0.0), pinned);
   }
 }
+
+namespace {
+
+// The toy policy, recording every weight d loss / d log-prob the trainer returns to accumulate, with the row's step
+// and std.
+// make_toy_policy(7), fitted once.
+const fourier_policy<host_backend>& toy_seven() {
+  static const fourier_policy<host_backend> fitted = make_toy_policy(7);
+  return fitted;
+}
+
+struct recording_policy {
+  fourier_policy<host_backend> inner = toy_seven();
+  std::vector<double> weights = {}, stds = {};
+  std::vector<int> steps = {};
+  std::vector<edge_batch<host_tensor>> calls = {};
+  std::vector<std::vector<double>> gradients = {}, parameters = {};  // at each apply_update, before the step
+
+  host_tensor operator()(const host_tensor& x, const denoise_batch& batch) { return inner(x, batch); }
+  std::vector<double> accumulate(const edge_batch<host_tensor>& edges, const loss_gradient_fn& gradient) {
+    calls.push_back(edges);
+    return inner.accumulate(edges, loss_gradient_fn([&](std::span<const double> log_probs) {
+                              std::vector<double> w = gradient(log_probs);
+                              for (std::size_t i = 0; i < w.size(); ++i) {
+                                weights.push_back(w[i]);
+                                steps.push_back(edges.step);
+                                stds.push_back(edges.std[i]);
+                              }
+                              return w;
+                            }));
+  }
+  void apply_update() {
+    gradients.emplace_back(inner.gradient().begin(), inner.gradient().end());
+    parameters.emplace_back(inner.parameters().begin(), inner.parameters().end());
+    inner.apply_update();
+  }
+};
+
+// The toy's transition mean a x + c v(x) of a batch's rows.
+host_tensor toy_mean(fourier_policy<host_backend>& policy, const edge_batch<host_tensor>& edges) {
+  const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
+  return host_backend{}.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, policy(edges.x, batch));
+}
+
+// Calls body(edges, at_old_mean) for each chunk after the first 109 rows (the second of two groups), whose accumulate
+// calls come in pairs with RatioNorm: at `next`, then at the old mean. Returns the first group's rows.
+template <class Body>
+std::size_t for_each_second_group_chunk(const std::vector<edge_batch<host_tensor>>& calls, Body&& body) {
+  std::size_t rows = 0;
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    if (rows < 109) {
+      rows += calls[c].std.size();
+      continue;
+    }
+    REQUIRE(c + 1 < calls.size());
+    body(calls[c], calls[c + 1]);
+    ++c;
+  }
+  return rows;
+}
+
+// One update of the toy over one dense tree's 218 edges (as in the stages test) with the given loss options.
+struct recorded_update {
+  update_report report;
+  recording_policy policy;
+  std::vector<std::int32_t> trained = {};  // the trained nodes, in update order
+  std::vector<double> advantage = {};      // per node
+};
+
+recorded_update update_with(ppo_options loss, int updates = 1) {
+  host_backend backend;
+  const auto schedule = shifted_linear_schedule(20);
+  const rollout_tree dense(split_schedule::dense()(20), {{.key = 0, .prompt = 0}});
+  std::vector<double> scores(16);
+  for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = 0.1 * static_cast<double>(i % 5);
+  recorded_update out;
+  const auto result =
+      rollout(backend, out.policy, dance_sde{}, correlated{}, schedule, dense, toy_latent_shape(), {.seed = 4});
+  auto branch = branch_method();
+  const edge_credit credit = assign_credit(branch, result.tree, keep_finite_trees(result.tree, scores), 0, 1);
+  out.trained = credit.trained;
+  out.advantage = credit.edge_advantage;
+  out.report = update_policy(backend, out.policy, result, credit, dance_sde{}, schedule,
+                             training_options{.max_batch = 64, .updates_per_iteration = updates, .loss = loss});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("step weights and RatioNorm scale each edge's gradient weight as their formulas say", "[trainer][guard]") {
+  // One optimizer step: every ratio is exactly 1, so each option only multiplies the plain weight -A / edges.
+  const recorded_update plain = update_with({});
+  REQUIRE(plain.policy.weights.size() == 218);
+  const auto schedule = shifted_linear_schedule(20);
+  const auto check_scaled = [&](const recorded_update& run, auto factor) {
+    REQUIRE(run.policy.weights.size() == plain.policy.weights.size());
+    for (std::size_t i = 0; i < plain.policy.weights.size(); ++i) {
+      INFO("row " << i << " at step " << plain.policy.steps[i]);
+      CHECK(run.policy.steps[i] == plain.policy.steps[i]);
+      CHECK(run.policy.weights[i] ==
+            Approx(plain.policy.weights[i] * factor(plain.policy.steps[i], plain.policy.stds[i])).epsilon(1e-12));
+    }
+  };
+  // GRPO-Guard's reweighting: 1 / (sigma_t - sigma_{t+1}).
+  check_scaled(update_with({.step_weight = step_weighting::inverse_dt}),
+               [&](int t, double) { return 1.0 / (schedule.sigma(t) - schedule.sigma(t + 1)); });
+  // TempFlow-GRPO: dance_sde's std eta sqrt(dt) of the step over its mean over the 20 steps.
+  double mean_std = 0;
+  for (int t = 0; t < 20; ++t) mean_std += 0.3 * std::sqrt(schedule.sigma(t) - schedule.sigma(t + 1)) / 20;
+  check_scaled(update_with({.step_weight = step_weighting::noise_std}),
+               [&](int t, double) { return 0.3 * std::sqrt(schedule.sigma(t) - schedule.sigma(t + 1)) / mean_std; });
+  // RatioNorm: d log r_hat / d log p = the edge's std.
+  check_scaled(update_with({.ratio_norm = true}), [](int, double std) { return std; });
+  // They compose: both factors.
+  check_scaled(update_with({.ratio_norm = true, .step_weight = step_weighting::inverse_dt}),
+               [&](int t, double std) { return std / (schedule.sigma(t) - schedule.sigma(t + 1)); });
+  CHECK(update_with({.ratio_norm = true}).report.evaluations == 218);
+}
+
+TEST_CASE("RatioNorm after the first optimizer step: the old means and the gap's gradient", "[trainer][guard]") {
+  // Two groups [0, 109), [109, 218): the second group's edges cost three more evaluations each (their old mean
+  // before the first step, their current mean, the accumulate at the old mean); that accumulate's weights are the
+  // first's, negated (the gap is -log p(old mean) + const).
+  const recorded_update guarded = update_with({.ratio_norm = true}, 2);
+  CHECK(guarded.report.evaluations == 218 + 3 * 109);
+  CHECK(guarded.policy.inner.optimizer_state().steps == 2);
+  const std::vector<double>& w = guarded.policy.weights;
+  REQUIRE(w.size() == 218 + 109);
+  // After the first group's 109 rows, each chunk of the second group appears twice: at next, then at the old mean.
+  std::size_t row = 109, moved = 0;
+  while (row < w.size()) {
+    std::size_t chunk = 0;
+    while (row + chunk < w.size() && guarded.policy.steps[row + chunk] == guarded.policy.steps[row] && chunk < 2 * 64)
+      ++chunk;
+    REQUIRE(chunk % 2 == 0);
+    const std::size_t half = chunk / 2;
+    for (std::size_t i = 0; i < half; ++i) {
+      CHECK(w[row + half + i] == -w[row + i]);
+      if (w[row + i] != 0.0) ++moved;
+    }
+    row += chunk;
+  }
+  CHECK(moved > 0);
+  CHECK(std::isfinite(guarded.report.loss));
+
+  // The old means are the rollout policy's (the toy's base weights): each second-group chunk's second call has the
+  // same parents and, as `next`, the base policy's transition mean a x + c v_base(x).
+  auto base = toy_seven();
+  std::size_t pairs = 0;
+  const std::size_t first_rows =
+      for_each_second_group_chunk(guarded.policy.calls, [&](const auto& edges, const auto& at_old) {
+        CHECK(at_old.x == edges.x);
+        CHECK(at_old.step == edges.step);
+        CHECK(at_old.next == toy_mean(base, edges));
+        CHECK_FALSE(edges.next == at_old.next);
+        ++pairs;
+      });
+  CHECK(first_rows == 109);
+
+  // The second group's gradient is that of its RatioNorm loss, sum_i ratio_norm_loss(log p(next_i), log p_old(next_i),
+  // b_i, A_i, eps, s_i) / 218 with b_i = mean (mu_i - mu_old_i)^2 / (2 s_i^2), by central differences in the weights
+  // the second step started from.
+  host_backend backend;
+  auto at = toy_seven();
+  const auto second_group_loss = [&](std::span<const double> weights) {
+    std::copy(weights.begin(), weights.end(), at.parameters().begin());
+    double total = 0;
+    std::size_t k = 109;
+    for_each_second_group_chunk(guarded.policy.calls, [&](const auto& edges, const auto& at_old) {
+      const host_tensor mean = toy_mean(at, edges);
+      const std::vector<double> log_new = backend.row_log_prob(edges.next, mean, edges.std);
+      const std::vector<double> log_old = backend.row_log_prob(edges.next, at_old.next, edges.std);
+      const std::vector<double> old_under_new = backend.row_log_prob(at_old.next, mean, edges.std);
+      for (std::size_t i = 0; i < edges.std.size(); ++i, ++k) {
+        const double gap = std::max(0.0, kl_from_log_prob_at_reference(old_under_new[i], edges.std[i]));
+        const double a = clip_advantage(guarded.advantage[static_cast<std::size_t>(guarded.trained[k])], 5.0);
+        total += ratio_norm_loss(log_new[i], log_old[i], gap, a, 1e-3, edges.std[i]) / 218.0;
+      }
+    });
+    CHECK(k == 218);
+    return total;
+  };
+  REQUIRE(guarded.policy.parameters.size() == 2);
+  std::vector<double> weights = guarded.policy.parameters[1];
+  const std::vector<double>& gradient = guarded.policy.gradients[1];
+  const double h = 1e-6;
+  int nonzero = 0;
+  for (std::size_t j = 0; j < weights.size(); j += 41) {
+    const double original = weights[j];
+    weights[j] = original + h;
+    const double up = second_group_loss(weights);
+    weights[j] = original - h;
+    const double down = second_group_loss(weights);
+    weights[j] = original;
+    INFO("weight " << j);
+    CHECK(gradient[j] == Approx((up - down) / (2 * h)).epsilon(1e-4).margin(1e-10));
+    if (std::abs(gradient[j]) > 1e-8) ++nonzero;
+  }
+  CHECK(nonzero >= 5);
+  // Edges per step 2, 2, 2, 4, 4, 4, 8, 8, 8, then 16: the first group ends 3 edges into step 13, so the second
+  // group is 13 edges of step 13 and 16 of each of steps 14 - 19: 7 chunks.
+  CHECK(pairs == 7);
+}

@@ -13,28 +13,38 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/loss/step_weights.hpp"
 
 namespace branchgrpo {
 
 /// PPO options of the policy update.
 /// clip_range: the paper's 1e-3 (the official code's default is 1e-4); advantage_clip: |A| <= 5 as in
 /// the code; kl_beta: 0 in BranchGRPO (Flow-GRPO uses 0.01 - 0.04 against the base model).
+/// ratio_norm: GRPO-Guard's RatioNorm of the importance ratio (loss/ratio_guard.hpp); step_weight: a per-step
+/// weight of the loss (loss/step_weights.hpp: GRPO-Guard's inverse_dt, TempFlow-GRPO's noise_std). Both off by
+/// default: the loss is then exactly the PPO loss above.
 struct ppo_options {
   double clip_range = 1e-3;
   double advantage_clip = 5.0;
   double kl_beta = 0.0;
+  bool ratio_norm = false;
+  step_weighting step_weight = step_weighting::none;
   friend bool operator==(const ppo_options&, const ppo_options&) = default;
 };
 
 /// Throws invalid_input naming the first bad option.
 /// Example: validate(ppo_options{.clip_range = 0}) throws "ppo clip_range 0 is not in (0, 1)".
-/// @post 0 < clip_range < 1, advantage_clip > 0 (may be +inf: no clipping), 0 <= kl_beta < +inf.
+/// Example: validate(ppo_options{.step_weight = step_weighting{7}}) throws
+///   "ppo step_weight 7 is not none, inverse_dt or noise_std".
+/// @post 0 < clip_range < 1, advantage_clip > 0 (may be +inf: no clipping), 0 <= kl_beta < +inf, step_weight one
+///       of the enumerators.
 inline void validate(const ppo_options& options) {
   require(options.clip_range > 0.0 && options.clip_range < 1.0, "ppo clip_range ", options.clip_range,
           " is not in (0, 1)");
   require(options.advantage_clip > 0.0, "ppo advantage_clip ", options.advantage_clip, " is not positive");
   require(options.kl_beta >= 0.0 && std::isfinite(options.kl_beta), "ppo kl_beta ", options.kl_beta,
           " is not finite and >= 0");
+  step_weighting_name(options.step_weight);
 }
 
 namespace detail {

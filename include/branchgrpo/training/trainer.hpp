@@ -34,6 +34,8 @@
 #include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/fusion/concept.hpp"
 #include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/loss/ratio_guard.hpp"
+#include "branchgrpo/loss/step_weights.hpp"
 #include "branchgrpo/pruning/combinators.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/rollout/engine.hpp"
@@ -276,8 +278,8 @@ concept DataParallelPolicy = Communicator<C> && requires(P& policy, C& communica
 
 /// What the update stage did.
 struct update_report {
-  std::int64_t evaluations = 0;          ///< policy rows (PPO, plus the KL term's when kl_beta > 0)
-  double loss = 0;                       ///< mean PPO loss over the trained edges
+  std::int64_t evaluations = 0;          ///< policy rows (PPO, plus the KL term's and RatioNorm's when on)
+  double loss = 0;                       ///< mean PPO loss over the trained edges (weighted; r_hat with ratio_norm)
   double clip_fraction = 0;              ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
   double kl = 0;                         ///< mean KL to the reference over the trained edges (0 when kl_beta == 0)
   double first_update_log_prob_gap = 0;  ///< max |log-prob at the first update - the rollout's|
@@ -308,41 +310,87 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
     return end;
   };
   const bool with_kl = ReferencePolicy<Model, B> && options.loss.kl_beta > 0.0;
+  // The edges [begin, end) of one step as a batch.
+  const auto edges_of = [&](std::size_t begin, std::size_t end) {
+    const std::span<const std::int32_t> chunk(trained.data() + begin, end - begin);
+    edge_batch<typename B::tensor> edges;
+    edges.step = full.step(full.parent(chunk.front()));
+    edges.sigma = schedule.sigma(edges.step);
+    edges.coeffs = stepper(schedule, edges.step);
+    std::vector<std::int64_t> parent_rows, child_rows;
+    for (std::int32_t n : chunk) {
+      parent_rows.push_back(full.row_at_step(full.parent(n)));
+      child_rows.push_back(full.row_at_step(n));
+      edges.std.push_back(result.edge_std[static_cast<std::size_t>(n)]);
+      edges.trees.push_back(full.info(full.tree(n)).key);
+      edges.prompts.push_back(full.info(full.tree(n)).prompt);
+    }
+    edges.x = backend.gather_rows(result.latents[static_cast<std::size_t>(edges.step)], parent_rows);
+    edges.next = backend.gather_rows(result.latents[static_cast<std::size_t>(edges.step) + 1], child_rows);
+    return edges;
+  };
+  // The policy's transition mean of every row of a batch, without gradient.
+  const auto transition_mean = [&](const edge_batch<typename B::tensor>& edges) {
+    const denoise_batch batch{.step = edges.step, .sigma = edges.sigma, .trees = edges.trees, .prompts = edges.prompts};
+    return backend.affine(edges.coeffs.x_coeff, edges.x, edges.coeffs.velocity_coeff, policy(edges.x, batch));
+  };
+  // Per-step loss weights (ppo_options::step_weight); empty when every weight is 1, so the default multiplies by
+  // nothing and stays bit-identical.
+  std::vector<double> step_weight;
+  if (options.loss.step_weight != step_weighting::none) {
+    std::vector<double> step_noise(static_cast<std::size_t>(schedule.steps()));
+    for (int t = 0; t < schedule.steps(); ++t) step_noise[static_cast<std::size_t>(t)] = stepper(schedule, t).noise_std;
+    step_weight = step_loss_weights(options.loss.step_weight, schedule, step_noise);
+  }
+  // RatioNorm needs the old (rollout) policy's mean of every edge trained after the first optimizer step. Before that
+  // step the parameters are the rollout's, so the old means are the policy's own: computed here, one forward pass per
+  // such edge, and kept (one latent per edge) until their group. The first group needs none: its ratio is exactly 1
+  // and its mean gap 0.
+  std::vector<typename B::tensor> old_means;  // per chunk of groups 1, 2, ..., in update order
+  if (options.loss.ratio_norm)
+    for (std::size_t group = 1; group < group_ends.size(); ++group)
+      for (std::size_t begin = group_ends[group - 1]; begin < group_ends[group];) {
+        const std::size_t end = chunk_end(begin, group_ends[group]);
+        old_means.push_back(transition_mean(edges_of(begin, end)));
+        report.evaluations += static_cast<std::int64_t>(end - begin);
+        begin = end;
+      }
+  std::size_t old_mean_index = 0;
   for (std::size_t group = 0; group < group_ends.size(); ++group) {
     const std::size_t group_end = group_ends[group];
     const bool first_group = group == 0;
+    const bool with_mean_gap = options.loss.ratio_norm && !first_group;
     // A policy whose accumulate is a collective: every rank makes as many calls as the rank with the most edges.
     double pads = 0;
     if constexpr (PaddedAccumulationPolicy<Model>) {
       double calls = 0;
       for (std::size_t begin = group_begin; begin < group_end; begin = chunk_end(begin, group_end))
-        calls += with_kl ? 2 : 1;
+        calls += 1 + (with_kl ? 1 : 0) + (with_mean_gap ? 1 : 0);
       const std::vector<double> all = all_gather_values(communicator, std::span<const double>(&calls, 1));
       pads = *std::max_element(all.begin(), all.end()) - calls;
     }
     for (std::size_t begin = group_begin; begin < group_end;) {
-      const int step = full.step(full.parent(trained[begin]));
       const std::size_t end = chunk_end(begin, group_end);
       const std::span<const std::int32_t> chunk(trained.data() + begin, end - begin);
-      edge_batch<typename B::tensor> edges;
-      edges.step = step;
-      edges.sigma = schedule.sigma(step);
-      edges.coeffs = stepper(schedule, step);
-      std::vector<std::int64_t> parent_rows, child_rows;
-      for (std::int32_t n : chunk) {
-        parent_rows.push_back(full.row_at_step(full.parent(n)));
-        child_rows.push_back(full.row_at_step(n));
-        edges.std.push_back(result.edge_std[static_cast<std::size_t>(n)]);
-        edges.trees.push_back(full.info(full.tree(n)).key);
-        edges.prompts.push_back(full.info(full.tree(n)).prompt);
+      const edge_batch<typename B::tensor> edges = edges_of(begin, end);
+      const int step = edges.step;
+      const double weight_of_step = step_weight.empty() ? 1.0 : step_weight[static_cast<std::size_t>(step)];
+      // RatioNorm's mean gap b = mean (mu - mu_old)^2 / (2 std^2) per row, from the log-density of the old mean
+      // under the current one (kl_from_log_prob_at_reference); 0 in the first group.
+      std::vector<double> mean_gap(chunk.size(), 0.0);
+      const typename B::tensor* old_mean = nullptr;
+      if (with_mean_gap) {
+        old_mean = &old_means.at(old_mean_index++);
+        const std::vector<double> at_old = backend.row_log_prob(*old_mean, transition_mean(edges), edges.std);
+        for (std::size_t i = 0; i < chunk.size(); ++i)
+          mean_gap[i] = std::max(0.0, kl_from_log_prob_at_reference(at_old[i], edges.std[i]));
+        report.evaluations += static_cast<std::int64_t>(chunk.size());
       }
-      edges.x = backend.gather_rows(result.latents[static_cast<std::size_t>(step)], parent_rows);
-      edges.next = backend.gather_rows(result.latents[static_cast<std::size_t>(step) + 1], child_rows);
+      std::vector<double> weights(chunk.size());
 
       const auto gradient = [&](std::span<const double> log_probs) {
         require(log_probs.size() == chunk.size(), "policy returned ", log_probs.size(), " log-probs for ", chunk.size(),
                 " edges");
-        std::vector<double> weights(log_probs.size());
         for (std::size_t i = 0; i < log_probs.size(); ++i) {
           const std::int32_t n = chunk[i];
           require(std::isfinite(log_probs[i]), "policy log-prob of edge ", n, " at step ", step, " is ", log_probs[i]);
@@ -353,15 +401,45 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
           const double old_log_prob = first_group ? log_probs[i] : rollout_log_prob;
           const double clipped_advantage =
               clip_advantage(advantage[static_cast<std::size_t>(n)], options.loss.advantage_clip);
-          if (std::abs(importance_ratio(log_probs[i], old_log_prob) - 1.0) > options.loss.clip_range) ++clipped;
-          loss_sum += ppo_clipped_loss(log_probs[i], old_log_prob, clipped_advantage, options.loss.clip_range);
-          weights[i] = per_edge * ppo_clipped_loss_gradient(log_probs[i], old_log_prob, clipped_advantage,
-                                                            options.loss.clip_range);
+          double loss = 0, loss_gradient = 0, log_ratio = 0;
+          if (options.loss.ratio_norm) {
+            const double edge_std = edges.std[i];
+            log_ratio = ratio_norm_log_ratio(log_probs[i], old_log_prob, mean_gap[i], edge_std);
+            loss = ppo_clipped_loss(log_ratio, 0.0, clipped_advantage, options.loss.clip_range);
+            loss_gradient = ratio_norm_loss_gradient(log_probs[i], old_log_prob, mean_gap[i], clipped_advantage,
+                                                     options.loss.clip_range, edge_std);
+          } else {
+            log_ratio = log_probs[i] - old_log_prob;
+            loss = ppo_clipped_loss(log_probs[i], old_log_prob, clipped_advantage, options.loss.clip_range);
+            loss_gradient =
+                ppo_clipped_loss_gradient(log_probs[i], old_log_prob, clipped_advantage, options.loss.clip_range);
+          }
+          if (std::abs(std::exp(log_ratio) - 1.0) > options.loss.clip_range) ++clipped;
+          if (step_weight.empty()) {
+            loss_sum += loss;
+            weights[i] = per_edge * loss_gradient;
+          } else {
+            loss_sum += weight_of_step * loss;
+            weights[i] = per_edge * weight_of_step * loss_gradient;
+          }
         }
         return weights;
       };
       policy.accumulate(edges, loss_gradient_fn(gradient));
       report.evaluations += static_cast<std::int64_t>(chunk.size());
+      if (with_mean_gap) {
+        // The gap's gradient: b = -log p(mu_old) + const, so the rows' log-probs at mu_old get minus the weights.
+        edge_batch<typename B::tensor> at_old_mean = edges;
+        at_old_mean.next = *old_mean;
+        policy.accumulate(at_old_mean, loss_gradient_fn([&](std::span<const double> log_probs) {
+                            require(log_probs.size() == chunk.size(), "policy returned ", log_probs.size(),
+                                    " log-probs for ", chunk.size(), " edges");
+                            std::vector<double> opposite(weights.size());
+                            for (std::size_t i = 0; i < weights.size(); ++i) opposite[i] = -weights[i];
+                            return opposite;
+                          }));
+        report.evaluations += static_cast<std::int64_t>(chunk.size());
+      }
       if constexpr (ReferencePolicy<Model, B>)
         if (options.loss.kl_beta > 0.0) {
           for (const double kl : accumulate_kl(backend, policy, edges, options.loss.kl_beta * per_edge)) kl_sum += kl;
@@ -417,6 +495,8 @@ inline std::vector<std::size_t> update_group_ends(std::int64_t edges, int update
 /// step in chunks of max_batch rows through policy.accumulate (plus accumulate_kl when kl_beta > 0), then one
 /// optimizer step. The loss is the mean over all trained edges. Before the first optimizer step the parameters
 /// are those of the rollout, so the first group's old log-prob is the one just computed: its ratio is exactly 1.
+/// ppo_options::step_weight multiplies each edge's loss and weight by its step's weight; ppo_options::ratio_norm
+/// clips GRPO-Guard's normalized ratio instead (docs/loss.md), at 3 more evaluations per edge after the first group.
 /// Example: one dense tree's 218 trained edges, updates_per_iteration 2, max_batch 64 -> two optimizer steps
 ///   over edges [0, 109) and [109, 218), evaluations 218, clip_fraction 0 in the first group
 ///   (tests/unit/test_trainer.cpp).

@@ -177,7 +177,7 @@ run_record train_toy(const method_variant& variant, const fourier_policy<host_ba
                                     .seed = setup.seed,
                                     .updates_per_iteration = variant.updates.value_or(1),
                                     .total_iterations = options.iters,
-                                    .loss = {}};
+                                    .loss = variant.loss_options({})};
     for (int i = 0; i < options.iters; ++i) {
       std::vector<std::int64_t> trained = prompts(i);
       for (std::int64_t& p : trained) p = setup.order[static_cast<std::size_t>(p)];
@@ -251,6 +251,7 @@ run_config shapes_config(const method_variant& variant, const demo_runs::demo_op
   }
   if (variant.updates) config.run.updates_per_iteration = *variant.updates;
   if (variant.lr) config.optimizer.lr = *variant.lr;
+  config.loss = variant.loss_options(config.loss);
   return config;
 }
 

@@ -150,7 +150,7 @@ method_signal measure(const method_variant& variant, const fourier_policy<host_b
                                       .seed = options.seed,
                                       .updates_per_iteration = variant.updates.value_or(1),
                                       .total_iterations = options.draws,
-                                      .loss = {}};
+                                      .loss = variant.loss_options({})};
       const iteration_stats stats =
           train_iteration(backend, recorder, reward, recipe, schedule, toy_latent_shape(), prompts(0), d, training);
       std::vector<double> total(recorder.gradients.front().size(), 0.0);

@@ -10,9 +10,13 @@
 //   branch:fusion=path_softmax    another fusion weighting (fusion/catalog.hpp)
 //   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
 //   branch:lr=0.05                another learning rate (the toy's Adam, the shapes model's AdamW)
+//   branch:ratio_norm=on          GRPO-Guard's RatioNorm of the importance ratio (ppo_options::ratio_norm)
+//   branch:step_weight=noise_std  a per-step loss weight (ppo_options::step_weight: inverse_dt, noise_std)
 //
-// The recipe overrides (scope, s, fusion) act on with_method's typed recipe; updates and lr act on the run's
-// options and are read by the caller. Torch-free: the toy's compare uses it without LibTorch.
+// The recipe overrides (scope, s, fusion) act on with_method's typed recipe; updates, lr and the loss options act
+// on the run's options and are read by the caller (loss_options()). Torch-free: the toy's compare uses it without
+// LibTorch.
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <optional>
@@ -27,6 +31,7 @@
 #include "branchgrpo/core/policy_list.hpp"
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
+#include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/training/methods.hpp"
 
 namespace branchgrpo::cli {
@@ -40,17 +45,28 @@ struct method_variant {
   std::optional<std::string> fusion = {};
   std::optional<int> updates = {};
   std::optional<double> lr = {};
+  std::optional<bool> ratio_norm = {};
+  std::optional<step_weighting> step_weight = {};
 
   /// Whether it is the named method unchanged.
   [[nodiscard]] bool plain() const { return label == method; }
+
+  /// The run's loss options with this variant's overrides applied to `loss`.
+  /// Example: parse_method_variant("branch:ratio_norm=on").loss_options({}) == ppo_options{.ratio_norm = true}.
+  [[nodiscard]] ppo_options loss_options(ppo_options loss) const {
+    if (ratio_norm) loss.ratio_norm = *ratio_norm;
+    if (step_weight) loss.step_weight = *step_weight;
+    return loss;
+  }
 };
 
 /// Parses one `--methods` entry.
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
-/// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr)
-///      and a value in its domain (scope per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion a fusion policy's name,
-///      updates an integer in [1, 1000], lr in (0, 1]); no key twice (else invalid_input naming the part).
+/// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr,
+///      ratio_norm, step_weight) and a value in its domain (scope per_tree | per_batch | pooled | leaf_scaled, s in
+///      [0, 1000], fusion a fusion policy's name, updates an integer in [1, 1000], lr in (0, 1], ratio_norm on |
+///      off, step_weight none | inverse_dt | noise_std); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -65,7 +81,7 @@ inline method_variant parse_method_variant(std::string_view entry) {
     colon = next;
     const std::size_t equals = part.find('=');
     require(equals != std::string_view::npos && equals > 0, "--methods: '", part, "' in '", entry,
-            "' is not key=value (keys: scope, s, fusion, updates, lr)");
+            "' is not key=value (keys: scope, s, fusion, updates, lr, ratio_norm, step_weight)");
     const std::string_view key = part.substr(0, equals);
     const std::string value(part.substr(equals + 1));
     const std::string what = "--methods " + std::string(entry) + ": " + std::string(key);
@@ -92,8 +108,19 @@ inline method_variant parse_method_variant(std::string_view entry) {
     } else if (key == "lr") {
       once(!out.lr);
       out.lr = parse_number(value, what, 1e-12, 1.0);
+    } else if (key == "ratio_norm") {
+      once(!out.ratio_norm);
+      require(value == "on" || value == "off", what, " = ", value, ": must be on or off");
+      out.ratio_norm = value == "on";
+    } else if (key == "step_weight") {
+      once(!out.step_weight);
+      const auto* known_name = std::find(std::begin(step_weighting_names), std::end(step_weighting_names), value);
+      require(known_name != std::end(step_weighting_names), what, " = ", value,
+              ": must be none, inverse_dt or noise_std");
+      out.step_weight = parse_step_weighting(value);
     } else {
-      fail("--methods: unknown key '", key, "' in '", entry, "' (expected scope, s, fusion, updates or lr)");
+      fail("--methods: unknown key '", key, "' in '", entry,
+           "' (expected scope, s, fusion, updates, lr, ratio_norm or step_weight)");
     }
   }
   return out;

@@ -253,6 +253,11 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   line("loss.clip_range", toml_value(config.loss.clip_range));
   line("loss.advantage_clip", toml_value(config.loss.advantage_clip));
   line("loss.kl_beta", toml_value(config.loss.kl_beta));
+  // RatioNorm and the step weight only when on, so that the text of a run without them reads as it did before the
+  // keys existed (its checkpoints resume).
+  if (config.loss.ratio_norm) line("loss.ratio_norm", toml_value(true));
+  if (config.loss.step_weight != step_weighting::none)
+    line("loss.step_weight", toml_string(step_weighting_name(config.loss.step_weight)));
   add_parameters(out, "optimizer.", config.optimizer);
   // Sharding only when on, so that the text of an unsharded run reads as it did before the keys existed (its
   // checkpoints resume).

@@ -42,6 +42,7 @@
 #include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
 #include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/loss/step_weights.hpp"
 #include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
@@ -382,6 +383,11 @@ inline void read_loss(table_reader r, ppo_options& loss) {
   r.read("clip_range", loss.clip_range, [](double v) { return v > 0 && v < 1 ? "" : "must be in (0, 1)"; });
   r.read("advantage_clip", loss.advantage_clip, in_range(1e-3, 1e3));  // DanceGRPO clips at 5
   r.read("kl_beta", loss.kl_beta, in_range(0, 1e3));
+  r.read("ratio_norm", loss.ratio_norm);  // GRPO-Guard's RatioNorm
+  std::string step_weight(step_weighting_name(loss.step_weight));
+  if (r.read("step_weight", step_weight,
+             one_of(std::vector<std::string_view>(std::begin(step_weighting_names), std::end(step_weighting_names)))))
+    loss.step_weight = parse_step_weighting(step_weight);
   r.finish();
 }
 
