@@ -327,7 +327,7 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
       edge_batch<typename B::tensor> edges;
       edges.step = step;
       edges.sigma = schedule.sigma(step);
-      edges.coeffs = stepper(schedule, step);
+      edges.coeffs = step_coefficients(stepper, schedule, step, full.plan().layer(step));  // the rollout's
       std::vector<std::int64_t> parent_rows, child_rows;
       for (std::int32_t n : chunk) {
         parent_rows.push_back(full.row_at_step(full.parent(n)));
@@ -522,7 +522,8 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   iteration_stats stats{.iteration = iteration};
 
   // 1. Rollout of this rank's trees, keyed by their index in the whole iteration.
-  const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration);
+  const tree_plan plan = ode_where_noiseless(shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration),
+                                             recipe.stepper, schedule);
   std::vector<tree_info> infos(prompts.size());
   for (std::size_t t = 0; t < prompts.size(); ++t)
     infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};

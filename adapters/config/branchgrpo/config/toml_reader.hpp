@@ -185,6 +185,19 @@ class table_reader {
         out.push_back(static_cast<int>(item.as_integer()->get()));
       }
       return out;
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      if (!node.is_array()) bad(key, "must be an array of numbers");
+      check_length(key, *node.as_array());
+      std::vector<double> out;
+      for (const toml::node& item : *node.as_array()) {
+        if (item.is_integer())
+          out.push_back(static_cast<double>(item.as_integer()->get()));
+        else if (item.is_floating_point())
+          out.push_back(item.as_floating_point()->get());
+        else
+          bad(key, "must be an array of numbers");
+      }
+      return out;
     } else {
       static_assert(std::is_same_v<T, std::vector<std::string>>);
       if (!node.is_array()) bad(key, "must be an array of strings");
