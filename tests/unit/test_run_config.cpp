@@ -308,6 +308,10 @@ TEST_CASE("[rollout] stepper = \"cps\" and \"per_layer_eta\" with their paramete
       "[rollout]\nstepper = \"per_layer_eta\"\netas = [0.9, 1, 0.5]\nsampler = \"cps\"\n", "r");
   CHECK(std::get<bg::per_layer_eta>(layered.recipe.stepper.policy) ==
         bg::per_layer_eta{.etas = {0.9, 1.0, 0.5}, .sampler = bg::layer_sampler::cps});
+  // The config text (what a checkpoint records) names them as a config writes them.
+  const std::string text = bg::config_text(layered, false);
+  CHECK_THAT(text, Catch::Matchers::Contains("rollout.stepper = \"per_layer_eta\"\nrollout.etas = [0.9, 1.0, 0.5]\n"
+                                             "rollout.sampler = \"cps\"\n"));
   CHECK(error_of("[rollout]\nstepper = \"cps\"\neta = 1.5\n") == "run.toml: rollout.eta = 1.5: must be in [0.0001, 1]");
   CHECK(error_of("[rollout]\nstepper = \"per_layer_eta\"\netas = []\n") ==
         "run.toml: rollout.etas = []: must not be empty");
