@@ -107,6 +107,11 @@ TEST_CASE("cps coefficients match the Flow-CPS formulas", "[stepper]") {
   CHECK(full.x_coeff == Approx(0.5));
   CHECK(full.velocity_coeff == Approx(-0.5));
   CHECK(full.noise_std == Approx(0.5));
+  // Scored with log_prob_std, an edge's log-prob is Flow-CPS's -mean_i (next_i - mean_i)^2 less 0.5 log pi.
+  const std::vector<double> next{0.4, -1.1, 2.0}, mean{0.1, -0.5, 1.5};
+  const double flow_cps = -(0.09 + 0.36 + 0.25) / 3;
+  CHECK(gaussian_log_prob_mean(next, mean, full.log_prob_std) ==
+        Approx(flow_cps - 0.5 * std::log(std::numbers::pi)).epsilon(1e-14));
   CHECK_THROWS_WITH(cps{.eta = 1.5}(schedule, 0), "cps eta must be in (0, 1], got 1.5");
   CHECK_THROWS_WITH(cps{.eta = 0.0}(schedule, 0), "cps eta must be in (0, 1], got 0");
 }
