@@ -19,6 +19,7 @@
 
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/correlator/scaled.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/engine.hpp"
@@ -297,21 +298,23 @@ TEMPLATE_LIST_TEST_CASE("backend: rejects what host_backend rejects, with a one-
 namespace {
 
 /// One rollout on backend B and the same on host_backend agree in every latent, log-prob and edge std.
-template <class B, class Correlator>
-void check_rollout_matches_host(const tree_plan& plan, const Correlator& correlator, std::int64_t max_batch,
-                                const latent_shape& shape = latent_shape{{2, 3}}, double shift = 3.0) {
-  const sigma_schedule schedule = shifted_linear_schedule(plan.steps, shift);
+template <class B, class Correlator, class S = dance_sde>
+void check_rollout_matches_host(const tree_plan& given, const Correlator& correlator, std::int64_t max_batch,
+                                const latent_shape& shape = latent_shape{{2, 3}}, double shift = 3.0,
+                                const S& stepper = {}) {
+  const sigma_schedule schedule = shifted_linear_schedule(given.steps, shift);
+  const tree_plan plan = ode_where_noiseless(given, stepper, schedule);  // cps: its last step an ODE edge
   const std::vector<tree_info> trees{{.key = 0, .prompt = 1}, {.key = 7, .prompt = -2}};
   const rollout_options options{.max_batch = max_batch, .seed = 42, .iteration = 3};
 
   host_backend host;
   analytic_denoiser<host_backend> host_denoiser{.backend = &host, .shape = shape, .data_std = 0.5};
   const auto expected =
-      rollout(host, host_denoiser, dance_sde{}, correlator, schedule, rollout_tree(plan, trees), shape, options);
+      rollout(host, host_denoiser, stepper, correlator, schedule, rollout_tree(plan, trees), shape, options);
   B backend;
   analytic_denoiser<B> denoiser{.backend = &backend, .shape = shape, .data_std = 0.5};
   const auto actual =
-      rollout(backend, denoiser, dance_sde{}, correlator, schedule, rollout_tree(plan, trees), shape, options);
+      rollout(backend, denoiser, stepper, correlator, schedule, rollout_tree(plan, trees), shape, options);
 
   CHECK(actual.evaluations == expected.evaluations);
   CHECK(actual.denoiser_calls == expected.denoiser_calls);
@@ -365,6 +368,11 @@ TEMPLATE_LIST_TEST_CASE("backend: a full rollout reproduces host_backend's laten
   }
   SECTION("video latents [C, F, H, W] = {4, 3, 4, 4} with Wan's time shift 5: no special case") {
     check_rollout_matches_host<TestType>(dense, correlated{4.0}, 7, video_shape, 5.0);
+  }
+  SECTION("cps (scored with its own std: keyed steps carry log_prob_stds) and per_layer_eta on scaled splits") {
+    check_rollout_matches_host<TestType>(dense, correlated{4.0}, 64, latent_shape{{2, 3}}, 3.0, cps{});
+    check_rollout_matches_host<TestType>(dense, scaled{}, 64, latent_shape{{2, 3}}, 3.0,
+                                         per_layer_eta{.etas = {0.8, 0.5}, .sampler = layer_sampler::cps});
   }
 }
 

@@ -292,6 +292,85 @@ TEST_CASE("an edge's sample and log-prob match the hand computation", "[rollout]
   }
 }
 
+TEST_CASE("cps and per_layer_eta: drawn with noise_std, scored with the stepper's std, at each edge's layer",
+          "[rollout][stepper]") {
+  host_backend backend;
+  const sigma_schedule schedule = shifted_linear_schedule(20);
+  const double data_std = 0.5;
+  const rollout_options options{.seed = 9, .iteration = 4};
+  gaussian_denoiser denoiser{.data_std = data_std};
+
+  // Node `node`'s edge recomputed by hand with coefficients `step`, noise drawn at step.noise_std * factor and
+  // scored with `scored`.
+  auto check_edge = [&](const rollout_result<host_backend>& result, std::int32_t node, const affine_step& step,
+                        double factor, double scored) {
+    const rollout_tree& tree = result.tree;
+    const std::int32_t parent = tree.parent(node);
+    const int s = tree.step(parent);
+    const tree_info info = tree.info(tree.tree(node));
+    std::vector<double> eps(3);
+    fill_keyed_normal({.seed = 9,
+                       .iteration = 4,
+                       .tree = info.key,
+                       .node = static_cast<std::uint32_t>(tree.local_index(node)),
+                       .step = static_cast<std::uint32_t>(s),
+                       .stream = noise_stream::edge},
+                      eps);
+    const hand_edge edge = recompute_edge(latent_of(backend, result, parent), schedule.sigma(s),
+                                          static_cast<double>(info.prompt), data_std, step, eps,
+                                          step.noise_std * factor);
+    const std::vector<double> next = latent_of(backend, result, node);
+    check_close(next, edge.next);
+    CHECK(result.edge_std[static_cast<std::size_t>(node)] == scored);
+    CHECK(tree.log_prob(node) == Approx(gaussian_log_prob_mean(next, edge.mean, scored)).margin(1e-12));
+  };
+
+  SECTION("cps over the dense tree: its last step becomes an ODE edge; the others are scored with 1/sqrt(2)") {
+    const tree_plan plan = ode_where_noiseless(split_schedule::dense()(20), cps{}, schedule);
+    for (int s = 0; s < 19; ++s) CHECK(plan.kinds[static_cast<std::size_t>(s)] == edge_kind::sde);
+    CHECK(plan.kinds[19] == edge_kind::ode);
+    const auto result = rollout(backend, denoiser, cps{}, independent{}, schedule, rollout_tree(plan, two_trees()),
+                                shape3, options);
+    const double scored = 1.0 / std::sqrt(2.0);
+    const std::int32_t per_tree = result.tree.nodes_per_tree();
+    check_edge(result, per_tree + 1, cps{}(schedule, 0), 1.0, scored);  // the split at step 0
+    check_edge(result, result.tree.nodes_at_depth(1, 12).begin + 5, cps{}(schedule, 11), 1.0, scored);  // a chain
+    const std::int32_t leaf = result.tree.leaves().back();  // the last step: deterministic, next = x0
+    CHECK(result.tree.log_prob(leaf) == 0.0);
+    CHECK(result.edge_std[static_cast<std::size_t>(leaf)] == 0.0);
+    // Without ode_where_noiseless the engine refuses the noiseless SDE step.
+    CHECK_THROWS_WITH(rollout(backend, denoiser, cps{}, independent{}, schedule, dense_forest(two_trees()), shape3,
+                              options),
+                      "SDE step 19 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge: "
+                      "ode_where_noiseless)");
+  }
+  SECTION("cps with a split correlator's factor: drawn at noise_std * f, still scored with 1/sqrt(2)") {
+    const tree_plan plan = ode_where_noiseless(split_schedule::dense()(20), cps{}, schedule);
+    const auto result = rollout(backend, denoiser, cps{}, own_noise_times{.factor = 4.0}, schedule,
+                                rollout_tree(plan, two_trees()), shape3, options);
+    check_edge(result, 1, cps{}(schedule, 0), 4.0, 1.0 / std::sqrt(2.0));
+    check_edge(result, result.tree.nodes_at_depth(1, 11).begin, cps{}(schedule, 10), 1.0, 1.0 / std::sqrt(2.0));
+  }
+  SECTION("per_layer_eta: each step's edges take their layer's eta (layers 0 | 1 1 1 | 2 2 2 | 3 3 3 | 4 ...)") {
+    const per_layer_eta stepper{.etas = {0.9, 0.6, 0.4}};
+    const auto result =
+        rollout(backend, denoiser, stepper, independent{}, schedule, dense_forest(two_trees()), shape3, options);
+    const auto at = [&](int eta_index, int s) { return dance_sde{.eta = stepper.etas[eta_index]}(schedule, s); };
+    check_edge(result, 1, at(0, 0), 1.0, at(0, 0).noise_std);                            // split 0: layer 0
+    const std::int32_t step3 = result.tree.nodes_at_depth(0, 4).begin;                   // split at step 3: layer 1
+    check_edge(result, step3, at(1, 3), 1.0, at(1, 3).noise_std);
+    const std::int32_t step5 = result.tree.nodes_at_depth(1, 6).begin + 1;               // chain at step 5: layer 2
+    check_edge(result, step5, at(2, 5), 1.0, at(2, 5).noise_std);
+    check_edge(result, result.tree.leaves().back(), at(2, 19), 1.0, at(2, 19).noise_std);  // layer 4: the last eta
+  }
+  SECTION("a noiseless step that splits is refused") {
+    CHECK_THROWS_WITH(ode_where_noiseless(split_schedule{.split_steps = {0, 19}}(20), cps{}, schedule),
+                      "step 19 splits into 2 but the stepper draws no noise there (sigma 0 next): identical "
+                      "children; split earlier");
+    CHECK(ode_where_noiseless(split_schedule::dense()(20), dance_sde{}, schedule) == split_schedule::dense()(20));
+  }
+}
+
 TEST_CASE("the correlator gets the parent's and children's keys at each split", "[rollout]") {
   host_backend backend;
   const sigma_schedule schedule = shifted_linear_schedule(20);
@@ -480,7 +559,7 @@ TEST_CASE("rollout rejects inconsistent inputs", "[rollout]") {
                     "latent dimension 1 is 0, must be at least 1");
   CHECK_THROWS_WITH(
       rollout(backend, denoiser, euler_ode{}, independent{}, schedule, dense_forest(numbered_trees(1)), shape3, {}),
-      "SDE step 0 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge)");
+      "SDE step 0 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge: ode_where_noiseless)");
   CHECK_THROWS_WITH(rollout(backend, denoiser, dance_sde{}, own_noise_times{.factor = 0.0}, schedule,
                             dense_forest(numbered_trees(1)), shape3, {}),
                     "correlator returned factor 0 at step 0 for node 0; it must be positive and finite");

@@ -306,10 +306,35 @@ min_std = 1e-4
       bg::parse_run_config("[correlator]\nkind = \"orthogonal\"\n", "r").recipe.correlator.policy));
 }
 
+TEST_CASE("[rollout] stepper = \"cps\" and \"per_layer_eta\" with their parameters") {
+  CHECK(bg::parse_run_config("[rollout]\nstepper = \"cps\"\n", "r").recipe.stepper == bg::any_stepper{bg::cps{}});
+  CHECK(std::get<bg::cps>(bg::parse_run_config("[rollout]\nstepper = \"cps\"\neta = 0.5\n", "r").recipe.stepper.policy)
+            .eta == 0.5);
+  const bg::run_config layered = bg::parse_run_config(
+      "[rollout]\nstepper = \"per_layer_eta\"\netas = [0.9, 1, 0.5]\nsampler = \"cps\"\n", "r");
+  CHECK(std::get<bg::per_layer_eta>(layered.recipe.stepper.policy) ==
+        bg::per_layer_eta{.etas = {0.9, 1.0, 0.5}, .sampler = bg::layer_sampler::cps});
+  // The config text (what a checkpoint records) names them as a config writes them.
+  const std::string text = bg::config_text(layered, false);
+  CHECK_THAT(text, Catch::Matchers::Contains("rollout.stepper = \"per_layer_eta\"\nrollout.etas = [0.9, 1.0, 0.5]\n"
+                                             "rollout.sampler = \"cps\"\n"));
+  CHECK(error_of("[rollout]\nstepper = \"cps\"\neta = 1.5\n") == "run.toml: rollout.eta = 1.5: must be in [0.0001, 1]");
+  CHECK(error_of("[rollout]\nstepper = \"per_layer_eta\"\netas = []\n") ==
+        "run.toml: rollout.etas = []: must not be empty");
+  CHECK(error_of("[rollout]\nstepper = \"per_layer_eta\"\netas = [0.3, -1]\n") ==
+        "run.toml: rollout.etas = [ 0.3, -1 ]: must hold values >= 1e-04");
+  CHECK(error_of("[rollout]\nstepper = \"per_layer_eta\"\netas = [0.3, \"x\"]\n") ==
+        "run.toml: rollout.etas = [ 0.3, 'x' ]: must be an array of numbers");
+  CHECK(error_of("[rollout]\nstepper = \"per_layer_eta\"\nsampler = \"ode\"\n") ==
+        "run.toml: rollout.sampler = 'ode': must be dance_sde or cps");
+  CHECK(error_of("[rollout]\nstepper = \"cps\"\netas = [0.3]\n") ==
+        "run.toml: rollout.etas = [ 0.3 ]: is not used by rollout.stepper = \"cps\"");
+}
+
 TEST_CASE("unknown keys are rejected with one line naming them") {
   CHECK(error_of("[rollout]\nstepz = 3\n") ==
-        "run.toml: unknown key rollout.stepz (rollout has: decode_batch, eta, max_batch, noise_level, shift, stepper, "
-        "steps)");
+        "run.toml: unknown key rollout.stepz (rollout has: decode_batch, eta, etas, max_batch, noise_level, sampler, "
+        "shift, stepper, steps)");
   CHECK(error_of("[rolout]\nsteps = 3\n").rfind("run.toml: unknown key rolout (sections: ", 0) == 0);
   CHECK(error_of("[[pruning.pruners]]\nkind = \"parent_top_k\"\nkk = 1\n")
             .rfind("run.toml: unknown key pruning.pruners[0].kk (pruning.pruners[0] has: ", 0) == 0);
@@ -370,7 +395,7 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[rollout]\nshift = -1\n") == "run.toml: rollout.shift = -1: must be in [0.001, 1000]");
   CHECK(error_of("[rollout]\nmax_batch = 0\n") == "run.toml: rollout.max_batch = 0: must be at least 1");
   CHECK(error_of("[rollout]\nstepper = \"euler\"\n") ==
-        "run.toml: rollout.stepper = 'euler': must be dance_sde or flow_grpo_sde");
+        "run.toml: rollout.stepper = 'euler': must be dance_sde, flow_grpo_sde, cps or per_layer_eta");
   CHECK(error_of("[topology]\nkind = \"star\"\n") ==
         "run.toml: topology.kind = 'star': must be split_schedule, sequential or flow_grpo_fast");
   CHECK(error_of("[topology]\nsplit_steps = [0, 3, 25]\n") ==
@@ -453,7 +478,7 @@ TEST_CASE("method_recipe mirrors with_method") {
     bg::with_method(name, [&](auto recipe) {
       const bg::run_recipe r = bg::method_recipe(name);
       CHECK(r.topology(20) == recipe.topology(20));
-      CHECK(r.stepper(bg::shifted_linear_schedule(20), 3) == recipe.stepper(bg::shifted_linear_schedule(20), 3));
+      CHECK(r.stepper(bg::shifted_linear_schedule(20), 3, 1) == recipe.stepper(bg::shifted_linear_schedule(20), 3));
       CHECK(r.pruner.shape(r.topology(20), 7) == bg::shape_plan(recipe.pruner, recipe.topology(20), 7));
     });
   CHECK(bg::method_recipe("dance").topology(20).evaluations() == 305);

@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
 
 using namespace branchgrpo;
 
@@ -71,6 +74,90 @@ TEST_CASE("flow_grpo_sde coefficients match the Flow-GRPO formulas", "[stepper]"
   CHECK(step0.noise_std == Approx(std_t * std::sqrt(0.5)));
   CHECK(step0.x_coeff == Approx(1 + std_t * std_t / 2 * -0.5));
   CHECK(step0.velocity_coeff == Approx(-0.5));
+}
+
+TEST_CASE("cps coefficients match the Flow-CPS formulas", "[stepper]") {
+  const sigma_schedule schedule({1.0, 0.5, 0.0});
+  // The doc comment's example: c = 0.5 cos(pi / 4).
+  const auto step0 = cps{.eta = 0.5}(schedule, 0);
+  CHECK(step0.x_coeff == Approx(0.8535533906));
+  CHECK(step0.velocity_coeff == Approx(-0.5));
+  CHECK(step0.noise_std == Approx(0.3535533906));
+  CHECK(step0.log_prob_std == Approx(0.7071067812));
+  CHECK(cps{.eta = 0.5}(schedule, 1) == affine_step{1.0, -0.5, 0.0, 1.0 / std::sqrt(2.0)});
+
+  // Against Flow-CPS's unsimplified form on arbitrary values: std = nxt sin(eta pi / 2); x0 = x - sig v;
+  // x1 = x + (1 - sig) v; mean = (1 - nxt) x0 + sqrt(nxt^2 - std^2) x1. And the @post: std^2 + c^2 == nxt^2.
+  const auto schedule20 = shifted_linear_schedule(20);
+  const double eta = 0.8, x = 0.37, v = -1.3;
+  for (int i = 0; i < 20; ++i) {
+    const double sig = schedule20.sigma(i), nxt = schedule20.sigma(i + 1);
+    const double std_dev = nxt * std::sin(eta * std::numbers::pi / 2);
+    const double c = std::sqrt(nxt * nxt - std_dev * std_dev);
+    const double mean = (1 - nxt) * (x - sig * v) + c * (x + (1 - sig) * v);
+    const auto step = cps{.eta = eta}(schedule20, i);
+    CHECK(step.x_coeff * x + step.velocity_coeff * v == Approx(mean).epsilon(1e-12));
+    CHECK(step.noise_std == Approx(std_dev).margin(1e-15));
+    CHECK(step.noise_std * step.noise_std + (step.x_coeff - 1 + nxt) * (step.x_coeff - 1 + nxt) ==
+          Approx(nxt * nxt).margin(1e-15));
+    CHECK(step.log_prob_std == 1.0 / std::numbers::sqrt2);
+  }
+  // eta = 1: all fresh noise (c = 0): mean = (1 - nxt) x0.
+  const auto full = cps{.eta = 1.0}(schedule, 0);
+  CHECK(full.x_coeff == Approx(0.5));
+  CHECK(full.velocity_coeff == Approx(-0.5));
+  CHECK(full.noise_std == Approx(0.5));
+  // Scored with log_prob_std, an edge's log-prob is Flow-CPS's -mean_i (next_i - mean_i)^2 less 0.5 log pi.
+  const std::vector<double> next{0.4, -1.1, 2.0}, mean{0.1, -0.5, 1.5};
+  const double flow_cps = -(0.09 + 0.36 + 0.25) / 3;
+  CHECK(gaussian_log_prob_mean(next, mean, full.log_prob_std) ==
+        Approx(flow_cps - 0.5 * std::log(std::numbers::pi)).epsilon(1e-14));
+  CHECK_THROWS_WITH(cps{.eta = 1.5}(schedule, 0), "cps eta must be in (0, 1], got 1.5");
+  CHECK_THROWS_WITH(cps{.eta = 0.0}(schedule, 0), "cps eta must be in (0, 1], got 0");
+}
+
+TEST_CASE("per_layer_eta, tree_plan::layer, step_coefficients and scoring_std", "[stepper]") {
+  const sigma_schedule schedule = shifted_linear_schedule(4);
+  // tree_plan::layer's example: branching {2, 1, 2, 1} -> layers 0, 1, 1, 2.
+  const tree_plan plan{.steps = 4, .roots = 1, .branching = {2, 1, 2, 1},
+                       .kinds = std::vector<edge_kind>(4, edge_kind::sde)};
+  CHECK(plan.layer(0) == 0);
+  CHECK(plan.layer(1) == 1);
+  CHECK(plan.layer(2) == 1);
+  CHECK(plan.layer(3) == 2);
+  CHECK_THROWS_WITH(plan.layer(5), "step 5 is outside [0, 4]");
+
+  // per_layer_eta's example: a layer beyond the list takes the last eta.
+  const per_layer_eta layered{.etas = {0.5, 0.3}};
+  CHECK(layered(schedule, 3, 2) == dance_sde{.eta = 0.3}(schedule, 3));
+  CHECK(layered(schedule, 0, 0) == dance_sde{.eta = 0.5}(schedule, 0));
+  CHECK(layered(schedule, 1, 1) == dance_sde{.eta = 0.3}(schedule, 1));
+  const per_layer_eta layered_cps{.etas = {1.0, 0.5}, .sampler = layer_sampler::cps};
+  CHECK(layered_cps(schedule, 2, 7) == cps{.eta = 0.5}(schedule, 2));
+  CHECK(layered_cps(schedule, 0, 0) == cps{.eta = 1.0}(schedule, 0));
+
+  // step_coefficients: the layer reaches a layered stepper and any_stepper holding one; a plain one ignores it.
+  static_assert(LayeredStepper<per_layer_eta> && !PlainStepper<per_layer_eta> && Stepper<per_layer_eta>);
+  static_assert(LayeredStepper<any_stepper> && Stepper<any_stepper> && PlainStepper<cps>);
+  CHECK(step_coefficients(layered, schedule, 3, 0) == dance_sde{.eta = 0.5}(schedule, 3));
+  CHECK(step_coefficients(cps{}, schedule, 1, 3) == cps{}(schedule, 1));
+  CHECK(any_stepper{layered}(schedule, 3, 1) == dance_sde{.eta = 0.3}(schedule, 3));
+  CHECK(any_stepper{cps{.eta = 0.5}}(schedule, 0, 3) == cps{.eta = 0.5}(schedule, 0));  // any_stepper's example
+
+  // scoring_std's example.
+  CHECK(scoring_std({.noise_std = 0.2}, 0.8) == 0.8);
+  CHECK(scoring_std({.noise_std = 0.2, .log_prob_std = 0.5}, 0.8) == 0.5);
+
+  // Bad lists: one line naming the value.
+  CHECK_THROWS_WITH((per_layer_eta{.etas = {}}(schedule, 0, 0)), "per_layer_eta needs at least one eta");
+  CHECK_THROWS_WITH((per_layer_eta{.etas = {0.3, -0.2}}(schedule, 0, 0)),
+                    "per_layer_eta etas[1] = -0.2 is not positive and finite");
+  CHECK_THROWS_WITH((per_layer_eta{.etas = {0.5, 1.5}, .sampler = layer_sampler::cps}(schedule, 0, 0)),
+                    "per_layer_eta etas[1] = 1.5 is not in (0, 1] (cps)");
+  CHECK_THROWS_WITH(layered(schedule, 0, -1), "per_layer_eta layer -1 is negative");
+  CHECK_THROWS_WITH(validate_parameters(per_layer_eta{.etas = {}}, "rollout"), "rollout.etas = []: must not be empty");
+  CHECK_THROWS_WITH(validate_parameters(cps{.eta = 2.0}, "rollout"),
+                    "rollout.eta = 2.0: must be in [0.0001, 1]");
 }
 
 TEST_CASE("euler_ode and bad stepper input", "[stepper]") {

@@ -86,6 +86,44 @@ TEST_CASE("every method raises the toy reward within 30 iterations", "[trainer]"
   }
 }
 
+TEST_CASE("cps and per_layer_eta train through every topology with the rollout's log-probs", "[trainer][stepper]") {
+  // The update recomputes each step's coefficients (at its layer) and scores each edge with the rollout's std, so
+  // the first update's log-probs are the rollout's bit for bit; cps's noiseless last step is an ODE edge, untrained.
+  const auto check_run = [](auto recipe, std::int64_t edges_trained) {
+    const auto stats = train_toy(recipe, 2, 7).stats;
+    for (const auto& s : stats) {
+      CHECK(s.first_update_log_prob_gap == 0.0);
+      CHECK(s.edges_trained == edges_trained);
+      CHECK(std::isfinite(s.loss));
+    }
+  };
+  const auto dense = split_schedule::dense();
+  SECTION("cps on the dense tree, correlated and scaled splits: the 16 edges of step 19 do not train") {
+    check_run(method{dense, cps{}, correlated{.s = 4.0}, uniform_mean{}, depth_wise{}, keep_all{}}, 8 * (218 - 16));
+    check_run(method{dense, cps{.eta = 0.5}, scaled{}, uniform_mean{}, depth_wise{}, keep_all{}}, 8 * (218 - 16));
+  }
+  SECTION("cps on sequential groups and Flow-GRPO-Fast; with an SDE window (Mix)") {
+    check_run(method{sequential{.group_size = 4}, cps{}, independent{}, uniform_mean{}, depth_wise{}, keep_all{}},
+              8 * 4 * 19);
+    check_run(method{flow_grpo_fast{.group_size = 4, .split_step = 17, .sde_steps = 3}, cps{}, independent{},
+                     uniform_mean{}, depth_wise{}, keep_all{}},
+              8 * 4 * 2);
+    check_run(method{dense, cps{}, correlated{.s = 4.0}, uniform_mean{}, depth_wise{}, sde_window{.every = 1000}},
+              8 * (2 + 2 + 2 + 4 + 8 + 16));  // the window {0, 1, 2, 3} and the splits at 6, 9
+  }
+  SECTION("per_layer_eta (dance_sde and cps) on the dense tree and sequential groups, through any_stepper") {
+    check_run(method{dense, per_layer_eta{.etas = {0.9, 0.6, 0.3}}, antithetic{}, uniform_mean{}, depth_wise{},
+                     keep_all{}},
+              8 * 218);
+    check_run(method{dense, any_stepper{per_layer_eta{.etas = {1.0, 0.7}, .sampler = layer_sampler::cps}},
+                     correlated{.s = 4.0}, uniform_mean{}, depth_wise{}, keep_all{}},
+              8 * (218 - 16));
+    check_run(method{sequential{.group_size = 4}, per_layer_eta{.etas = {0.4}}, independent{}, uniform_mean{},
+                     depth_wise{}, keep_all{}},
+              8 * 4 * 20);
+  }
+}
+
 TEST_CASE("training is reproducible and independent of max_batch", "[trainer]") {
   const auto run = [](std::int64_t max_batch) {
     return with_method("branch-widpru", [&](auto recipe) { return train_toy(recipe, 4, max_batch, 2); });

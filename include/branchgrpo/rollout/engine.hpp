@@ -39,7 +39,8 @@ template <Backend B>
 struct rollout_result {
   rollout_tree tree;                        ///< log-probs of SDE edges filled (roots and ODE edges: 0)
   std::vector<typename B::tensor> latents;  ///< latents[s]: rows = tree.nodes_at_step(s), in that order
-  std::vector<double> edge_std;             ///< per node: std its edge's sample was drawn with (0: root/ODE)
+  std::vector<double> edge_std;             ///< per node: std its edge is scored with (0: root/ODE): the std its
+                                            ///< sample was drawn with, or the stepper's log_prob_std (cps)
   std::int64_t evaluations = 0;             ///< denoiser rows evaluated
   std::int64_t denoiser_calls = 0;          ///< calls to the denoiser (chunks)
 };
@@ -113,19 +114,43 @@ inline void record_edges(std::span<double> log_probs, std::vector<double>& edge_
 
 }  // namespace detail
 
+/// The plan with every SDE step at which the stepper draws no noise (noise_std == 0: cps's last step, where
+/// sigma[i+1] = 0) made an ODE edge: deterministic, log-prob 0, never trained, as Flow-CPS leaves it untrained.
+/// Example: split_schedule::dense() over shifted_linear_schedule(20) with cps{} -> kinds sde at steps 0..18, ode at
+///   19; with dance_sde{} the plan is unchanged.
+/// @pre schedule.steps() == plan.steps; a noiseless step does not split (its children would be identical: else
+///      invalid_input naming the step).
+template <Stepper S>
+tree_plan ode_where_noiseless(tree_plan plan, const S& stepper, const sigma_schedule& schedule) {
+  require(schedule.steps() == plan.steps, "sigma schedule has ", schedule.steps(), " steps, the plan has ",
+          plan.steps);
+  for (int s = 0; s < plan.steps; ++s) {
+    const auto at = static_cast<std::size_t>(s);
+    if (plan.kinds[at] != edge_kind::sde ||
+        step_coefficients(stepper, schedule, s, plan.layer(s)).noise_std != 0.0)
+      continue;
+    require(plan.branching[at] == 1, "step ", s, " splits into ", plan.branching[at],
+            " but the stepper draws no noise there (sigma ", schedule.sigma(s + 1),
+            " next): identical children; split earlier");
+    plan.kinds[at] = edge_kind::ode;
+  }
+  return plan;
+}
+
 /// Samples every tree of `tree` from keyed root noise to its leaves, one frontier (step) at a time.
 ///   roots:  x = keyed N(0, I) {seed, iteration, tree key, local index, step 0, root_latent}
-///   step s: v = denoiser(frontier, sigma(s)); {a, c, std} = stepper(schedule, s) (SDE) or euler_ode (ODE);
-///           mean = a x + c v, repeated for each of the K children of a node;
+///   step s: v = denoiser(frontier, sigma(s)); {a, c, std, lp} = step_coefficients(stepper, schedule, s,
+///           plan.layer(s)) (SDE) or euler_ode (ODE); mean = a x + c v, repeated for each of the K children;
 ///           SDE: next = mean + std * f * eps, eps keyed {.., child local index, step s, edge} when K = 1,
-///                or written by the correlator (which returns f) for a split; edge log-prob =
-///                gaussian_log_prob_mean(next, mean, std * f), edge std = std * f (f = 1 for K = 1);
+///                or written by the correlator (which returns f) for a split; edge std = lp if lp > 0 (cps),
+///                else std * f (f = 1 for K = 1); edge log-prob = gaussian_log_prob_mean(next, mean, edge std);
 ///           ODE: next = mean, log-prob 0, edge std 0.
 /// Example: split_schedule::dense() over shifted_linear_schedule(20), dance_sde{}, independent{}, two
 ///   trees, max_batch 64 -> 20 denoiser calls (one per step), 406 evaluations (203 per tree), latents[20]
 ///   has 32 rows; the same call with max_batch 1 gives bit-identical latents, log-probs and edge stds.
 /// @pre schedule.steps() == tree.steps(); max_batch >= 1; shape valid; options.iteration fits a noise key;
-///      the denoiser returns one row of `shape` per input row; SDE steps have noise_std > 0.
+///      the denoiser returns one row of `shape` per input row; SDE steps have noise_std > 0 (ode_where_noiseless
+///      makes the others ODE edges).
 /// @post evaluations == tree.evaluations(); every log-prob is finite (else invalid_input naming the step and
 ///       node: a non-finite velocity never propagates silently); result.tree's SDE edge log-probs are filled.
 template <Backend B, Denoiser<B> D, Stepper S, NoiseCorrelator C>
@@ -165,14 +190,18 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
     result.evaluations += parents;
 
     const edge_kind kind = plan.kinds[static_cast<std::size_t>(s)];
-    const affine_step step = kind == edge_kind::sde ? stepper(schedule, s) : euler_ode{}(schedule, s);
+    const affine_step step = kind == edge_kind::sde ? step_coefficients(stepper, schedule, s, plan.layer(s))
+                                                    : euler_ode{}(schedule, s);
     const int k = plan.branching[static_cast<std::size_t>(s)];
     const std::vector<std::int32_t> children = forest.nodes_at_step(s + 1);
     const auto child_rows = static_cast<std::int64_t>(children.size());
     if (kind == edge_kind::sde)
       require(std::isfinite(step.noise_std) && step.noise_std > 0.0, "SDE step ", s, " has noise_std ", step.noise_std,
-              "; an SDE edge needs a positive std (make it an ODE edge)");
+              "; an SDE edge needs a positive std (make it an ODE edge: ode_where_noiseless)");
+    // stds: what each child's noise is drawn with; scored: what its edge is scored with (the same unless the
+    // stepper sets log_prob_std).
     std::vector<double> stds(children.size(), step.noise_std);
+    std::vector<double> scored(children.size(), scoring_std(step, step.noise_std));
 
     // Noise fixed by the keys alone (a chain step; a split whose siblings are independent, i.e. own draws with
     // factor 1, or correlated{s}, factor 1): one keyed_sde_step, which a backend may run on its device
@@ -196,10 +225,12 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
                                       .keys = sibling_keys,
                                       .stds = stds,
                                       .parent_keys = parent_keys,
-                                      .s = correlation};
+                                      .s = correlation,
+                                      .log_prob_stds = step.log_prob_std > 0.0 ? std::span<const double>(scored)
+                                                                               : std::span<const double>()};
       keyed_sde_result<typename B::tensor> stepped =
           keyed_sde_step(backend, result.latents.back(), velocity, transition, shape);
-      detail::record_edges(log_probs, result.edge_std, children, stepped.log_probs, stds, s);
+      detail::record_edges(log_probs, result.edge_std, children, stepped.log_probs, scored, s);
       result.latents.push_back(std::move(stepped.next));
       frontier = children;
       continue;
@@ -242,13 +273,16 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
       const double factor = correlator(group, std::span<double>(host).subspan(first * elements, group_size * elements));
       require(std::isfinite(factor) && factor > 0.0, "correlator returned factor ", factor, " at step ", s,
               " for node ", frontier[static_cast<std::size_t>(p)], "; it must be positive and finite");
-      for (std::size_t b = 0; b < group_size; ++b) stds[first + b] = step.noise_std * factor;
+      for (std::size_t b = 0; b < group_size; ++b) {
+        stds[first + b] = step.noise_std * factor;
+        scored[first + b] = scoring_std(step, stds[first + b]);
+      }
     }
     for (std::size_t j = 0; j < children.size(); ++j)
       for (std::size_t i = 0; i < elements; ++i) host[j * elements + i] *= stds[j];
     const typename B::tensor noise = backend.from_host(host, child_rows, shape);
     typename B::tensor next = backend.affine(1.0, mean, 1.0, noise);
-    detail::record_edges(log_probs, result.edge_std, children, backend.row_log_prob(next, mean, stds), stds, s);
+    detail::record_edges(log_probs, result.edge_std, children, backend.row_log_prob(next, mean, scored), scored, s);
     result.latents.push_back(std::move(next));
     frontier = children;
   }

@@ -29,6 +29,9 @@ struct sde_transition {
   std::span<const double> stds;
   std::span<const noise_key> parent_keys = {};  ///< empty, or one per parent: correlated{s} siblings
   double s = 4.0;                               ///< correlated's s, used with parent_keys
+  /// Empty: each row's log-prob is scored with stds[j], the std it was drawn with; else one per child row, the std
+  /// its log-prob is scored with instead (a stepper's log_prob_std: cps).
+  std::span<const double> log_prob_stds = {};
 };
 
 /// The children's latents and each child row's edge log-prob.
@@ -50,13 +53,14 @@ concept KeyedSdeBackend = Backend<B> &&
 ///   mean = affine(x_coeff, x, velocity_coeff, v)[p];  next[j] = affine(1, mean, 1, from_host(stds[j] * eps_j))
 ///   with eps_j = fill_keyed_normal(keys[j]), or with parent_keys correlated{s}'s row j of the sibling group
 ///   {parent_keys[p], keys of p's children} (scaled in double, then stored in the backend's dtype);
-///   log_probs[j] = row_log_prob(next, mean, stds)[j].
+///   log_probs[j] = row_log_prob(next, mean, log_prob_stds.empty() ? stds : log_prob_stds)[j].
 /// Example: host_backend, x = {{1, 1}}, v = {{0, 0}}, {x_coeff 1, velocity_coeff 0, branching 2, keys {k0, k1},
 ///   stds {0.5, 0.5}} -> next = {{1 + 0.5 eps_0}, {1 + 0.5 eps_1}} (eps_b = fill_keyed_normal(k_b), 2 values),
 ///   log_probs[b] = mean over the 2 elements of log N(next; 1, 0.25).
 /// @pre x and v have equal rows and shape `shape`; branching >= 1; keys and stds hold rows(x) * branching
 ///      entries; parent_keys empty or rows(x) entries, then branching >= 2 and s > 0 and finite; every std > 0
-///      and finite; every key valid (fill_keyed_normal's).
+///      and finite; log_prob_stds empty or one per child row, each > 0 and finite; every key valid
+///      (fill_keyed_normal's).
 /// @post rows(next) == rows(x) * branching; throws invalid_input naming the first violated precondition.
 template <Backend B>
 keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const typename B::tensor& x,
@@ -71,6 +75,8 @@ keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const ty
               static_cast<std::int64_t>(transition.stds.size()) == children,
           "an SDE transition of ", parents, " rows x ", transition.branching, " children got ", transition.keys.size(),
           " keys and ", transition.stds.size(), " stds");
+  require(transition.log_prob_stds.empty() || static_cast<std::int64_t>(transition.log_prob_stds.size()) == children,
+          "an SDE transition of ", children, " child rows got ", transition.log_prob_stds.size(), " log-prob stds");
   const bool correlated_siblings = !transition.parent_keys.empty();
   require(!correlated_siblings || static_cast<std::int64_t>(transition.parent_keys.size()) == parents,
           "an SDE transition of ", parents, " rows got ", transition.parent_keys.size(), " parent keys");
@@ -94,7 +100,8 @@ keyed_sde_result<typename B::tensor> keyed_sde_step_on_host(B& backend, const ty
   for (std::size_t j = 0; j < static_cast<std::size_t>(children); ++j)
     for (std::size_t i = 0; i < elements; ++i) host[j * elements + i] *= transition.stds[j];
   typename B::tensor next = backend.affine(1.0, mean, 1.0, backend.from_host(host, children, shape));
-  std::vector<double> log_probs = backend.row_log_prob(next, mean, transition.stds);
+  std::vector<double> log_probs =
+      backend.row_log_prob(next, mean, transition.log_prob_stds.empty() ? transition.stds : transition.log_prob_stds);
   return {.next = std::move(next), .log_probs = std::move(log_probs)};
 }
 

@@ -316,7 +316,7 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
     edge_batch<typename B::tensor> edges;
     edges.step = full.step(full.parent(chunk.front()));
     edges.sigma = schedule.sigma(edges.step);
-    edges.coeffs = stepper(schedule, edges.step);
+    edges.coeffs = step_coefficients(stepper, schedule, edges.step, full.plan().layer(edges.step));  // the rollout's
     std::vector<std::int64_t> parent_rows, child_rows;
     for (std::int32_t n : chunk) {
       parent_rows.push_back(full.row_at_step(full.parent(n)));
@@ -339,7 +339,9 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
   std::vector<double> step_weight;
   if (options.loss.step_weight != step_weighting::none) {
     std::vector<double> step_noise(static_cast<std::size_t>(schedule.steps()));
-    for (int t = 0; t < schedule.steps(); ++t) step_noise[static_cast<std::size_t>(t)] = stepper(schedule, t).noise_std;
+    for (int t = 0; t < schedule.steps(); ++t)
+      step_noise[static_cast<std::size_t>(t)] =
+          step_coefficients(stepper, schedule, t, full.plan().layer(t)).noise_std;  // at the step's tree layer
     step_weight = step_loss_weights(options.loss.step_weight, schedule, step_noise);
   }
   // RatioNorm needs the old (rollout) policy's mean of every edge trained after the first optimizer step. Before that
@@ -602,7 +604,8 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   iteration_stats stats{.iteration = iteration};
 
   // 1. Rollout of this rank's trees, keyed by their index in the whole iteration.
-  const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration);
+  const tree_plan plan = ode_where_noiseless(shape_plan(recipe.pruner, recipe.topology(schedule.steps()), iteration),
+                                             recipe.stepper, schedule);
   std::vector<tree_info> infos(prompts.size());
   for (std::size_t t = 0; t < prompts.size(); ++t)
     infos[t] = {.key = static_cast<std::uint32_t>(t), .prompt = prompts[t]};

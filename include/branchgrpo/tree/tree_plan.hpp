@@ -48,6 +48,16 @@ struct tree_plan {
   [[nodiscard]] std::int64_t evaluations() const { return node_count() - leaf_count(); }
   /// Edges of one tree: one into every node but the roots.
   [[nodiscard]] std::int64_t edge_count() const { return node_count() - roots; }
+  /// The tree layer of the edges leaving step s: how many splits (steps with branching > 1) lie before s, i.e.
+  /// above their parents. Plans are level-uniform, so every edge of one step has the same layer.
+  /// Example: branching {2, 1, 2, 1} -> layer(0) == 0, layer(1) == layer(2) == 1, layer(3) == 2.
+  /// @pre 0 <= s <= steps.
+  [[nodiscard]] int layer(int s) const {
+    require(s >= 0 && s <= steps, "step ", s, " is outside [0, ", steps, "]");
+    int splits = 0;
+    for (int i = 0; i < s; ++i) splits += branching[static_cast<std::size_t>(i)] > 1 ? 1 : 0;
+    return splits;
+  }
   /// The steps whose nodes branch (more than one child per node), ascending.
   /// Example: branching {2, 1, 2} -> {0, 2}.
   [[nodiscard]] std::vector<int> branching_steps() const {

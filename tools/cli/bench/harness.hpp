@@ -278,7 +278,8 @@ requires Policy<std::invoke_result_t<MakeModel&, std::size_t>, B> std::vector<va
   for (std::size_t v = 0; v < runs.size(); ++v) {
     variant_run& run = runs[v];
     with_method(run.name, [&](auto recipe) {
-      const tree_plan plan = shape_plan(recipe.pruner, recipe.topology(options.steps), 0);
+      const tree_plan plan =
+          ode_where_noiseless(shape_plan(recipe.pruner, recipe.topology(options.steps), 0), recipe.stepper, schedule);
       const std::vector<std::int64_t> first_prompts = prompt_rows(0);
       std::vector<tree_info> infos(static_cast<std::size_t>(options.prompts));
       for (int t = 0; t < options.prompts; ++t)

@@ -38,12 +38,18 @@ inline constexpr std::size_t max_list_length = 256;
 
 /// A TOML value on one line, as written in TOML (strings quoted, floats in their shortest exact form), cut in the
 /// middle at 80 characters: a 50 MB string or a million-element array is echoed as its start and its end.
-/// Example: node_text of 0.5 is "0.5"; of a 1000-character string '"aaaa...aaa"' (80 characters).
+/// Example: node_text of 0.5 is "0.5"; of [0.3, 1] "[ 0.3, 1 ]"; of a 1000-character string '"aaaa...aaa"'
+/// (80 characters).
 inline std::string node_text(const toml::node& node) {
   constexpr std::size_t most = 80;
   if (const auto* number = node.as_floating_point()) return value_text(number->get());
   if (const auto* array = node.as_array(); array != nullptr && array->size() > max_list_length)
     return "[... " + std::to_string(array->size()) + " elements]";  // never printed whole, even into a buffer
+  if (const auto* array = node.as_array(); array != nullptr && !array->empty()) {  // its floats shortest, as above
+    std::string text = "[";
+    for (std::size_t i = 0; i < array->size(); ++i) text += (i == 0 ? " " : ", ") + node_text((*array)[i]);
+    return echo_middle(text + " ]", most);
+  }
   if (const auto* string = node.as_string(); string != nullptr && string->get().size() > most)
     return "\"" + echo_middle(string->get(), most - 2) + "\"";
   std::ostringstream out;
@@ -183,6 +189,19 @@ class table_reader {
             item.as_integer()->get() > std::numeric_limits<int>::max())
           bad(key, "must be an array of integers");
         out.push_back(static_cast<int>(item.as_integer()->get()));
+      }
+      return out;
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      if (!node.is_array()) bad(key, "must be an array of numbers");
+      check_length(key, *node.as_array());
+      std::vector<double> out;
+      for (const toml::node& item : *node.as_array()) {
+        if (item.is_integer())
+          out.push_back(static_cast<double>(item.as_integer()->get()));
+        else if (item.is_floating_point())
+          out.push_back(item.as_floating_point()->get());
+        else
+          bad(key, "must be an array of numbers");
       }
       return out;
     } else {

@@ -191,11 +191,12 @@ struct torch_backend {
   /// The SDE transition with keyed noise (models KeyedSdeBackend; rollout/keyed_sde_step.hpp): on the CUDA
   /// adapter's fused kernel for CUDA float32 / float64 tensors when built with the kernels (noise drawn on the
   /// device), keyed_sde_step_on_host (host draw, from_host, affine, row_log_prob) otherwise. Same numbers either way:
-  /// next bit for bit, the log-probs within 1e-12 relative.
+  /// next bit for bit, the log-probs within 1e-12 relative. A transition scored with other stds than it is drawn
+  /// with (log_prob_stds: cps) takes the host path, whose row_log_prob is the update's.
   [[nodiscard]] keyed_sde_result<tensor> keyed_sde_step(const tensor& x, const tensor& v,
                                                         const sde_transition& transition, const latent_shape& shape) {
 #if defined(BRANCHGRPO_TORCH_CUDA_KERNELS)
-    if (x.scalar_type() == dtype && detail::cuda_kernels_apply(x, v)) {
+    if (transition.log_prob_stds.empty() && x.scalar_type() == dtype && detail::cuda_kernels_apply(x, v)) {
       check_pair(x, v, "keyed_sde_step");
       return detail::cuda_keyed_sde_step(x, v, transition);
     }

@@ -127,6 +127,9 @@ inline torch::Tensor cuda_row_log_prob(const torch::Tensor& next, const torch::T
 inline keyed_sde_result<torch::Tensor> cuda_keyed_sde_step(const torch::Tensor& x, const torch::Tensor& v,
                                                            const sde_transition& transition) {
   require(transition.branching >= 1, "an SDE transition needs branching >= 1, got ", transition.branching);
+  // The kernel scores each row with the std it draws it with; another scoring std is keyed_sde_step_on_host's.
+  require(transition.log_prob_stds.empty(), "the fused SDE kernel scores rows with their drawing stds; got ",
+          transition.log_prob_stds.size(), " log-prob stds");
   const std::int64_t parents = x.size(0), children = parents * transition.branching;
   require(static_cast<std::int64_t>(transition.keys.size()) == children &&
               static_cast<std::int64_t>(transition.stds.size()) == children,
