@@ -694,7 +694,7 @@ TEST_CASE("[loss] ratio_norm and step_weight: off by default, read, written only
     CHECK(bg::config_text(guard, false).find(line) != std::string::npos);
   CHECK(bg::parse_run_config(bg::config_text(guard, false), "canonical.toml").loss == guard.loss);
   CHECK(error_of("[loss]\nstep_weight = \"dt\"\n") ==
-        "run.toml: loss.step_weight = 'dt': must be none, inverse_dt or noise_std");
+        "run.toml: loss.step_weight = 'dt': must be none, inverse_dt, noise_std or equal_steps");
   CHECK(error_of("[loss]\nratio_norm = 1\n").rfind("run.toml: loss.ratio_norm = 1: ", 0) == 0);
 }
 

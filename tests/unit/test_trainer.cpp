@@ -803,6 +803,12 @@ TEST_CASE("step weights and RatioNorm scale each edge's gradient weight as their
   check_scaled(update_with({.ratio_norm = true, .step_weight = step_weighting::inverse_dt}),
                [&](int t, double std) { return std / (schedule.sigma(t) - schedule.sigma(t + 1)); });
   CHECK(update_with({.ratio_norm = true}).report.evaluations == 218);
+  // equal_steps: the dense tree trains 2 edges at steps 0-2, 4 at 3-5, 8 at 6-8 and 16 at 9-19 (218 over 20 steps),
+  // so w_t = (218 / 20) / E_t: 5.45 at steps 0-2, 2.725, 1.3625, 0.68125 at 9-19.
+  check_scaled(update_with({.step_weight = step_weighting::equal_steps}), [](int t, double) {
+    const double edges_at_step = t < 3 ? 2 : t < 6 ? 4 : t < 9 ? 8 : 16;
+    return 218.0 / 20.0 / edges_at_step;
+  });
 }
 
 TEST_CASE("RatioNorm after the first optimizer step: the old means and the gap's gradient", "[trainer][guard]") {

@@ -21,8 +21,8 @@ namespace branchgrpo {
 /// clip_range: the paper's 1e-3 (the official code's default is 1e-4); advantage_clip: |A| <= 5 as in
 /// the code; kl_beta: 0 in BranchGRPO (Flow-GRPO uses 0.01 - 0.04 against the base model).
 /// ratio_norm: GRPO-Guard's RatioNorm of the importance ratio (loss/ratio_guard.hpp); step_weight: a per-step
-/// weight of the loss (loss/step_weights.hpp: GRPO-Guard's inverse_dt, TempFlow-GRPO's noise_std). Both off by
-/// default: the loss is then exactly the PPO loss above.
+/// weight of the loss (loss/step_weights.hpp: GRPO-Guard's inverse_dt, TempFlow-GRPO's noise_std, equal_steps).
+/// Both off by default: the loss is then exactly the PPO loss above.
 struct ppo_options {
   double clip_range = 1e-3;
   double advantage_clip = 5.0;
@@ -35,7 +35,7 @@ struct ppo_options {
 /// Throws invalid_input naming the first bad option.
 /// Example: validate(ppo_options{.clip_range = 0}) throws "ppo clip_range 0 is not in (0, 1)".
 /// Example: validate(ppo_options{.step_weight = step_weighting{7}}) throws
-///   "ppo step_weight 7 is not none, inverse_dt or noise_std".
+///   "ppo step_weight 7 is not none, inverse_dt, noise_std or equal_steps".
 /// @post 0 < clip_range < 1, advantage_clip > 0 (may be +inf: no clipping), 0 <= kl_beta < +inf, step_weight one
 ///       of the enumerators.
 inline void validate(const ppo_options& options) {

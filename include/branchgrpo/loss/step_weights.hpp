@@ -1,9 +1,11 @@
 #pragma once
 // Per-denoising-step weights of the policy loss (docs/loss.md): every trained edge of step t has its loss, hence its
-// d loss / d log-prob, multiplied by w_t. Two published choices besides none:
-//   inverse_dt  w_t = 1 / (sigma_t - sigma_{t+1})           GRPO-Guard's gradient reweighting (arXiv 2510.22319)
-//   noise_std   w_t = std_t / mean_s std_s (mean 1 over the   TempFlow-GRPO's noise-aware weighting (arXiv 2508.04324)
-//               schedule's steps), std_t the step's noise std
+// d loss / d log-prob, multiplied by w_t. Two published choices besides none, and one for trees:
+//   inverse_dt   w_t = 1 / (sigma_t - sigma_{t+1})          GRPO-Guard's gradient reweighting (arXiv 2510.22319)
+//   noise_std    w_t = std_t / mean_s std_s (mean 1 over the  TempFlow-GRPO's noise-aware weighting (arXiv 2508.04324)
+//                schedule's steps), std_t the step's noise std
+//   equal_steps  w_t = (E / S) / E_t: E trained edges over S   new here: every trained step weighs as much as in
+//                steps, E_t of them at step t                  DanceGRPO's chains, however many nodes the tree has there
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -16,25 +18,25 @@
 namespace branchgrpo {
 
 /// How the policy loss weighs the denoising steps (ppo_options::step_weight).
-enum class step_weighting { none, inverse_dt, noise_std };
+enum class step_weighting { none, inverse_dt, noise_std, equal_steps };
 
 /// The names configs use, in enum order.
-inline constexpr std::string_view step_weighting_names[] = {"none", "inverse_dt", "noise_std"};
+inline constexpr std::string_view step_weighting_names[] = {"none", "inverse_dt", "noise_std", "equal_steps"};
 
 /// Example: step_weighting_name(step_weighting::inverse_dt) == "inverse_dt".
 /// @pre mode is one of the enumerators (else invalid_input naming its number).
 inline std::string_view step_weighting_name(step_weighting mode) {
   const auto index = static_cast<std::size_t>(mode);
-  require(index < std::size(step_weighting_names), "ppo step_weight ", index, " is not none, inverse_dt or noise_std");
+  require(index < std::size(step_weighting_names), "ppo step_weight ", index, " is not none, inverse_dt, noise_std or equal_steps");
   return step_weighting_names[index];
 }
 
 /// Example: parse_step_weighting("noise_std") == step_weighting::noise_std; parse_step_weighting("dt") throws
-///   "ppo step_weight \"dt\" is not none, inverse_dt or noise_std".
+///   "ppo step_weight \"dt\" is not none, inverse_dt, noise_std or equal_steps".
 inline step_weighting parse_step_weighting(std::string_view name) {
   for (std::size_t i = 0; i < std::size(step_weighting_names); ++i)
     if (name == step_weighting_names[i]) return static_cast<step_weighting>(i);
-  fail("ppo step_weight \"", name, "\" is not none, inverse_dt or noise_std");
+  fail("ppo step_weight \"", name, "\" is not none, inverse_dt, noise_std or equal_steps");
 }
 
 /// GRPO-Guard's gradient reweighting of step t: 1 / dt with dt = sigma_t - sigma_{t+1}. The transition mean moves
@@ -68,6 +70,27 @@ inline std::vector<double> noise_aware_weights(std::span<const double> step_nois
   return weights;
 }
 
+/// equal_steps' weights: a step with E_t trained edges gets w_t = (E / S) / E_t, E the trained edges of all steps and
+/// S the steps that have any, so every trained step carries the same total weight, as each step does in DanceGRPO's
+/// chains (G edges at every step), while a tree has 2 nodes per tree at its first steps and 16 at its last. The
+/// weights of the edges sum to E, as without weights. Steps without trained edges get 0.
+/// Example: edges per step {2, 4, 0, 10} -> E 16, S 3 -> {2.666667, 1.333333, 0, 0.533333}; {16, 16} -> {1, 1}.
+/// @pre some step has an edge; counts >= 0.
+/// @post sum_t w_t E_t == E.
+inline std::vector<double> equal_step_weights(std::span<const double> edges_per_step) {
+  double edges = 0, steps = 0;
+  for (const double count : edges_per_step) {
+    require(count >= 0.0 && std::isfinite(count), "equal_steps weights: an edge count of ", count);
+    edges += count;
+    steps += count > 0 ? 1 : 0;
+  }
+  require(edges > 0, "equal_steps weights: no step has a trained edge");
+  std::vector<double> weights(edges_per_step.size(), 0.0);
+  for (std::size_t t = 0; t < weights.size(); ++t)
+    if (edges_per_step[t] > 0) weights[t] = edges / steps / edges_per_step[t];
+  return weights;
+}
+
 /// The loss weight of every step of `schedule` under `mode`; step_noise_std[t] is the noise std of step t (the
 /// stepper's, read only by noise_std).
 /// Example: schedule {1, 0.75, 0}, stds {0.3, 0.1}: none -> {1, 1}; inverse_dt -> {4, 1.333333};
@@ -90,8 +113,10 @@ inline std::vector<double> step_loss_weights(step_weighting mode, const sigma_sc
     }
     case step_weighting::noise_std:
       return noise_aware_weights(step_noise_std);
+    case step_weighting::equal_steps:
+      fail("ppo step_weight equal_steps depends on the trained edges: equal_step_weights, not step_loss_weights");
   }
-  fail("ppo step_weight ", static_cast<int>(mode), " is not none, inverse_dt or noise_std");
+  fail("ppo step_weight ", static_cast<int>(mode), " is not none, inverse_dt, noise_std or equal_steps");
 }
 
 }  // namespace branchgrpo

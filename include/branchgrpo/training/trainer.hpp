@@ -337,7 +337,13 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
   // Per-step loss weights (ppo_options::step_weight); empty when every weight is 1, so the default multiplies by
   // nothing and stays bit-identical.
   std::vector<double> step_weight;
-  if (options.loss.step_weight != step_weighting::none) {
+  if (options.loss.step_weight == step_weighting::equal_steps) {
+    // The trained edges of every rank per step: a tree's nodes per step, summed over the iteration's trees.
+    std::vector<double> edges_per_step(static_cast<std::size_t>(schedule.steps()), 0.0);
+    for (const std::int32_t n : trained) edges_per_step[static_cast<std::size_t>(full.step(full.parent(n)))] += 1;
+    communicator.all_reduce_sum(std::span<double>(edges_per_step));
+    step_weight = equal_step_weights(edges_per_step);
+  } else if (options.loss.step_weight != step_weighting::none) {
     std::vector<double> step_noise(static_cast<std::size_t>(schedule.steps()));
     for (int t = 0; t < schedule.steps(); ++t)
       step_noise[static_cast<std::size_t>(t)] =

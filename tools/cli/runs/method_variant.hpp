@@ -11,7 +11,7 @@
 //   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
 //   branch:lr=0.05                another learning rate (the toy's Adam, the shapes model's AdamW)
 //   branch:ratio_norm=on          GRPO-Guard's RatioNorm of the importance ratio (ppo_options::ratio_norm)
-//   branch:step_weight=noise_std  a per-step loss weight (ppo_options::step_weight: inverse_dt, noise_std)
+//   branch:step_weight=noise_std  a per-step loss weight (ppo_options::step_weight: inverse_dt, noise_std, equal_steps)
 //
 // The recipe overrides (scope, s, fusion) act on with_method's typed recipe; updates, lr and the loss options act
 // on the run's options and are read by the caller (loss_options()). Torch-free: the toy's compare uses it without
@@ -66,7 +66,7 @@ struct method_variant {
 /// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr,
 ///      ratio_norm, step_weight) and a value in its domain (scope per_tree | per_batch | pooled | leaf_scaled, s in
 ///      [0, 1000], fusion a fusion policy's name, updates an integer in [1, 1000], lr in (0, 1], ratio_norm on |
-///      off, step_weight none | inverse_dt | noise_std); no key twice (else invalid_input naming the part).
+///      off, step_weight none | inverse_dt | noise_std | equal_steps); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -116,7 +116,7 @@ inline method_variant parse_method_variant(std::string_view entry) {
       once(!out.step_weight);
       const auto* known_name = std::find(std::begin(step_weighting_names), std::end(step_weighting_names), value);
       require(known_name != std::end(step_weighting_names), what, " = ", value,
-              ": must be none, inverse_dt or noise_std");
+              ": must be none, inverse_dt, noise_std or equal_steps");
       out.step_weight = parse_step_weighting(value);
     } else {
       fail("--methods: unknown key '", key, "' in '", entry,
