@@ -55,8 +55,9 @@ inline method_variant parse_method_variant(std::string_view entry) {
   out.method = std::string(entry.substr(0, colon));
   bool known = false;
   for (const std::string_view name : method_names) known = known || name == out.method;
-  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ", name_list(method_names),
-          ", optionally followed by :key=value overrides)");
+  for (const std::string_view name : decoupled_method_names) known = known || name == out.method;
+  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ", name_list(method_names, ", "),
+          ", ", name_list(decoupled_method_names), ", optionally followed by :key=value overrides)");
   while (colon != std::string_view::npos) {
     const std::size_t next = entry.find(':', colon + 1);
     const std::string_view part = entry.substr(colon + 1, next == std::string_view::npos ? next : next - colon - 1);
@@ -116,7 +117,8 @@ decltype(auto) with_variant(const method_variant& variant, Body&& body) {
     if (!variant.fusion) return body(std::move(recipe));
     any_fusion fusion;
     fusion.policy = make_policy<fusion_policies>(*variant.fusion);
-    return body(method{recipe.topology, recipe.stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner});
+    return body(method{recipe.topology, recipe.stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner,
+                       recipe.objective});
   });
 }
 
