@@ -1,6 +1,7 @@
 // The decoupled objectives (loss/objective.hpp): the matching rows' algebra and their update in train_iteration.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -214,8 +215,46 @@ TEST_CASE("the decoupled objectives' gradient is that of their loss (central dif
   };
   SECTION("nft, beta 1") { check(diffusion_nft{}, 1); }
   SECTION("nft, beta 0.3, two draws") { check(diffusion_nft{.beta = 0.3, .times_per_sample = 2}, 1); }
+  SECTION("nft with intermediate nodes") { check(diffusion_nft{.intermediate_nodes = true}, 1); }
   // Two optimizer steps: lp_old from the pre-pass at theta; a wide clip range keeps every ratio unclipped.
   SECTION("awm, t^2 weighting") {
     check(advantage_weighted_matching{.weighting = time_weighting::t_squared, .clip_range = 0.5}, 2);
   }
+}
+
+TEST_CASE("on-policy, NFT (any beta) and AWM with uniform weighting take the same step", "[objective]") {
+  // At v_theta = v_old, v+ = v- = v_old for every beta: d NFT / d v = 2 a_max (r - (1 - r)) (v - u) / D
+  // = 2 A (v - u) / D (r = A / (2 a_max) + 1/2), and d AWM / d v = -A d lp / d v = 2 A (v - u) / D: the same
+  // gradient on the same keyed rows, so the same Adam step.
+  std::vector<double> nft, nft_half, awm, weighted;
+  (void)train_toy(with_objective(branch_method(), diffusion_nft{}), 1, 64, 1, &nft);
+  (void)train_toy(with_objective(branch_method(), diffusion_nft{.beta = 0.5}), 1, 64, 1, &nft_half);
+  (void)train_toy(with_objective(branch_method(), advantage_weighted_matching{}), 1, 64, 1, &awm);
+  // w(t) = t weighs the rows differently: a different step.
+  (void)train_toy(with_objective(branch_method(), advantage_weighted_matching{.weighting = time_weighting::t}), 1, 64,
+                  1, &weighted);
+  REQUIRE(nft.size() == awm.size());
+  double largest = 0, moved = 0;
+  for (std::size_t i = 0; i < nft.size(); ++i) {
+    largest = std::max({largest, std::abs(nft[i] - awm[i]), std::abs(nft_half[i] - awm[i])});
+    moved = std::max(moved, std::abs(weighted[i] - awm[i]));
+  }
+  CHECK(largest < 1e-12);
+  CHECK(moved > 1e-9);
+}
+
+TEST_CASE("intermediate nodes add the trees' internal split nodes, one row each", "[objective]") {
+  // Dense tree {0, 3, 6, 9} x 2: 2 + 4 + 8 = 14 split nodes below the root, 16 leaves; 4 trees.
+  for (const bool nft : {true, false}) {
+    const auto stats = nft ? train_toy(with_objective(branch_method(), diffusion_nft{.intermediate_nodes = true}), 1,
+                                       64, 1)
+                           : train_toy(with_objective(branch_method(),
+                                                      advantage_weighted_matching{.intermediate_nodes = true}),
+                                       1, 64, 1);
+    CHECK(stats[0].edges_trained == 4 * (16 + 14));
+    CHECK(std::isfinite(stats[0].loss));
+  }
+  // dance's chains split only at the root: nothing to add.
+  const auto dance = train_toy(with_objective(dance_method(), diffusion_nft{.intermediate_nodes = true}), 1, 64, 1);
+  CHECK(dance[0].edges_trained == 4 * 16);
 }

@@ -61,6 +61,7 @@ struct advantage_weighted_matching {
   int times_per_sample = 1;  ///< noise levels drawn per sample per iteration
   double clip_range = 1e-4;
   double advantage_max = 5.0;
+  bool intermediate_nodes = false;  ///< also train the trees' internal split nodes (new here, docs/loss.md)
   friend bool operator==(const advantage_weighted_matching&, const advantage_weighted_matching&) = default;
   static constexpr std::string_view name = "awm",
                                     summary = "Advantage Weighted Matching: PPO on flow-matching log-probs";
@@ -71,7 +72,8 @@ struct advantage_weighted_matching {
         parameter("times_per_sample", &self::times_per_sample, "noise levels per sample per iteration",
                   rules::in_range{.low = 1, .high = 256}),
         parameter("clip_range", &self::clip_range, "PPO clip range of the matching ratio", rules::open_unit_interval{}),
-        parameter("advantage_max", &self::advantage_max, "advantages clipped to [-max, max]", rules::positive{})};
+        parameter("advantage_max", &self::advantage_max, "advantages clipped to [-max, max]", rules::positive{}),
+        parameter("intermediate_nodes", &self::intermediate_nodes, "also train internal split nodes (new)")};
   }
 };
 
@@ -83,6 +85,7 @@ struct diffusion_nft {
   double beta = 1.0;
   int times_per_sample = 1;  ///< noise levels drawn per sample per iteration
   double advantage_max = 5.0;
+  bool intermediate_nodes = false;  ///< also train the trees' internal split nodes (new here, docs/loss.md)
   friend bool operator==(const diffusion_nft&, const diffusion_nft&) = default;
   static constexpr std::string_view name = "nft", summary = "DiffusionNFT: implicit positive / negative velocities";
   static constexpr auto parameters() {
@@ -90,7 +93,9 @@ struct diffusion_nft {
                       parameter("times_per_sample", &diffusion_nft::times_per_sample,
                                 "noise levels per sample per iteration", rules::in_range{.low = 1, .high = 256}),
                       parameter("advantage_max", &diffusion_nft::advantage_max, "advantages clipped to [-max, max]",
-                                rules::positive{})};
+                                rules::positive{}),
+                      parameter("intermediate_nodes", &diffusion_nft::intermediate_nodes,
+                                "also train internal split nodes (new)")};
   }
 };
 

@@ -453,12 +453,15 @@ update_report update_policy(B& backend, Model& policy, const rollout_result<B>& 
 }
 
 /// One row of a decoupled objective's update: a sample (a leaf of a kept tree, node of the rollout's forest) at
-/// its draw-th noise level, the schedule step whose sigma is that level, and the sample's advantage.
+/// its draw-th noise level, the schedule step whose sigma is that level, and the sample's advantage. An
+/// intermediate row is an internal split node n itself, at its own step: state x_n, target the straight-path
+/// velocity (x_n - mean of the leaves under n) / sigma_n (the objectives' intermediate_nodes option).
 struct matching_row {
   std::int32_t node = 0;
   std::uint32_t draw = 0;
   int step = 0;
   double advantage = 0;
+  bool intermediate = false;
 };
 
 /// The schedule step whose sigma a sample trains at, draw `draw` of the sample `node` (index inside its tree)
@@ -477,9 +480,10 @@ inline int matching_step(std::uint64_t seed, std::uint32_t iteration, std::uint3
 }
 
 /// The rows of a decoupled objective for the samples `nodes` (with `advantages`) of `tree`: times_per_sample
-/// draws each, ordered by step, then by sample, then by draw (so the grouping into optimizer steps does not
-/// depend on max_batch).
-/// @pre nodes and advantages of equal size; times_per_sample in [1, max_noise_step + 1].
+/// draws of each leaf, one row of each internal node at its own step; ordered by step, then leaves before
+/// internal nodes, then by sample, then by draw (so the grouping into optimizer steps does not depend on
+/// max_batch).
+/// @pre nodes and advantages of equal size; times_per_sample in [1, max_noise_step + 1]; no root among nodes.
 inline std::vector<matching_row> matching_rows(const rollout_tree& tree, std::span<const std::int32_t> nodes,
                                                std::span<const double> advantages, int times_per_sample,
                                                std::uint64_t seed, std::uint32_t iteration) {
@@ -487,7 +491,12 @@ inline std::vector<matching_row> matching_rows(const rollout_tree& tree, std::sp
           " advantages");
   std::vector<matching_row> rows;
   const std::int32_t per_tree = tree.nodes_per_tree();
-  for (std::size_t i = 0; i < nodes.size(); ++i)
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!tree.is_leaf(nodes[i])) {
+      rows.push_back(
+          {.node = nodes[i], .draw = 0, .step = tree.step(nodes[i]), .advantage = advantages[i], .intermediate = true});
+      continue;
+    }
     for (int k = 0; k < times_per_sample; ++k) {
       const auto draw = static_cast<std::uint32_t>(k);
       const std::int32_t n = nodes[i];
@@ -497,8 +506,10 @@ inline std::vector<matching_row> matching_rows(const rollout_tree& tree, std::sp
                                             static_cast<std::uint32_t>(n % per_tree), draw, tree.steps()),
                       .advantage = advantages[i]});
     }
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const matching_row& a, const matching_row& b) { return a.step < b.step; });
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const matching_row& a, const matching_row& b) {
+    return a.step != b.step ? a.step < b.step : a.intermediate < b.intermediate;
+  });
   return rows;
 }
 
@@ -553,7 +564,7 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
     while (begin < group_end) {
       std::size_t end = begin;
       while (end < group_end && static_cast<std::int64_t>(end - begin) < options.max_batch &&
-             rows[end].step == rows[begin].step)
+             rows[end].step == rows[begin].step && rows[end].intermediate == rows[begin].intermediate)
         ++end;
       chunks.push_back({.begin = begin, .end = end});
       begin = end;
@@ -565,6 +576,23 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
     const int step = rows[chunk.begin].step;
     const double t = schedule.sigma(step);
     const auto count = static_cast<std::int64_t>(chunk.end - chunk.begin);
+    if (rows[chunk.begin].intermediate) {
+      // x_n and (x_n - mean of the leaves under n) / sigma_n, the leaves' mean on the host.
+      std::vector<std::int64_t> index;
+      std::vector<double> leaf_means(static_cast<std::size_t>(count * elements), 0.0);
+      for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+        index.push_back(forest.row_at_step(rows[i].node));
+        const std::span<const std::int32_t> under = forest.leaves_under(rows[i].node);
+        std::vector<std::int64_t> leaf_rows;
+        for (const std::int32_t leaf : under) leaf_rows.push_back(forest.row_at_step(leaf));
+        const std::vector<double> values = backend.to_host(backend.gather_rows(result.latents.back(), leaf_rows));
+        const auto row = (i - chunk.begin) * static_cast<std::size_t>(elements);
+        for (std::size_t j = 0; j < values.size(); ++j)
+          leaf_means[row + j % static_cast<std::size_t>(elements)] += values[j] / static_cast<double>(under.size());
+      }
+      chunk.x_t = backend.gather_rows(result.latents[static_cast<std::size_t>(step)], index);
+      chunk.target = backend.affine(1.0 / t, chunk.x_t, -1.0 / t, backend.from_host(leaf_means, count, shape));
+    } else {
     std::vector<std::int64_t> index;
     std::vector<double> noise(static_cast<std::size_t>(count * elements));
     for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
@@ -580,6 +608,7 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
     const tensor eps = backend.from_host(noise, count, shape);
     chunk.x_t = backend.affine(1.0 - t, x0, t, eps);
     chunk.target = backend.affine(-1.0, x0, 1.0, eps);
+    }
     if (!precompute_old) continue;
     std::vector<std::uint32_t> trees;
     std::vector<std::int64_t> prompts;
@@ -828,10 +857,15 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
     const std::int32_t per_tree = forest.nodes_per_tree();
     std::vector<std::int32_t> samples;
     std::vector<double> sample_advantages;
-    for (const std::int32_t n : credit.kept.leaves()) {
+    const auto add_sample = [&](std::int32_t n) {
       samples.push_back(leaves.kept_trees[static_cast<std::size_t>(n / per_tree)] * per_tree + n % per_tree);
       sample_advantages.push_back(credit.advantages[static_cast<std::size_t>(n)]);
-    }
+    };
+    for (const std::int32_t n : credit.kept.leaves()) add_sample(n);
+    // Optionally the internal split nodes (not the roots: no edge, no advantage), in node order.
+    if (recipe.objective.intermediate_nodes)
+      for (std::int32_t n = 0; n < credit.kept.node_count(); ++n)
+        if (!credit.kept.is_root(n) && credit.kept.children(n).size() > 1) add_sample(n);
     const auto iteration_key = static_cast<std::uint32_t>(iteration);
     const std::vector<matching_row> all_rows = matching_rows(forest, samples, sample_advantages,
                                                              recipe.objective.times_per_sample, options.seed,

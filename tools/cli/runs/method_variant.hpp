@@ -38,6 +38,7 @@ struct method_variant {
   std::optional<std::string> fusion = {};
   std::optional<int> updates = {};
   std::optional<double> lr = {};
+  std::optional<bool> intermediate = {};  ///< a decoupled objective's intermediate_nodes
 
   /// Whether it is the named method unchanged.
   [[nodiscard]] bool plain() const { return label == method; }
@@ -46,9 +47,9 @@ struct method_variant {
 /// Parses one `--methods` entry.
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
-/// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr)
+/// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr, intermediate)
 ///      and a value in its domain (scope per_tree | per_batch, s > 0 finite, fusion a fusion policy's name,
-///      updates an integer in [1, 1000], lr in (0, 1]); no key twice (else invalid_input naming the part).
+///      updates an integer in [1, 1000], lr in (0, 1], intermediate 0 or 1); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -64,7 +65,7 @@ inline method_variant parse_method_variant(std::string_view entry) {
     colon = next;
     const std::size_t equals = part.find('=');
     require(equals != std::string_view::npos && equals > 0, "--methods: '", part, "' in '", entry,
-            "' is not key=value (keys: scope, s, fusion, updates, lr)");
+            "' is not key=value (keys: scope, s, fusion, updates, lr, intermediate)");
     const std::string_view key = part.substr(0, equals);
     const std::string value(part.substr(equals + 1));
     const std::string what = "--methods " + std::string(entry) + ": " + std::string(key);
@@ -86,8 +87,12 @@ inline method_variant parse_method_variant(std::string_view entry) {
     } else if (key == "lr") {
       once(!out.lr);
       out.lr = parse_number(value, what, 1e-12, 1.0);
+    } else if (key == "intermediate") {
+      once(!out.intermediate);
+      out.intermediate = parse_integer<int>(value, what, 0, 1) == 1;
     } else {
-      fail("--methods: unknown key '", key, "' in '", entry, "' (expected scope, s, fusion, updates or lr)");
+      fail("--methods: unknown key '", key, "' in '", entry,
+           "' (expected scope, s, fusion, updates, lr or intermediate)");
     }
   }
   return out;
@@ -113,6 +118,12 @@ decltype(auto) with_variant(const method_variant& variant, Body&& body) {
       else
         fail("--methods ", variant.label, ": s needs correlated sibling noise, and ", variant.method,
              " has independent chains");
+    }
+    if (variant.intermediate) {
+      if constexpr (MatchingObjective<decltype(recipe.objective)>)
+        recipe.objective.intermediate_nodes = *variant.intermediate;
+      else
+        fail("--methods ", variant.label, ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
     }
     if (!variant.fusion) return body(std::move(recipe));
     any_fusion fusion;
