@@ -11,4 +11,9 @@
 // (double, or a tensor type whose exp / clamp / max are found by ADL); the gradients
 // ppo_clipped_loss_gradient and kl_flow_gradient are closed forms for double, used by exact-gradient toys.
 // Use kl_beta > 0 (0.01 - 0.04) against reward hacking on long runs, as Flow-GRPO does.
+//
+// Objectives (loss/objective.hpp, method's 7th component): ppo_ratio (the above, the default), or a decoupled
+// objective trained by flow matching on the leaves, no transition log-prob: advantage_weighted_matching (AWM,
+// arXiv 2509.25050) and diffusion_nft (DiffusionNFT, arXiv 2509.16117).
+#include "branchgrpo/loss/objective.hpp"
 #include "branchgrpo/loss/ppo.hpp"
