@@ -77,9 +77,11 @@ struct iteration_stats {
   std::int64_t rollout_evaluations = 0;                                    ///< denoiser rows in the rollout
   std::int64_t update_evaluations = 0;                                     ///< policy rows in the update
   std::int64_t edges = 0;                                                  ///< edges of the rollout
-  std::int64_t edges_trained = 0;  ///< edges kept by the pruner (SDE only) in trees that were not dropped
+  /// edges kept by the pruner (SDE only) in trees that were not dropped; with a decoupled objective, its rows
+  /// (kept leaves x times_per_sample, plus the internal split nodes with intermediate_nodes)
+  std::int64_t edges_trained = 0;
   int trees_dropped = 0;           ///< trees with a non-finite leaf reward, left out of the update
-  double loss = 0;                 ///< mean PPO loss over the trained edges
+  double loss = 0;                 ///< mean PPO loss over the trained edges (a decoupled objective's: over its rows)
   double clip_fraction = 0;        ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
   double kl = 0;  ///< mean KL to the reference over the trained edges, as accumulated (0 when kl_beta == 0)
   /// max |log-prob at the first update - log-prob of the rollout|: 0 when the policy is batch-invariant.
