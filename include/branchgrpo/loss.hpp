@@ -18,6 +18,11 @@
 //   w_t = 1 / (sigma_t - sigma_{t+1})                                 inverse_dt_weight      GRPO-Guard reweighting
 //   w_t = std_t / mean_s std_s                                        noise_aware_weights    TempFlow-GRPO
 // (ppo_options::ratio_norm, ppo_options::step_weight; loss/ratio_guard.hpp, loss/step_weights.hpp).
+//
+// Objectives (loss/objective.hpp, method's 7th component): ppo_ratio (the above, the default), or a decoupled
+// objective trained by flow matching on the leaves, no transition log-prob: advantage_weighted_matching (AWM,
+// arXiv 2509.25050) and diffusion_nft (DiffusionNFT, arXiv 2509.16117).
+#include "branchgrpo/loss/objective.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/loss/ratio_guard.hpp"
 #include "branchgrpo/loss/step_weights.hpp"

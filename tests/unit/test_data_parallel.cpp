@@ -116,6 +116,21 @@ TEST_CASE("data parallel: 2 and 3 ranks end where one process ends", "[distribut
   });
 }
 
+TEST_CASE("data parallel: the decoupled objectives on 2 and 3 ranks end where one process ends",
+          "[distributed][trainer]") {
+  for (const char* name : {"nft", "branch-nft", "branch-awm"}) {
+    INFO(name);
+    with_method(name, [](auto recipe) {
+      check_ranks_match_one_process(recipe, four_prompts, 2, 1);
+      check_ranks_match_one_process(recipe, {0, 1, 2, 3, 4}, 3, 2);  // uneven shares, two optimizer steps
+      return 0;
+    });
+  }
+  INFO("branch-nft with intermediate nodes");
+  check_ranks_match_one_process(with_objective(branch_method(), diffusion_nft{.intermediate_nodes = true}),
+                                {0, 1, 2, 3, 4}, 3, 2);
+}
+
 TEST_CASE("data parallel: stateful and cross-tree components see the whole forest", "[distributed][trainer]") {
   // per_prompt_running keeps per-prompt statistics across iterations and leaf_group normalizes over every tree:
   // both must see every rank's trees to stay identical to one process.

@@ -58,7 +58,8 @@ TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
   CHECK(evaluations("dance") == 305);
   for (auto name : {"branch", "branch-widpru", "branch-deppru", "branch-mix"}) CHECK(evaluations(name) == 203);
   CHECK_THROWS_WITH(evaluations("grpo"),
-                    "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru or branch-mix)");
+                    "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, "
+                    "branch-nft or branch-awm)");
 
   const auto stats = with_method("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(stats[0].rollout_evaluations == 8 * 203);

@@ -28,6 +28,8 @@ enum class noise_stream : std::uint32_t {
   edge = 1,         ///< a child's own draw on the edge from its parent
   shared = 2,       ///< the draw a parent shares among its children at a split (correlated noise)
   auxiliary = 3,    ///< extra draws a correlator may need (orthogonal, for example)
+  matching_time = 4,   ///< the noise level a decoupled objective trains a sample at (loss/objective.hpp)
+  matching_noise = 5,  ///< the noise eps a decoupled objective adds to a sample
 };
 
 inline constexpr std::uint32_t max_noise_iteration = (1u << 20) - 1;

@@ -12,6 +12,10 @@
 //   branch-deppru  branch + depth pruning: a window of 4 depths from the last split, sliding later every
 //                  30 iterations.
 //   branch-mix     branch + a sliding window of 4 SDE steps (splits always SDE), ODE elsewhere.
+// Decoupled objectives (loss/objective.hpp), trained on the final samples by flow matching, no transition
+// log-prob (decoupled_method_names; with_method accepts them too):
+//   nft, awm               dance's sequential chains, trained with DiffusionNFT / AWM.
+//   branch-nft, branch-awm branch's dense tree, its leaves trained with DiffusionNFT / AWM.
 #include <array>
 #include <string_view>
 
@@ -35,6 +39,10 @@ namespace branchgrpo {
 inline constexpr std::array<std::string_view, 5> method_names = {"dance", "branch", "branch-widpru", "branch-deppru",
                                                                  "branch-mix"};
 
+/// The methods with a decoupled objective, which with_method accepts besides method_names. Kept apart so that what
+/// runs every method of the paper (toy --compare, demo, the config's method_recipe) keeps running those five.
+inline constexpr std::array<std::string_view, 4> decoupled_method_names = {"nft", "awm", "branch-nft", "branch-awm"};
+
 /// DanceGRPO (the "dance" method).
 inline auto dance_method() {
   return method{sequential{.group_size = 16, .shared_root = true},
@@ -51,9 +59,16 @@ auto branch_method(P pruner = {}) {
   return method{split_schedule::dense(), dance_sde{}, correlated{.s = 4.0}, uniform_mean{}, depth_wise{}, pruner};
 }
 
+/// `recipe` with its objective replaced by `objective`.
+template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P, Objective O, Objective Other>
+auto with_objective(const method<T, S, C, F, N, P, O>& recipe, Other objective) {
+  return method{recipe.topology, recipe.stepper,    recipe.correlator, recipe.fusion,
+                recipe.normalizer, recipe.pruner, objective};
+}
+
 /// Calls `body(recipe)` with the recipe named `name`; returns what body returns.
 /// Example: with_method("dance", [](auto r) { return r.topology(20).evaluations(); }) == 305.
-/// @pre name is one of method_names (else invalid_input naming it).
+/// @pre name is one of method_names or decoupled_method_names (else invalid_input naming it).
 template <class Body>
 decltype(auto) with_method(std::string_view name, Body&& body) {
   if (name == "dance") return body(dance_method());
@@ -61,7 +76,12 @@ decltype(auto) with_method(std::string_view name, Body&& body) {
   if (name == "branch-widpru") return body(branch_method(parent_top_k{.k = 1}));
   if (name == "branch-deppru") return body(branch_method(depth_window{}));
   if (name == "branch-mix") return body(branch_method(sde_window{}));
-  fail("unknown method '", name, "' (expected dance, branch, branch-widpru, branch-deppru or branch-mix)");
+  if (name == "nft") return body(with_objective(dance_method(), diffusion_nft{}));
+  if (name == "awm") return body(with_objective(dance_method(), advantage_weighted_matching{}));
+  if (name == "branch-nft") return body(with_objective(branch_method(), diffusion_nft{}));
+  if (name == "branch-awm") return body(with_objective(branch_method(), advantage_weighted_matching{}));
+  fail("unknown method '", name, "' (expected ", name_list(method_names, ", "), ", ",
+       name_list(decoupled_method_names), ")");
 }
 
 }  // namespace branchgrpo

@@ -33,9 +33,11 @@
 #include "branchgrpo/correlator/concept.hpp"
 #include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/fusion/concept.hpp"
+#include "branchgrpo/loss/objective.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/loss/ratio_guard.hpp"
 #include "branchgrpo/loss/step_weights.hpp"
+#include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/pruning/combinators.hpp"
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/rollout/engine.hpp"
@@ -45,8 +47,13 @@
 
 namespace branchgrpo {
 
-/// A training recipe: one policy of each component family.
-template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P>
+/// An objective of the update (loss/objective.hpp): the GRPO ratio or a decoupled matching objective.
+template <class O>
+concept Objective = std::same_as<O, ppo_ratio> || MatchingObjective<O>;
+
+/// A training recipe: one policy of each component family, and the objective of the update (the GRPO ratio by
+/// default, so a six-component `method{...}` is the GRPO recipe it always was).
+template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P, Objective O = ppo_ratio>
 struct method {
   T topology;
   S stepper;
@@ -54,6 +61,7 @@ struct method {
   F fusion;
   N normalizer;
   P pruner;
+  O objective = {};
 };
 
 struct training_options {
@@ -71,9 +79,11 @@ struct iteration_stats {
   std::int64_t rollout_evaluations = 0;                                    ///< denoiser rows in the rollout
   std::int64_t update_evaluations = 0;                                     ///< policy rows in the update
   std::int64_t edges = 0;                                                  ///< edges of the rollout
-  std::int64_t edges_trained = 0;  ///< edges kept by the pruner (SDE only) in trees that were not dropped
+  /// edges kept by the pruner (SDE only) in trees that were not dropped; with a decoupled objective, its rows
+  /// (kept leaves x times_per_sample, plus the internal split nodes with intermediate_nodes)
+  std::int64_t edges_trained = 0;
   int trees_dropped = 0;           ///< trees with a non-finite leaf reward, left out of the update
-  double loss = 0;                 ///< mean PPO loss over the trained edges
+  double loss = 0;                 ///< mean PPO loss over the trained edges (a decoupled objective's: over its rows)
   double clip_fraction = 0;        ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
   double kl = 0;  ///< mean KL to the reference over the trained edges, as accumulated (0 when kl_beta == 0)
   /// max |log-prob at the first update - log-prob of the rollout|: 0 when the policy is batch-invariant.
@@ -233,8 +243,8 @@ struct edge_credit {
 /// @pre leaves came from keep_finite_trees of `full` with at least one kept tree; the recipe's components accept
 ///      `full`'s plan (else their invalid_input).
 /// @post mask.size() == kept.node_count(); every trained node is an SDE edge whose mask is 1.
-template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P>
-edge_credit assign_credit(method<T, S, C, F, N, P>& recipe, const rollout_tree& full, const scored_leaves& leaves,
+template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P, Objective O>
+edge_credit assign_credit(method<T, S, C, F, N, P, O>& recipe, const rollout_tree& full, const scored_leaves& leaves,
                           int iteration, int total_iterations) {
   require(!leaves.kept_trees.empty(), "credit assignment needs at least one kept tree");
   const bool all_kept = static_cast<std::int32_t>(leaves.kept_trees.size()) == full.tree_count();
@@ -286,6 +296,28 @@ struct update_report {
 };
 
 namespace detail {
+
+// The end of one optimizer step: `pads` empty accumulates (a rank with fewer calls than the busiest, for a policy
+// whose accumulate is a collective), the sum of the ranks' gradients, the step. single_process is one rank by its
+// type, and the sum over one rank is the gradient itself: nothing to call, so a policy without
+// all_reduce_gradients trains alone. Any other communicator may have several ranks, so it always sums (a group of
+// one at run time sums one gradient); the dispatch is on the type, never on size(), so the one-rank case runs the
+// same code as any other.
+template <class Model, Communicator Comm>
+void finish_optimizer_step(Model& policy, Comm& communicator, double pads) {
+  if constexpr (PaddedAccumulationPolicy<Model>)
+    for (; pads > 0; --pads) policy.pad_accumulate();
+  else
+    (void)pads;
+  if constexpr (!std::same_as<Comm, single_process>) {
+    static_assert(DataParallelPolicy<Model, Comm>,
+                  "training on more than one process needs a policy with all_reduce_gradients(communicator)");
+    policy.all_reduce_gradients(communicator);
+  } else {
+    (void)communicator;
+  }
+  policy.apply_update();
+}
 
 // The trained edges of one rank: `trained` are nodes of `result`'s forest in the global update order, `advantage`
 // is per node of that forest, `group_ends[g]` is the end in `trained` of optimizer step g's edges, `per_edge` is
@@ -455,18 +487,7 @@ update_report update_edges(B& backend, Model& policy, const rollout_result<B>& r
         }
       begin = end;
     }
-    if constexpr (PaddedAccumulationPolicy<Model>)
-      for (; pads > 0; --pads) policy.pad_accumulate();
-    // The sum of the ranks' gradients. single_process is one rank by its type, and the sum over one rank is the
-    // gradient itself: nothing to call, so a policy without all_reduce_gradients trains alone. Any other
-    // communicator may have several ranks, so it always sums (a group of one at run time sums one gradient); the
-    // dispatch is on the type, never on size(), so the one-rank case runs the same code as any other.
-    if constexpr (!std::same_as<Comm, single_process>) {
-      static_assert(DataParallelPolicy<Model, Comm>,
-                    "training on more than one process needs a policy with all_reduce_gradients(communicator)");
-      policy.all_reduce_gradients(communicator);
-    }
-    policy.apply_update();
+    finish_optimizer_step(policy, communicator, pads);
     group_begin = group_end;
   }
   // The ranks' partial sums, and the largest gap of any rank. On one rank the sum is the rank's own (the counts
@@ -520,6 +541,269 @@ update_report update_policy(B& backend, Model& policy, const rollout_result<B>& 
                               detail::update_group_ends(edge_count, options.updates_per_iteration),
                               1.0 / static_cast<double>(edge_count), stepper, schedule, options, one);
 }
+
+/// One row of a decoupled objective's update: a sample (a leaf of a kept tree, node of the rollout's forest) at
+/// its draw-th noise level, the schedule step whose sigma is that level, and the sample's advantage. An
+/// intermediate row is an internal split node n itself, at its own step: state x_n, target the straight-path
+/// velocity (x_n - mean of the leaves under n) / sigma_n (the objectives' intermediate_nodes option).
+struct matching_row {
+  std::int32_t node = 0;
+  std::uint32_t draw = 0;
+  int step = 0;
+  double advantage = 0;
+  bool intermediate = false;
+};
+
+/// The schedule step whose sigma a sample trains at, draw `draw` of the sample `node` (index inside its tree)
+/// of tree `tree`: a keyed uniform draw over the steps [0, steps), so it depends on neither max_batch nor ranks.
+/// Example: any key with steps 1 -> 0; the same key twice -> the same step.
+/// @pre steps >= 1; draw <= max_noise_step.
+inline int matching_step(std::uint64_t seed, std::uint32_t iteration, std::uint32_t tree, std::uint32_t node,
+                         std::uint32_t draw, int steps) {
+  require(steps >= 1, "matching needs at least one step, got ", steps);
+  const double z = keyed_normal(
+      {.seed = seed, .iteration = iteration, .tree = tree, .node = node, .step = draw,
+       .stream = noise_stream::matching_time},
+      0);
+  const double uniform = 0.5 * std::erfc(-z / std::numbers::sqrt2);
+  return std::min(steps - 1, static_cast<int>(uniform * steps));
+}
+
+/// The rows of a decoupled objective for the samples `nodes` (with `advantages`) of `tree`: times_per_sample
+/// draws of each leaf, one row of each internal node at its own step; ordered by step, then leaves before
+/// internal nodes, then by sample, then by draw (so the grouping into optimizer steps does not depend on
+/// max_batch).
+/// @pre nodes and advantages of equal size; times_per_sample in [1, max_noise_step + 1]; no root among nodes.
+inline std::vector<matching_row> matching_rows(const rollout_tree& tree, std::span<const std::int32_t> nodes,
+                                               std::span<const double> advantages, int times_per_sample,
+                                               std::uint64_t seed, std::uint32_t iteration) {
+  require(nodes.size() == advantages.size(), "matching got ", nodes.size(), " samples and ", advantages.size(),
+          " advantages");
+  std::vector<matching_row> rows;
+  const std::int32_t per_tree = tree.nodes_per_tree();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!tree.is_leaf(nodes[i])) {
+      rows.push_back(
+          {.node = nodes[i], .draw = 0, .step = tree.step(nodes[i]), .advantage = advantages[i], .intermediate = true});
+      continue;
+    }
+    for (int k = 0; k < times_per_sample; ++k) {
+      const auto draw = static_cast<std::uint32_t>(k);
+      const std::int32_t n = nodes[i];
+      rows.push_back({.node = n,
+                      .draw = draw,
+                      .step = matching_step(seed, iteration, tree.info(tree.tree(n)).key,
+                                            static_cast<std::uint32_t>(n % per_tree), draw, tree.steps()),
+                      .advantage = advantages[i]});
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const matching_row& a, const matching_row& b) {
+    return a.step != b.step ? a.step < b.step : a.intermediate < b.intermediate;
+  });
+  return rows;
+}
+
+namespace detail {
+
+// One chunk of matching rows (one step, at most max_batch rows): the noised samples x_t, the targets
+// u = eps - x0, and, when the objective needs the sampling policy, its velocity v_old at x_t.
+template <class Tensor>
+struct matching_chunk {
+  std::size_t begin = 0, end = 0;
+  Tensor x_t = {}, target = {}, old_velocity = {};
+  std::vector<double> old_log_prob = {};  // AWM with several optimizer steps: the sampling policy's lp
+};
+
+// The update of a decoupled objective over this rank's `rows` (nodes of `result`'s forest), in optimizer steps
+// ending at `group_ends`; `per_row` is 1 / (rows of all ranks). Mirrors update_edges: every v_old / lp_old is
+// computed before the first optimizer step (the sampling policy's), the gradient is summed over the ranks before
+// every step.
+template <Backend B, Policy<B> Model, MatchingObjective O, Communicator Comm>
+update_report update_matching(B& backend, Model& policy, const rollout_result<B>& result,
+                              std::span<const matching_row> rows, std::span<const std::size_t> group_ends,
+                              double per_row, const O& objective, const sigma_schedule& schedule,
+                              const latent_shape& shape, const training_options& options, std::uint32_t iteration,
+                              Comm& communicator) {
+  using tensor = typename B::tensor;
+  const rollout_tree& forest = result.tree;
+  const std::int32_t per_tree = forest.nodes_per_tree();
+  const std::int64_t elements = shape.elements();
+  constexpr bool nft = std::same_as<O, diffusion_nft>;
+  const bool precompute_old = nft || group_ends.size() > 1;
+  update_report report;
+  double loss_sum = 0;
+  std::int64_t clipped = 0;
+  const auto weight_of = [&](int step) {
+    if constexpr (nft)
+      return 1.0;
+    else
+      return weight_at(objective.weighting, schedule.sigma(step));
+  };
+  const auto batch_of = [&](const matching_chunk<tensor>& chunk, std::vector<std::uint32_t>& trees,
+                            std::vector<std::int64_t>& prompts) {
+    for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+      trees.push_back(forest.info(forest.tree(rows[i].node)).key);
+      prompts.push_back(forest.info(forest.tree(rows[i].node)).prompt);
+    }
+  };
+  // Chunks: at most max_batch rows of one step, never across an optimizer step's end.
+  std::vector<matching_chunk<tensor>> chunks;
+  std::vector<std::size_t> chunks_end;  // per group: the end of its chunks
+  std::size_t begin = 0;
+  for (const std::size_t group_end : group_ends) {
+    while (begin < group_end) {
+      std::size_t end = begin;
+      while (end < group_end && static_cast<std::int64_t>(end - begin) < options.max_batch &&
+             rows[end].step == rows[begin].step && rows[end].intermediate == rows[begin].intermediate)
+        ++end;
+      chunks.push_back({.begin = begin, .end = end});
+      begin = end;
+    }
+    chunks_end.push_back(chunks.size());
+  }
+  // x_t = (1 - t) x0 + t eps and u = eps - x0 with keyed eps; the sampling policy's velocity where needed.
+  for (matching_chunk<tensor>& chunk : chunks) {
+    const int step = rows[chunk.begin].step;
+    const double t = schedule.sigma(step);
+    const auto count = static_cast<std::int64_t>(chunk.end - chunk.begin);
+    if (rows[chunk.begin].intermediate) {
+      // x_n and (x_n - mean of the leaves under n) / sigma_n, the leaves' mean on the host.
+      std::vector<std::int64_t> index;
+      std::vector<double> leaf_means(static_cast<std::size_t>(count * elements), 0.0);
+      for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+        index.push_back(forest.row_at_step(rows[i].node));
+        const std::span<const std::int32_t> under = forest.leaves_under(rows[i].node);
+        std::vector<std::int64_t> leaf_rows;
+        for (const std::int32_t leaf : under) leaf_rows.push_back(forest.row_at_step(leaf));
+        const std::vector<double> values = backend.to_host(backend.gather_rows(result.latents.back(), leaf_rows));
+        const auto row = (i - chunk.begin) * static_cast<std::size_t>(elements);
+        for (std::size_t j = 0; j < values.size(); ++j)
+          leaf_means[row + j % static_cast<std::size_t>(elements)] += values[j] / static_cast<double>(under.size());
+      }
+      chunk.x_t = backend.gather_rows(result.latents[static_cast<std::size_t>(step)], index);
+      chunk.target = backend.affine(1.0 / t, chunk.x_t, -1.0 / t, backend.from_host(leaf_means, count, shape));
+    } else {
+    std::vector<std::int64_t> index;
+    std::vector<double> noise(static_cast<std::size_t>(count * elements));
+    for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+      const matching_row& row = rows[i];
+      index.push_back(forest.row_at_step(row.node));
+      fill_keyed_normal({.seed = options.seed, .iteration = iteration, .tree = forest.info(forest.tree(row.node)).key,
+                         .node = static_cast<std::uint32_t>(row.node % per_tree), .step = row.draw,
+                         .stream = noise_stream::matching_noise},
+                        std::span<double>(noise).subspan((i - chunk.begin) * static_cast<std::size_t>(elements),
+                                                         static_cast<std::size_t>(elements)));
+    }
+    const tensor x0 = backend.gather_rows(result.latents.back(), index);
+    const tensor eps = backend.from_host(noise, count, shape);
+    chunk.x_t = backend.affine(1.0 - t, x0, t, eps);
+    chunk.target = backend.affine(-1.0, x0, 1.0, eps);
+    }
+    if (!precompute_old) continue;
+    std::vector<std::uint32_t> trees;
+    std::vector<std::int64_t> prompts;
+    batch_of(chunk, trees, prompts);
+    chunk.old_velocity =
+        policy(chunk.x_t, denoise_batch{.step = step, .sigma = t, .trees = trees, .prompts = prompts});
+    report.evaluations += count;
+    if constexpr (!nft) {
+      const std::vector<double> stds(static_cast<std::size_t>(count), matching_std(weight_of(step)));
+      chunk.old_log_prob = backend.row_log_prob(chunk.target, chunk.old_velocity, stds);
+      for (double& lp : chunk.old_log_prob) lp = matching_log_prob(lp, weight_of(step));
+    }
+  }
+  std::size_t chunk_begin = 0;
+  for (std::size_t group = 0; group < group_ends.size(); ++group) {
+    const bool first_group = group == 0;
+    double pads = 0;
+    if constexpr (PaddedAccumulationPolicy<Model>) {
+      const auto calls = static_cast<double>(chunks_end[group] - chunk_begin);
+      const std::vector<double> all = all_gather_values(communicator, std::span<const double>(&calls, 1));
+      pads = *std::max_element(all.begin(), all.end()) - calls;
+    }
+    for (std::size_t c = chunk_begin; c < chunks_end[group]; ++c) {
+      const matching_chunk<tensor>& chunk = chunks[c];
+      const int step = rows[chunk.begin].step;
+      const std::size_t count = chunk.end - chunk.begin;
+      edge_batch<tensor> edges;
+      edges.step = step;
+      edges.sigma = schedule.sigma(step);
+      batch_of(chunk, edges.trees, edges.prompts);
+      const double weight = weight_of(step);
+      edges.coeffs = {.x_coeff = 0.0, .velocity_coeff = 1.0, .noise_std = matching_std(weight)};
+      if constexpr (nft) {
+        // Two rows per sample: the positive target u+ first, then the negative u- (nft_targets).
+        const nft_targets to = nft_targets::of(objective.beta);
+        const std::array<tensor, 2> x_twice = {chunk.x_t, chunk.x_t};
+        const std::array<tensor, 2> targets = {backend.affine(to.plus_u, chunk.target, to.plus_old, chunk.old_velocity),
+                                               backend.affine(to.minus_u, chunk.target, to.minus_old,
+                                                              chunk.old_velocity)};
+        edges.x = backend.concat_rows(x_twice);
+        edges.next = backend.concat_rows(targets);
+        edges.trees.insert(edges.trees.end(), edges.trees.begin(), edges.trees.end());
+        edges.prompts.insert(edges.prompts.end(), edges.prompts.begin(), edges.prompts.end());
+        edges.std.assign(2 * count, matching_std(weight));
+        policy.accumulate(edges, loss_gradient_fn([&](std::span<const double> log_probs) {
+                            require(log_probs.size() == 2 * count, "policy returned ", log_probs.size(),
+                                    " log-probs for ", 2 * count, " matching rows");
+                            std::vector<double> weights(2 * count);
+                            const double scale = objective.advantage_max * objective.beta;
+                            for (std::size_t i = 0; i < count; ++i) {
+                              const double r = nft_optimality(rows[chunk.begin + i].advantage, objective.advantage_max);
+                              const double plus = matching_log_prob(log_probs[i], weight);
+                              const double minus = matching_log_prob(log_probs[count + i], weight);
+                              require(std::isfinite(plus) && std::isfinite(minus), "policy matching log-prob at step ",
+                                      step, " is not finite");
+                              loss_sum += scale * (r * -plus + (1.0 - r) * -minus);
+                              weights[i] = -scale * r * per_row;
+                              weights[count + i] = -scale * (1.0 - r) * per_row;
+                            }
+                            return weights;
+                          }));
+        report.evaluations += static_cast<std::int64_t>(2 * count);
+      } else {
+        edges.x = chunk.x_t;
+        edges.next = chunk.target;
+        edges.std.assign(count, matching_std(weight));
+        policy.accumulate(edges, loss_gradient_fn([&](std::span<const double> log_probs) {
+                            require(log_probs.size() == count, "policy returned ", log_probs.size(), " log-probs for ",
+                                    count, " matching rows");
+                            std::vector<double> weights(count);
+                            for (std::size_t i = 0; i < count; ++i) {
+                              const double lp = matching_log_prob(log_probs[i], weight);
+                              require(std::isfinite(lp), "policy matching log-prob at step ", step, " is ", lp);
+                              // One optimizer step: the parameters are the sampling policy's, lp is lp_old.
+                              const double old = precompute_old ? chunk.old_log_prob[i] : lp;
+                              if (first_group && precompute_old)
+                                report.first_update_log_prob_gap =
+                                    std::max(report.first_update_log_prob_gap, std::abs(lp - old));
+                              const double advantage =
+                                  clip_advantage(rows[chunk.begin + i].advantage, objective.advantage_max);
+                              if (std::abs(importance_ratio(lp, old) - 1.0) > objective.clip_range) ++clipped;
+                              loss_sum += ppo_clipped_loss(lp, old, advantage, objective.clip_range);
+                              weights[i] =
+                                  per_row * ppo_clipped_loss_gradient(lp, old, advantage, objective.clip_range);
+                            }
+                            return weights;
+                          }));
+        report.evaluations += static_cast<std::int64_t>(count);
+      }
+    }
+    finish_optimizer_step(policy, communicator, pads);
+    chunk_begin = chunks_end[group];
+  }
+  std::array<double, 3> sums = {loss_sum, static_cast<double>(clipped), static_cast<double>(report.evaluations)};
+  communicator.all_reduce_sum(sums);
+  const std::vector<double> gaps =
+      all_gather_values(communicator, std::span<const double>(&report.first_update_log_prob_gap, 1));
+  report.first_update_log_prob_gap = *std::max_element(gaps.begin(), gaps.end());
+  report.loss = sums[0] * per_row;
+  report.clip_fraction = sums[1] * per_row;
+  report.evaluations = static_cast<std::int64_t>(sums[2]);
+  return report;
+}
+
+}  // namespace detail
 
 namespace detail {
 
@@ -590,8 +874,8 @@ gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::ve
 /// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
 ///       dropped or no edge was kept).
 template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
-          Pruner P, Communicator Comm>
-iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
+          Pruner P, Objective O, Communicator Comm>
+iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
                                 const sigma_schedule& schedule, const latent_shape& shape,
                                 std::span<const std::int64_t> prompts, int iteration, const training_options& options,
                                 Comm& communicator) {
@@ -606,6 +890,17 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   if constexpr (!ReferencePolicy<Model, B>)
     require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta,
             " needs a policy with a reference model (reference_velocity); this policy has none");
+  if constexpr (MatchingObjective<O>) {
+    validate_parameters(recipe.objective, "objective");
+    require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta, " with objective ", O::name,
+            ": the KL term is defined on transition log-probs (ppo objective only)");
+    // RatioNorm and the per-step weights act on the ratio of an SDE transition, which a decoupled objective has not.
+    require(!options.loss.ratio_norm, "ratio_norm = on with objective ", O::name,
+            ": RatioNorm normalizes a transition's importance ratio, and this objective has none (ppo objective only)");
+    require(options.loss.step_weight == step_weighting::none, "step_weight = ",
+            step_weighting_name(options.loss.step_weight), " with objective ", O::name,
+            ": per-step weights weigh denoising transitions, and this objective trains none (ppo objective only)");
+  }
   const auto start = detail::training_clock::now();
   iteration_stats stats{.iteration = iteration};
 
@@ -653,7 +948,51 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   const auto update_start = detail::training_clock::now();
   const edge_credit credit = assign_credit(recipe, forest, leaves, iteration, options.total_iterations);
   stats.edges_trained = static_cast<std::int64_t>(credit.trained.size());
-  if (!credit.trained.empty()) {
+  if constexpr (MatchingObjective<O>) {
+    // The samples are the kept trees' leaves with their advantages, in the whole forest's order; this rank
+    // trains the rows of its own trees.
+    const std::int32_t per_tree = forest.nodes_per_tree();
+    std::vector<std::int32_t> samples;
+    std::vector<double> sample_advantages;
+    const auto add_sample = [&](std::int32_t n) {
+      samples.push_back(leaves.kept_trees[static_cast<std::size_t>(n / per_tree)] * per_tree + n % per_tree);
+      sample_advantages.push_back(credit.advantages[static_cast<std::size_t>(n)]);
+    };
+    for (const std::int32_t n : credit.kept.leaves()) add_sample(n);
+    // Optionally the internal split nodes (not the roots: no edge, no advantage), in node order.
+    if (recipe.objective.intermediate_nodes)
+      for (std::int32_t n = 0; n < credit.kept.node_count(); ++n)
+        if (!credit.kept.is_root(n) && credit.kept.children(n).size() > 1) add_sample(n);
+    const auto iteration_key = static_cast<std::uint32_t>(iteration);
+    const std::vector<matching_row> all_rows = matching_rows(forest, samples, sample_advantages,
+                                                             recipe.objective.times_per_sample, options.seed,
+                                                             iteration_key);
+    stats.edges_trained = static_cast<std::int64_t>(all_rows.size());
+    const std::vector<std::size_t> global_ends =
+        detail::update_group_ends(static_cast<std::int64_t>(all_rows.size()), options.updates_per_iteration);
+    const auto offset = static_cast<std::int32_t>(share.first) * per_tree;
+    const auto owned_end = static_cast<std::int32_t>(share.last) * per_tree;
+    std::vector<matching_row> mine_rows;
+    std::vector<std::size_t> group_ends;
+    std::size_t next_end = 0;
+    for (std::size_t i = 0; i < all_rows.size(); ++i) {
+      if (all_rows[i].node >= offset && all_rows[i].node < owned_end) {
+        mine_rows.push_back(all_rows[i]);
+        mine_rows.back().node -= offset;
+      }
+      while (next_end < global_ends.size() && global_ends[next_end] == i + 1) {
+        group_ends.push_back(mine_rows.size());
+        ++next_end;
+      }
+    }
+    const update_report update = detail::update_matching(
+        backend, policy, result, mine_rows, group_ends, 1.0 / static_cast<double>(all_rows.size()), recipe.objective,
+        schedule, shape, options, iteration_key, communicator);
+    stats.update_evaluations = update.evaluations;
+    stats.loss = update.loss;
+    stats.clip_fraction = update.clip_fraction;
+    stats.first_update_log_prob_gap = update.first_update_log_prob_gap;
+  } else if (!credit.trained.empty()) {
     const auto edge_count = static_cast<std::int64_t>(credit.trained.size());
     const std::vector<std::size_t> global_ends = detail::update_group_ends(edge_count, options.updates_per_iteration);
     // This rank's trees' trained edges, renumbered in its own forest (trees are contiguous: an offset), with the
@@ -690,8 +1029,8 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
 
 /// train_iteration on this process alone.
 template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
-          Pruner P>
-iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P>& recipe,
+          Pruner P, Objective O>
+iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
                                 const sigma_schedule& schedule, const latent_shape& shape,
                                 std::span<const std::int64_t> prompts, int iteration, const training_options& options) {
   single_process one;

@@ -13,6 +13,7 @@
 #include "branchgrpo/core/policy_list.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
+#include "branchgrpo/loss/objective.hpp"
 #include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/topology/catalog.hpp"
@@ -35,7 +36,10 @@ std::vector<family_description> families() {
           {correlator_policies::family, "[correlator] kind", describe_policies<correlator_policies>()},
           {fusion_policies::family, "[fusion] kind", describe_policies<fusion_policies>()},
           {advantage_policies::family, "[advantage] kind", describe_policies<advantage_policies>()},
-          {pruner_policies::family, "[[pruning.pruners]] kind", describe_policies<pruner_policies>()}};
+          {pruner_policies::family, "[[pruning.pruners]] kind", describe_policies<pruner_policies>()},
+          // No config key yet: the named methods nft, awm, branch-nft and branch-awm select an objective.
+          {objective_policies::family, "compare --methods nft, awm, branch-nft, branch-awm",
+           describe_policies<objective_policies>()}};
 }
 
 // One markdown table per family; the first policy listed is the default.

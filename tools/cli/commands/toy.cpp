@@ -417,7 +417,8 @@ void add_toy_command(CLI::App& app) {
   CLI::App* toy = app.add_subcommand("toy", "Train the 2-D toy with one method, or compare every method");
 
   auto* method =
-      toy->add_option("--method", options->method, "dance, branch, branch-widpru, branch-deppru or branch-mix")
+      toy->add_option("--method", options->method,
+                      "dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, branch-nft or branch-awm")
           ->type_name("NAME")
           ->capture_default_str();
   toy->add_flag("--compare", options->compare, "Train every method from the same base model and print a table")

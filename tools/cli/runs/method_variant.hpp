@@ -12,6 +12,7 @@
 //   branch:lr=0.05                another learning rate (the toy's Adam, the shapes model's AdamW)
 //   branch:ratio_norm=on          GRPO-Guard's RatioNorm of the importance ratio (ppo_options::ratio_norm)
 //   branch:step_weight=noise_std  a per-step loss weight (ppo_options::step_weight: inverse_dt, noise_std, equal_steps)
+//   branch-nft:intermediate=1     a decoupled objective also trained on the tree's internal split nodes
 //
 // The recipe overrides (scope, s, fusion) act on with_method's typed recipe; updates, lr and the loss options act
 // on the run's options and are read by the caller (loss_options()). Torch-free: the toy's compare uses it without
@@ -47,6 +48,7 @@ struct method_variant {
   std::optional<double> lr = {};
   std::optional<bool> ratio_norm = {};
   std::optional<step_weighting> step_weight = {};
+  std::optional<bool> intermediate = {};  ///< a decoupled objective's intermediate_nodes
 
   /// Whether it is the named method unchanged.
   [[nodiscard]] bool plain() const { return label == method; }
@@ -63,25 +65,27 @@ struct method_variant {
 /// Parses one `--methods` entry.
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
-/// @pre the name is one of method_names; each part is key=value with a known key (scope, s, fusion, updates, lr,
-///      ratio_norm, step_weight) and a value in its domain (scope per_tree | per_batch | pooled | leaf_scaled, s in
-///      [0, 1000], fusion a fusion policy's name, updates an integer in [1, 1000], lr in (0, 1], ratio_norm on |
-///      off, step_weight none | inverse_dt | noise_std | equal_steps); no key twice (else invalid_input naming the part).
+/// @pre the name is one of method_names or decoupled_method_names; each part is key=value with a known key (scope, s,
+///      fusion, updates, lr, ratio_norm, step_weight, intermediate) and a value in its domain (scope per_tree |
+///      per_batch | pooled | leaf_scaled, s in [0, 1000], fusion a fusion policy's name, updates an integer in
+///      [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std | equal_steps,
+///      intermediate 0 or 1); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
   out.method = std::string(entry.substr(0, colon));
   bool known = false;
   for (const std::string_view name : method_names) known = known || name == out.method;
-  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ", name_list(method_names),
-          ", optionally followed by :key=value overrides)");
+  for (const std::string_view name : decoupled_method_names) known = known || name == out.method;
+  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ", name_list(method_names, ", "),
+          ", ", name_list(decoupled_method_names), ", optionally followed by :key=value overrides)");
   while (colon != std::string_view::npos) {
     const std::size_t next = entry.find(':', colon + 1);
     const std::string_view part = entry.substr(colon + 1, next == std::string_view::npos ? next : next - colon - 1);
     colon = next;
     const std::size_t equals = part.find('=');
     require(equals != std::string_view::npos && equals > 0, "--methods: '", part, "' in '", entry,
-            "' is not key=value (keys: scope, s, fusion, updates, lr, ratio_norm, step_weight)");
+            "' is not key=value (keys: scope, s, fusion, updates, lr, ratio_norm, step_weight, intermediate)");
     const std::string_view key = part.substr(0, equals);
     const std::string value(part.substr(equals + 1));
     const std::string what = "--methods " + std::string(entry) + ": " + std::string(key);
@@ -118,9 +122,12 @@ inline method_variant parse_method_variant(std::string_view entry) {
       require(known_name != std::end(step_weighting_names), what, " = ", value,
               ": must be none, inverse_dt, noise_std or equal_steps");
       out.step_weight = parse_step_weighting(value);
+    } else if (key == "intermediate") {
+      once(!out.intermediate);
+      out.intermediate = parse_integer<int>(value, what, 0, 1) == 1;
     } else {
       fail("--methods: unknown key '", key, "' in '", entry,
-           "' (expected scope, s, fusion, updates, lr, ratio_norm or step_weight)");
+           "' (expected scope, s, fusion, updates, lr, ratio_norm, step_weight or intermediate)");
     }
   }
   return out;
@@ -147,10 +154,17 @@ decltype(auto) with_variant(const method_variant& variant, Body&& body) {
         fail("--methods ", variant.label, ": s needs correlated sibling noise, and ", variant.method,
              " has independent chains");
     }
+    if (variant.intermediate) {
+      if constexpr (MatchingObjective<decltype(recipe.objective)>)
+        recipe.objective.intermediate_nodes = *variant.intermediate;
+      else
+        fail("--methods ", variant.label, ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
+    }
     if (!variant.fusion) return body(std::move(recipe));
     any_fusion fusion;
     fusion.policy = make_policy<fusion_policies>(*variant.fusion);
-    return body(method{recipe.topology, recipe.stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner});
+    return body(method{recipe.topology, recipe.stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner,
+                       recipe.objective});
   });
 }
 
