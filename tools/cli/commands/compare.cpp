@@ -249,6 +249,7 @@ run_config shapes_config(const method_variant& variant, const demo_runs::demo_op
     config.recipe.fusion.policy = make_policy<fusion_policies>(*variant.fusion);
     config.recipe.normalizer.use_fusion(config.recipe.fusion);
   }
+  if (variant.stepper) config.recipe.stepper.policy = make_policy<stepper_policies>(*variant.stepper);
   if (variant.updates) config.run.updates_per_iteration = *variant.updates;
   if (variant.lr) config.optimizer.lr = *variant.lr;
   config.loss = variant.loss_options(config.loss);
@@ -700,6 +701,10 @@ void validate(compare_options& options) {
     fail(
         "branchgrpo compare --model shapes needs the LibTorch adapter (not built): install LibTorch, toml++ and "
         "TurboJPEG (scripts/setup.sh) and rebuild");
+#else
+  // The shapes runs train from a run config, which holds no objective: a decoupled method is refused before any run.
+  if (options.model == "shapes")
+    for (const method_variant& variant : compared_methods(options)) (void)method_recipe(variant.method);
 #endif
   const bool toy = options.model == "toy";
   require(toy || options.iters <= shapes_max_iters, "--iters = ", options.iters, ": must be at most ", shapes_max_iters,

@@ -8,6 +8,7 @@
 //   branch:scope=leaf_scaled      each tree's own mean, divided by the std of the tree's leaves
 //   branch:s=1                    correlated siblings with s = 1 (correlation 1 / (1 + s^2) = 0.5)
 //   branch:fusion=path_softmax    another fusion weighting (fusion/catalog.hpp)
+//   branch:stepper=cps            another stepper, with its default parameters (schedule/stepper_catalog.hpp)
 //   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
 //   branch:lr=0.05                another learning rate (the toy's Adam, the shapes model's AdamW)
 //   branch:ratio_norm=on          GRPO-Guard's RatioNorm of the importance ratio (ppo_options::ratio_norm)
@@ -33,6 +34,7 @@
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
 #include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/training/methods.hpp"
 
 namespace branchgrpo::cli {
@@ -44,6 +46,7 @@ struct method_variant {
   std::optional<normalization_scope> scope = {};
   std::optional<double> correlation_s = {};
   std::optional<std::string> fusion = {};
+  std::optional<std::string> stepper = {};  ///< a stepper policy's name (its default parameters)
   std::optional<int> updates = {};
   std::optional<double> lr = {};
   std::optional<bool> ratio_norm = {};
@@ -66,8 +69,8 @@ struct method_variant {
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
 /// @pre the name is one of method_names or decoupled_method_names; each part is key=value with a known key (scope, s,
-///      fusion, updates, lr, ratio_norm, step_weight, intermediate) and a value in its domain (scope per_tree |
-///      per_batch | pooled | leaf_scaled, s in [0, 1000], fusion a fusion policy's name, updates an integer in
+///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate) and a value in its domain (scope
+///      per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name, updates an integer in
 ///      [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std | equal_steps,
 ///      intermediate 0 or 1); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
@@ -85,7 +88,7 @@ inline method_variant parse_method_variant(std::string_view entry) {
     colon = next;
     const std::size_t equals = part.find('=');
     require(equals != std::string_view::npos && equals > 0, "--methods: '", part, "' in '", entry,
-            "' is not key=value (keys: scope, s, fusion, updates, lr, ratio_norm, step_weight, intermediate)");
+            "' is not key=value (keys: scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate)");
     const std::string_view key = part.substr(0, equals);
     const std::string value(part.substr(equals + 1));
     const std::string what = "--methods " + std::string(entry) + ": " + std::string(key);
@@ -106,6 +109,10 @@ inline method_variant parse_method_variant(std::string_view entry) {
       once(!out.fusion);
       (void)make_policy<fusion_policies>(value);  // refuses an unknown name, listing the known ones
       out.fusion = value;
+    } else if (key == "stepper") {
+      once(!out.stepper);
+      (void)make_policy<stepper_policies>(value);  // refuses an unknown name, listing the known ones
+      out.stepper = value;
     } else if (key == "updates") {
       once(!out.updates);
       out.updates = parse_integer<int>(value, what, 1, 1000);
@@ -127,14 +134,14 @@ inline method_variant parse_method_variant(std::string_view entry) {
       out.intermediate = parse_integer<int>(value, what, 0, 1) == 1;
     } else {
       fail("--methods: unknown key '", key, "' in '", entry,
-           "' (expected scope, s, fusion, updates, lr, ratio_norm, step_weight or intermediate)");
+           "' (expected scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight or intermediate)");
     }
   }
   return out;
 }
 
-/// Calls `body(recipe)` with the variant's recipe: with_method's, with scope and s set, and with an any_fusion in
-/// the fusion slot when the variant names a fusion. Returns what body returns.
+/// Calls `body(recipe)` with the variant's recipe: with_method's, with scope, s and intermediate set, and with an
+/// any_fusion and an any_stepper in those slots when the variant names a fusion or a stepper. Returns what body returns.
 /// Example: with_variant(parse_method_variant("branch:s=1"), [](auto r) { return r.correlator.s; }) == 1.
 /// @pre the overrides fit the recipe: scope needs a depth_wise normalizer, s a correlated correlator (else
 ///      invalid_input naming the variant).
@@ -160,10 +167,20 @@ decltype(auto) with_variant(const method_variant& variant, Body&& body) {
       else
         fail("--methods ", variant.label, ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
     }
-    if (!variant.fusion) return body(std::move(recipe));
+    if (!variant.fusion && !variant.stepper) return body(std::move(recipe));
+    // A named policy in place of the recipe's: both slots become their family's any_ type, the other keeping its
+    // policy.
     any_fusion fusion;
-    fusion.policy = make_policy<fusion_policies>(*variant.fusion);
-    return body(method{recipe.topology, recipe.stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner,
+    if (variant.fusion)
+      fusion.policy = make_policy<fusion_policies>(*variant.fusion);
+    else
+      fusion.policy = recipe.fusion;
+    any_stepper stepper;
+    if (variant.stepper)
+      stepper.policy = make_policy<stepper_policies>(*variant.stepper);
+    else
+      stepper.policy = recipe.stepper;
+    return body(method{recipe.topology, stepper, recipe.correlator, fusion, recipe.normalizer, recipe.pruner,
                        recipe.objective});
   });
 }

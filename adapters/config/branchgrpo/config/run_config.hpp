@@ -101,9 +101,13 @@ inline bool same_recipe(const run_recipe& a, const run_recipe& b) {
 
 /// with_method's recipe `name` as a run_recipe (same components, same parameters).
 /// Example: method_recipe("dance").topology(20).evaluations() == 305.
-/// @pre name is one of method_names (else invalid_input naming it).
+/// @pre name is one of method_names (else invalid_input naming it); a decoupled method (nft, awm, branch-nft,
+///      branch-awm) is refused in one line: a run config has no objective yet, and dropping it would train PPO.
 inline run_recipe method_recipe(std::string_view name) {
-  return with_method(name, [](auto recipe) {
+  return with_method(name, [&](auto recipe) {
+    if constexpr (MatchingObjective<decltype(recipe.objective)>)
+      fail("method ", name, " trains the objective ", decltype(recipe.objective)::name,
+           ", which a run config cannot hold yet: decoupled objectives run from C++ and on the toy (docs/loss.md)");
     run_recipe out;
     out.topology.policy = recipe.topology;
     out.stepper.policy = recipe.stepper;
