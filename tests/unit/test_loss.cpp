@@ -158,7 +158,8 @@ TEST_CASE("ppo_options: ratio_norm and step_weight are off by default and valida
   CHECK(step_weighting_name(step_weighting::inverse_dt) == "inverse_dt");
   CHECK(parse_step_weighting("noise_std") == step_weighting::noise_std);
   CHECK(parse_step_weighting("none") == step_weighting::none);
-  CHECK_THROWS_WITH(parse_step_weighting("dt"), "ppo step_weight \"dt\" is not none, inverse_dt, noise_std or equal_steps");
+  CHECK_THROWS_WITH(parse_step_weighting("dt"),
+                    "ppo step_weight \"dt\" is not none, inverse_dt, noise_std or equal_steps");
 }
 
 TEST_CASE("RatioNorm: doc examples") {
@@ -222,8 +223,8 @@ TEST_CASE("equal_step_weights: every trained step weighs as much in total (the d
   CHECK(weights[0] == Approx(16.0 / 3 / 2));  // 2.666667
   CHECK(weights[1] == Approx(16.0 / 3 / 4));  // 1.333333
   CHECK(weights[2] == 0.0);
-  CHECK(weights[3] == Approx(16.0 / 3 / 10));  // 0.533333
-  CHECK(weights[0] * 2 + weights[1] * 4 + weights[3] * 10 == Approx(16));  // @post: the weights sum to E
+  CHECK(weights[3] == Approx(16.0 / 3 / 10));                                           // 0.533333
+  CHECK(weights[0] * 2 + weights[1] * 4 + weights[3] * 10 == Approx(16));               // @post: the weights sum to E
   CHECK(equal_step_weights(std::vector<double>{16, 16}) == std::vector<double>{1, 1});  // DanceGRPO's chains
   CHECK_THROWS_WITH(equal_step_weights(std::vector<double>{0, 0}), "equal_steps weights: no step has a trained edge");
   CHECK(parse_step_weighting("equal_steps") == step_weighting::equal_steps);

@@ -146,7 +146,8 @@ TEST_CASE("matching steps are keyed draws over the schedule", "[objective]") {
   CHECK(matching_step(3, 1, 2, 5, 0, 1) == 0);
   CHECK(matching_step(3, 1, 2, 5, 0, 20) == matching_step(3, 1, 2, 5, 0, 20));
   std::vector<int> counts(20, 0);
-  for (std::uint32_t node = 0; node < 2000; ++node) ++counts[static_cast<std::size_t>(matching_step(3, 1, 2, node, 0, 20))];
+  for (std::uint32_t node = 0; node < 2000; ++node)
+    ++counts[static_cast<std::size_t>(matching_step(3, 1, 2, node, 0, 20))];
   for (int c : counts) CHECK(c > 50);  // about 100 each
 }
 
@@ -187,7 +188,8 @@ TEST_CASE("decoupled objectives refuse bad options, one line naming the value", 
   CHECK_THROWS_WITH(run(diffusion_nft{.beta = 0}), "objective.beta = 0.0: must be in [1e-6, 1000000]");
   CHECK_THROWS_WITH(run(diffusion_nft{.times_per_sample = 0}), "objective.times_per_sample = 0: must be in [1, 256]");
   CHECK_THROWS_WITH(run(diffusion_nft{.advantage_max = -1}), "objective.advantage_max = -1.0: must be positive");
-  CHECK_THROWS_WITH(run(advantage_weighted_matching{.clip_range = 1.5}), "objective.clip_range = 1.5: must be in (0, 1)");
+  CHECK_THROWS_WITH(run(advantage_weighted_matching{.clip_range = 1.5}),
+                    "objective.clip_range = 1.5: must be in (0, 1)");
   CHECK_THROWS_WITH(run(advantage_weighted_matching{.times_per_sample = 300}),
                     "objective.times_per_sample = 300: must be in [1, 256]");
   auto policy = make_toy_policy(7);
@@ -257,11 +259,10 @@ TEST_CASE("on-policy, NFT (any beta) and AWM with uniform weighting take the sam
 TEST_CASE("intermediate nodes add the trees' internal split nodes, one row each", "[objective]") {
   // Dense tree {0, 3, 6, 9} x 2: 2 + 4 + 8 = 14 split nodes below the root, 16 leaves; 4 trees.
   for (const bool nft : {true, false}) {
-    const auto stats = nft ? train_toy(with_objective(branch_method(), diffusion_nft{.intermediate_nodes = true}), 1,
-                                       64, 1)
-                           : train_toy(with_objective(branch_method(),
-                                                      advantage_weighted_matching{.intermediate_nodes = true}),
-                                       1, 64, 1);
+    const auto stats =
+        nft ? train_toy(with_objective(branch_method(), diffusion_nft{.intermediate_nodes = true}), 1, 64, 1)
+            : train_toy(with_objective(branch_method(), advantage_weighted_matching{.intermediate_nodes = true}), 1, 64,
+                        1);
     CHECK(stats[0].edges_trained == 4 * (16 + 14));
     CHECK(std::isfinite(stats[0].loss));
   }

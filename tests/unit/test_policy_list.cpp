@@ -114,7 +114,8 @@ TEST_CASE("describe_policies gives each parameter's default, rule and meaning") 
   CHECK(pruners[1].parameters[0].constraint == ">= 1");
   const std::vector<bg::policy_description> topologies = bg::describe_policies<bg::topology_policies>();
   CHECK(topologies[0].parameters[0].default_value == "[0, 3, 6, 9]");  // split_schedule::dense()
-  CHECK(bg::describe_policies<bg::advantage_policies>()[0].parameters[0].constraint == "per_tree, per_batch, pooled or leaf_scaled");
+  CHECK(bg::describe_policies<bg::advantage_policies>()[0].parameters[0].constraint ==
+        "per_tree, per_batch, pooled or leaf_scaled");
 }
 
 TEST_CASE("all_in intersects a run-time list of pruners; any_pruner gates it by the run's fraction") {

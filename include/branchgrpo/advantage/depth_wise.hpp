@@ -32,10 +32,14 @@ constexpr const auto& enum_choices(normalization_scope) { return normalization_s
 
 inline const char* to_string(normalization_scope scope) {
   switch (scope) {
-    case normalization_scope::per_tree: return "per_tree";
-    case normalization_scope::per_batch: return "per_batch";
-    case normalization_scope::pooled: return "pooled";
-    case normalization_scope::leaf_scaled: return "leaf_scaled";
+    case normalization_scope::per_tree:
+      return "per_tree";
+    case normalization_scope::per_batch:
+      return "per_batch";
+    case normalization_scope::pooled:
+      return "pooled";
+    case normalization_scope::leaf_scaled:
+      return "leaf_scaled";
   }
   return "?";
 }
@@ -233,7 +237,7 @@ struct depth_wise {
       const node_range leaves = tree.nodes_at_depth(0, tree.steps());
       for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
         detail::check_node_rewards(rewards.fused, leaves, t * stride);
-        if (leaves.size() < 2) continue;  // one leaf: no spread, advantages 0
+        if (leaves.size() < 2) continue;                                            // one leaf: no spread, advantages 0
         const double sigma = detail::pooled_std(fused + t * stride, leaves, 0, 1);  // tree t's leaves alone
         require(std::isfinite(sigma), "depth_wise: the leaf rewards of tree ", t, " overflow when squared");
         tree_sigma[static_cast<std::size_t>(t)] = sigma;
@@ -251,7 +255,8 @@ struct depth_wise {
         continue;
       }
       if (scope == normalization_scope::pooled || scope == normalization_scope::leaf_scaled) {
-        for (std::int32_t t = 0; t < tree.tree_count(); ++t) detail::check_node_rewards(rewards.fused, level, t * stride);
+        for (std::int32_t t = 0; t < tree.tree_count(); ++t)
+          detail::check_node_rewards(rewards.fused, level, t * stride);
         if (scope == normalization_scope::pooled) {
           const double sigma = detail::pooled_std(fused, level, stride, tree.tree_count());
           require(std::isfinite(sigma), "depth_wise: the fused rewards at depth ", d, " overflow when squared");
@@ -275,7 +280,9 @@ struct depth_wise {
   static constexpr std::string_view name = "depth_wise", summary = "z-score per depth (paper Eq. 4); the default";
   static constexpr auto parameters() {
     return std::tuple{parameter("scope", &depth_wise::scope,
-                                "per_tree (paper), per_batch (all trees at once); own tree's mean with a std pooled over the trees (pooled) or of the tree's leaves (leaf_scaled)", rules::any{}),
+                                "per_tree (paper), per_batch (all trees at once); own tree's mean with a std pooled "
+                                "over the trees (pooled) or of the tree's leaves (leaf_scaled)",
+                                rules::any{}),
                       parameter("epsilon", &depth_wise::epsilon, "added to the std before dividing",
                                 rules::in_range{.low = 0, .high = 1}),
                       parameter("min_std", &depth_wise::min_std, "a depth whose std is below this gets advantage 0",

@@ -46,9 +46,12 @@ constexpr const auto& enum_choices(time_weighting) { return time_weighting_names
 /// w(t) of a weighting. Example: weight_at(time_weighting::t_squared, 0.5) == 0.25; uniform -> 1.
 inline double weight_at(time_weighting weighting, double t) {
   switch (weighting) {
-    case time_weighting::t: return t;
-    case time_weighting::t_squared: return t * t;
-    case time_weighting::uniform: break;
+    case time_weighting::t:
+      return t;
+    case time_weighting::t_squared:
+      return t * t;
+    case time_weighting::uniform:
+      break;
   }
   return 1.0;
 }
@@ -89,13 +92,13 @@ struct diffusion_nft {
   friend bool operator==(const diffusion_nft&, const diffusion_nft&) = default;
   static constexpr std::string_view name = "nft", summary = "DiffusionNFT: implicit positive / negative velocities";
   static constexpr auto parameters() {
-    return std::tuple{parameter("beta", &diffusion_nft::beta, "guidance strength beta", rules::in_range{.low = 1e-6, .high = 1e6}),
-                      parameter("times_per_sample", &diffusion_nft::times_per_sample,
-                                "noise levels per sample per iteration", rules::in_range{.low = 1, .high = 256}),
-                      parameter("advantage_max", &diffusion_nft::advantage_max, "advantages clipped to [-max, max]",
-                                rules::positive{}),
-                      parameter("intermediate_nodes", &diffusion_nft::intermediate_nodes,
-                                "also train internal split nodes (new)")};
+    return std::tuple{
+        parameter("beta", &diffusion_nft::beta, "guidance strength beta", rules::in_range{.low = 1e-6, .high = 1e6}),
+        parameter("times_per_sample", &diffusion_nft::times_per_sample, "noise levels per sample per iteration",
+                  rules::in_range{.low = 1, .high = 256}),
+        parameter("advantage_max", &diffusion_nft::advantage_max, "advantages clipped to [-max, max]",
+                  rules::positive{}),
+        parameter("intermediate_nodes", &diffusion_nft::intermediate_nodes, "also train internal split nodes (new)")};
   }
 };
 
@@ -103,8 +106,7 @@ using objective_policies = policy_list<"objective", ppo_ratio, advantage_weighte
 
 /// An objective that trains by flow matching on the final samples rather than on transition log-probs.
 template <class O>
-concept MatchingObjective =
-    std::same_as<O, advantage_weighted_matching> || std::same_as<O, diffusion_nft>;
+concept MatchingObjective = std::same_as<O, advantage_weighted_matching> || std::same_as<O, diffusion_nft>;
 
 /// The std of a matching row whose Gaussian log-prob is -w mean (target - v)^2 + const: 1 / sqrt(2 w).
 /// Example: matching_std(0.5) == 1; matching_std(2) == 0.5.

@@ -5,7 +5,8 @@
 //   noise_std    w_t = std_t / mean_s std_s (mean 1 over the  TempFlow-GRPO's noise-aware weighting (arXiv 2508.04324)
 //                schedule's steps), std_t the step's noise std
 //   equal_steps  w_t = (E / S) / E_t: E trained edges over S   new here: every trained step weighs as much as in
-//                steps, E_t of them at step t                  DanceGRPO's chains, however many nodes the tree has there
+//                steps, E_t of them at step t                  DanceGRPO's chains, however many nodes the tree has
+//                there
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -27,7 +28,8 @@ inline constexpr std::string_view step_weighting_names[] = {"none", "inverse_dt"
 /// @pre mode is one of the enumerators (else invalid_input naming its number).
 inline std::string_view step_weighting_name(step_weighting mode) {
   const auto index = static_cast<std::size_t>(mode);
-  require(index < std::size(step_weighting_names), "ppo step_weight ", index, " is not none, inverse_dt, noise_std or equal_steps");
+  require(index < std::size(step_weighting_names), "ppo step_weight ", index,
+          " is not none, inverse_dt, noise_std or equal_steps");
   return step_weighting_names[index];
 }
 

@@ -24,10 +24,10 @@ namespace branchgrpo {
 
 /// What a draw is for; part of the key so that different uses of one node never share noise.
 enum class noise_stream : std::uint32_t {
-  root_latent = 0,  ///< the initial latent x_T of a root
-  edge = 1,         ///< a child's own draw on the edge from its parent
-  shared = 2,       ///< the draw a parent shares among its children at a split (correlated noise)
-  auxiliary = 3,    ///< extra draws a correlator may need (orthogonal, for example)
+  root_latent = 0,     ///< the initial latent x_T of a root
+  edge = 1,            ///< a child's own draw on the edge from its parent
+  shared = 2,          ///< the draw a parent shares among its children at a split (correlated noise)
+  auxiliary = 3,       ///< extra draws a correlator may need (orthogonal, for example)
   matching_time = 4,   ///< the noise level a decoupled objective trains a sample at (loss/objective.hpp)
   matching_noise = 5,  ///< the noise eps a decoupled objective adds to a sample
 };

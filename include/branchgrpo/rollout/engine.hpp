@@ -122,12 +122,10 @@ inline void record_edges(std::span<double> log_probs, std::vector<double>& edge_
 ///      invalid_input naming the step).
 template <Stepper S>
 tree_plan ode_where_noiseless(tree_plan plan, const S& stepper, const sigma_schedule& schedule) {
-  require(schedule.steps() == plan.steps, "sigma schedule has ", schedule.steps(), " steps, the plan has ",
-          plan.steps);
+  require(schedule.steps() == plan.steps, "sigma schedule has ", schedule.steps(), " steps, the plan has ", plan.steps);
   for (int s = 0; s < plan.steps; ++s) {
     const auto at = static_cast<std::size_t>(s);
-    if (plan.kinds[at] != edge_kind::sde ||
-        step_coefficients(stepper, schedule, s, plan.layer(s)).noise_std != 0.0)
+    if (plan.kinds[at] != edge_kind::sde || step_coefficients(stepper, schedule, s, plan.layer(s)).noise_std != 0.0)
       continue;
     require(plan.branching[at] == 1, "step ", s, " splits into ", plan.branching[at],
             " but the stepper draws no noise there (sigma ", schedule.sigma(s + 1),
@@ -190,8 +188,8 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
     result.evaluations += parents;
 
     const edge_kind kind = plan.kinds[static_cast<std::size_t>(s)];
-    const affine_step step = kind == edge_kind::sde ? step_coefficients(stepper, schedule, s, plan.layer(s))
-                                                    : euler_ode{}(schedule, s);
+    const affine_step step =
+        kind == edge_kind::sde ? step_coefficients(stepper, schedule, s, plan.layer(s)) : euler_ode{}(schedule, s);
     const int k = plan.branching[static_cast<std::size_t>(s)];
     const std::vector<std::int32_t> children = forest.nodes_at_step(s + 1);
     const auto child_rows = static_cast<std::int64_t>(children.size());
@@ -219,15 +217,15 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
             parent_keys.push_back(detail::rollout_key(forest, options, parent, s, noise_stream::shared));
         correlation = correlator.s;
       }
-      const sde_transition transition{.x_coeff = step.x_coeff,
-                                      .velocity_coeff = step.velocity_coeff,
-                                      .branching = k,
-                                      .keys = sibling_keys,
-                                      .stds = stds,
-                                      .parent_keys = parent_keys,
-                                      .s = correlation,
-                                      .log_prob_stds = step.log_prob_std > 0.0 ? std::span<const double>(scored)
-                                                                               : std::span<const double>()};
+      const sde_transition transition{
+          .x_coeff = step.x_coeff,
+          .velocity_coeff = step.velocity_coeff,
+          .branching = k,
+          .keys = sibling_keys,
+          .stds = stds,
+          .parent_keys = parent_keys,
+          .s = correlation,
+          .log_prob_stds = step.log_prob_std > 0.0 ? std::span<const double>(scored) : std::span<const double>()};
       keyed_sde_result<typename B::tensor> stepped =
           keyed_sde_step(backend, result.latents.back(), velocity, transition, shape);
       detail::record_edges(log_probs, result.edge_std, children, stepped.log_probs, scored, s);

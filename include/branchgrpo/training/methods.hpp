@@ -62,8 +62,8 @@ auto branch_method(P pruner = {}) {
 /// `recipe` with its objective replaced by `objective`.
 template <Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N, Pruner P, Objective O, Objective Other>
 auto with_objective(const method<T, S, C, F, N, P, O>& recipe, Other objective) {
-  return method{recipe.topology, recipe.stepper,    recipe.correlator, recipe.fusion,
-                recipe.normalizer, recipe.pruner, objective};
+  return method{recipe.topology,   recipe.stepper, recipe.correlator, recipe.fusion,
+                recipe.normalizer, recipe.pruner,  objective};
 }
 
 /// Calls `body(recipe)` with the recipe named `name`; returns what body returns.
@@ -80,8 +80,8 @@ decltype(auto) with_method(std::string_view name, Body&& body) {
   if (name == "awm") return body(with_objective(dance_method(), advantage_weighted_matching{}));
   if (name == "branch-nft") return body(with_objective(branch_method(), diffusion_nft{}));
   if (name == "branch-awm") return body(with_objective(branch_method(), advantage_weighted_matching{}));
-  fail("unknown method '", name, "' (expected ", name_list(method_names, ", "), ", ",
-       name_list(decoupled_method_names), ")");
+  fail("unknown method '", name, "' (expected ", name_list(method_names, ", "), ", ", name_list(decoupled_method_names),
+       ")");
 }
 
 }  // namespace branchgrpo

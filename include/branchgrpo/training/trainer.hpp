@@ -82,10 +82,10 @@ struct iteration_stats {
   /// edges kept by the pruner (SDE only) in trees that were not dropped; with a decoupled objective, its rows
   /// (kept leaves x times_per_sample, plus the internal split nodes with intermediate_nodes)
   std::int64_t edges_trained = 0;
-  int trees_dropped = 0;           ///< trees with a non-finite leaf reward, left out of the update
-  double loss = 0;                 ///< mean PPO loss over the trained edges (a decoupled objective's: over its rows)
-  double clip_fraction = 0;        ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
-  double kl = 0;  ///< mean KL to the reference over the trained edges, as accumulated (0 when kl_beta == 0)
+  int trees_dropped = 0;     ///< trees with a non-finite leaf reward, left out of the update
+  double loss = 0;           ///< mean PPO loss over the trained edges (a decoupled objective's: over its rows)
+  double clip_fraction = 0;  ///< fraction of trained edges whose ratio left [1 - eps, 1 + eps]
+  double kl = 0;             ///< mean KL to the reference over the trained edges, as accumulated (0 when kl_beta == 0)
   /// max |log-prob at the first update - log-prob of the rollout|: 0 when the policy is batch-invariant.
   double first_update_log_prob_gap = 0;
   double rollout_seconds = 0, reward_seconds = 0, update_seconds = 0, seconds = 0;
@@ -561,10 +561,13 @@ struct matching_row {
 inline int matching_step(std::uint64_t seed, std::uint32_t iteration, std::uint32_t tree, std::uint32_t node,
                          std::uint32_t draw, int steps) {
   require(steps >= 1, "matching needs at least one step, got ", steps);
-  const double z = keyed_normal(
-      {.seed = seed, .iteration = iteration, .tree = tree, .node = node, .step = draw,
-       .stream = noise_stream::matching_time},
-      0);
+  const double z = keyed_normal({.seed = seed,
+                                 .iteration = iteration,
+                                 .tree = tree,
+                                 .node = node,
+                                 .step = draw,
+                                 .stream = noise_stream::matching_time},
+                                0);
   const double uniform = 0.5 * std::erfc(-z / std::numbers::sqrt2);
   return std::min(steps - 1, static_cast<int>(uniform * steps));
 }
@@ -683,28 +686,30 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
       chunk.x_t = backend.gather_rows(result.latents[static_cast<std::size_t>(step)], index);
       chunk.target = backend.affine(1.0 / t, chunk.x_t, -1.0 / t, backend.from_host(leaf_means, count, shape));
     } else {
-    std::vector<std::int64_t> index;
-    std::vector<double> noise(static_cast<std::size_t>(count * elements));
-    for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
-      const matching_row& row = rows[i];
-      index.push_back(forest.row_at_step(row.node));
-      fill_keyed_normal({.seed = options.seed, .iteration = iteration, .tree = forest.info(forest.tree(row.node)).key,
-                         .node = static_cast<std::uint32_t>(row.node % per_tree), .step = row.draw,
-                         .stream = noise_stream::matching_noise},
-                        std::span<double>(noise).subspan((i - chunk.begin) * static_cast<std::size_t>(elements),
-                                                         static_cast<std::size_t>(elements)));
-    }
-    const tensor x0 = backend.gather_rows(result.latents.back(), index);
-    const tensor eps = backend.from_host(noise, count, shape);
-    chunk.x_t = backend.affine(1.0 - t, x0, t, eps);
-    chunk.target = backend.affine(-1.0, x0, 1.0, eps);
+      std::vector<std::int64_t> index;
+      std::vector<double> noise(static_cast<std::size_t>(count * elements));
+      for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+        const matching_row& row = rows[i];
+        index.push_back(forest.row_at_step(row.node));
+        fill_keyed_normal({.seed = options.seed,
+                           .iteration = iteration,
+                           .tree = forest.info(forest.tree(row.node)).key,
+                           .node = static_cast<std::uint32_t>(row.node % per_tree),
+                           .step = row.draw,
+                           .stream = noise_stream::matching_noise},
+                          std::span<double>(noise).subspan((i - chunk.begin) * static_cast<std::size_t>(elements),
+                                                           static_cast<std::size_t>(elements)));
+      }
+      const tensor x0 = backend.gather_rows(result.latents.back(), index);
+      const tensor eps = backend.from_host(noise, count, shape);
+      chunk.x_t = backend.affine(1.0 - t, x0, t, eps);
+      chunk.target = backend.affine(-1.0, x0, 1.0, eps);
     }
     if (!precompute_old) continue;
     std::vector<std::uint32_t> trees;
     std::vector<std::int64_t> prompts;
     batch_of(chunk, trees, prompts);
-    chunk.old_velocity =
-        policy(chunk.x_t, denoise_batch{.step = step, .sigma = t, .trees = trees, .prompts = prompts});
+    chunk.old_velocity = policy(chunk.x_t, denoise_batch{.step = step, .sigma = t, .trees = trees, .prompts = prompts});
     report.evaluations += count;
     if constexpr (!nft) {
       const std::vector<double> stds(static_cast<std::size_t>(count), matching_std(weight_of(step)));
@@ -735,9 +740,9 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
         // Two rows per sample: the positive target u+ first, then the negative u- (nft_targets).
         const nft_targets to = nft_targets::of(objective.beta);
         const std::array<tensor, 2> x_twice = {chunk.x_t, chunk.x_t};
-        const std::array<tensor, 2> targets = {backend.affine(to.plus_u, chunk.target, to.plus_old, chunk.old_velocity),
-                                               backend.affine(to.minus_u, chunk.target, to.minus_old,
-                                                              chunk.old_velocity)};
+        const std::array<tensor, 2> targets = {
+            backend.affine(to.plus_u, chunk.target, to.plus_old, chunk.old_velocity),
+            backend.affine(to.minus_u, chunk.target, to.minus_old, chunk.old_velocity)};
         edges.x = backend.concat_rows(x_twice);
         edges.next = backend.concat_rows(targets);
         edges.trees.insert(edges.trees.end(), edges.trees.begin(), edges.trees.end());
@@ -765,27 +770,25 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
         edges.x = chunk.x_t;
         edges.next = chunk.target;
         edges.std.assign(count, matching_std(weight));
-        policy.accumulate(edges, loss_gradient_fn([&](std::span<const double> log_probs) {
-                            require(log_probs.size() == count, "policy returned ", log_probs.size(), " log-probs for ",
-                                    count, " matching rows");
-                            std::vector<double> weights(count);
-                            for (std::size_t i = 0; i < count; ++i) {
-                              const double lp = matching_log_prob(log_probs[i], weight);
-                              require(std::isfinite(lp), "policy matching log-prob at step ", step, " is ", lp);
-                              // One optimizer step: the parameters are the sampling policy's, lp is lp_old.
-                              const double old = precompute_old ? chunk.old_log_prob[i] : lp;
-                              if (first_group && precompute_old)
-                                report.first_update_log_prob_gap =
-                                    std::max(report.first_update_log_prob_gap, std::abs(lp - old));
-                              const double advantage =
-                                  clip_advantage(rows[chunk.begin + i].advantage, objective.advantage_max);
-                              if (std::abs(importance_ratio(lp, old) - 1.0) > objective.clip_range) ++clipped;
-                              loss_sum += ppo_clipped_loss(lp, old, advantage, objective.clip_range);
-                              weights[i] =
-                                  per_row * ppo_clipped_loss_gradient(lp, old, advantage, objective.clip_range);
-                            }
-                            return weights;
-                          }));
+        policy.accumulate(
+            edges, loss_gradient_fn([&](std::span<const double> log_probs) {
+              require(log_probs.size() == count, "policy returned ", log_probs.size(), " log-probs for ", count,
+                      " matching rows");
+              std::vector<double> weights(count);
+              for (std::size_t i = 0; i < count; ++i) {
+                const double lp = matching_log_prob(log_probs[i], weight);
+                require(std::isfinite(lp), "policy matching log-prob at step ", step, " is ", lp);
+                // One optimizer step: the parameters are the sampling policy's, lp is lp_old.
+                const double old = precompute_old ? chunk.old_log_prob[i] : lp;
+                if (first_group && precompute_old)
+                  report.first_update_log_prob_gap = std::max(report.first_update_log_prob_gap, std::abs(lp - old));
+                const double advantage = clip_advantage(rows[chunk.begin + i].advantage, objective.advantage_max);
+                if (std::abs(importance_ratio(lp, old) - 1.0) > objective.clip_range) ++clipped;
+                loss_sum += ppo_clipped_loss(lp, old, advantage, objective.clip_range);
+                weights[i] = per_row * ppo_clipped_loss_gradient(lp, old, advantage, objective.clip_range);
+              }
+              return weights;
+            }));
         report.evaluations += static_cast<std::int64_t>(count);
       }
     }
@@ -897,8 +900,8 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
     // RatioNorm and the per-step weights act on the ratio of an SDE transition, which a decoupled objective has not.
     require(!options.loss.ratio_norm, "ratio_norm = on with objective ", O::name,
             ": RatioNorm normalizes a transition's importance ratio, and this objective has none (ppo objective only)");
-    require(options.loss.step_weight == step_weighting::none, "step_weight = ",
-            step_weighting_name(options.loss.step_weight), " with objective ", O::name,
+    require(options.loss.step_weight == step_weighting::none,
+            "step_weight = ", step_weighting_name(options.loss.step_weight), " with objective ", O::name,
             ": per-step weights weigh denoising transitions, and this objective trains none (ppo objective only)");
   }
   const auto start = detail::training_clock::now();
@@ -964,9 +967,8 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
       for (std::int32_t n = 0; n < credit.kept.node_count(); ++n)
         if (!credit.kept.is_root(n) && credit.kept.children(n).size() > 1) add_sample(n);
     const auto iteration_key = static_cast<std::uint32_t>(iteration);
-    const std::vector<matching_row> all_rows = matching_rows(forest, samples, sample_advantages,
-                                                             recipe.objective.times_per_sample, options.seed,
-                                                             iteration_key);
+    const std::vector<matching_row> all_rows = matching_rows(
+        forest, samples, sample_advantages, recipe.objective.times_per_sample, options.seed, iteration_key);
     stats.edges_trained = static_cast<std::int64_t>(all_rows.size());
     const std::vector<std::size_t> global_ends =
         detail::update_group_ends(static_cast<std::int64_t>(all_rows.size()), options.updates_per_iteration);
@@ -985,9 +987,9 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
         ++next_end;
       }
     }
-    const update_report update = detail::update_matching(
-        backend, policy, result, mine_rows, group_ends, 1.0 / static_cast<double>(all_rows.size()), recipe.objective,
-        schedule, shape, options, iteration_key, communicator);
+    const update_report update = detail::update_matching(backend, policy, result, mine_rows, group_ends,
+                                                         1.0 / static_cast<double>(all_rows.size()), recipe.objective,
+                                                         schedule, shape, options, iteration_key, communicator);
     stats.update_evaluations = update.evaluations;
     stats.loss = update.loss;
     stats.clip_fraction = update.clip_fraction;

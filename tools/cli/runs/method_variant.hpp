@@ -70,9 +70,9 @@ struct method_variant {
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
 /// @pre the name is one of method_names or decoupled_method_names; each part is key=value with a known key (scope, s,
 ///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate) and a value in its domain (scope
-///      per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name, updates an integer in
-///      [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std | equal_steps,
-///      intermediate 0 or 1); no key twice (else invalid_input naming the part).
+///      per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name, updates an
+///      integer in [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std |
+///      equal_steps, intermediate 0 or 1); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -80,8 +80,9 @@ inline method_variant parse_method_variant(std::string_view entry) {
   bool known = false;
   for (const std::string_view name : method_names) known = known || name == out.method;
   for (const std::string_view name : decoupled_method_names) known = known || name == out.method;
-  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ", name_list(method_names, ", "),
-          ", ", name_list(decoupled_method_names), ", optionally followed by :key=value overrides)");
+  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ",
+          name_list(method_names, ", "), ", ", name_list(decoupled_method_names),
+          ", optionally followed by :key=value overrides)");
   while (colon != std::string_view::npos) {
     const std::size_t next = entry.find(':', colon + 1);
     const std::string_view part = entry.substr(colon + 1, next == std::string_view::npos ? next : next - colon - 1);
@@ -141,8 +142,8 @@ inline method_variant parse_method_variant(std::string_view entry) {
 }
 
 /// Calls `body(recipe)` with the variant's recipe: with_method's, with scope, s and intermediate set, and with an
-/// any_fusion and an any_stepper in those slots when the variant names a fusion or a stepper. Returns what body returns.
-/// Example: with_variant(parse_method_variant("branch:s=1"), [](auto r) { return r.correlator.s; }) == 1.
+/// any_fusion and an any_stepper in those slots when the variant names a fusion or a stepper. Returns what body
+/// returns. Example: with_variant(parse_method_variant("branch:s=1"), [](auto r) { return r.correlator.s; }) == 1.
 /// @pre the overrides fit the recipe: scope needs a depth_wise normalizer, s a correlated correlator (else
 ///      invalid_input naming the variant).
 template <class Body>
@@ -165,7 +166,8 @@ decltype(auto) with_variant(const method_variant& variant, Body&& body) {
       if constexpr (MatchingObjective<decltype(recipe.objective)>)
         recipe.objective.intermediate_nodes = *variant.intermediate;
       else
-        fail("--methods ", variant.label, ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
+        fail("--methods ", variant.label,
+             ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
     }
     if (!variant.fusion && !variant.stepper) return body(std::move(recipe));
     // A named policy in place of the recipe's: both slots become their family's any_ type, the other keeping its
