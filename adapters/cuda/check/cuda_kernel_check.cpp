@@ -77,9 +77,23 @@ void report(bool passed, const std::string& what) {
   if (!passed) ++failures;
 }
 
+/// Whether `device` and `host` hold the same bits; when not, prints how many values differ and the first three
+/// (index, device value, host value, their difference), so that a failure on a GPU says where to look.
 template <class T>
-bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+bool bitwise_equal(const std::vector<T>& device, const std::vector<T>& host) {
+  if (device.size() != host.size()) {
+    std::printf("      sizes differ: device %zu, host %zu\n", device.size(), host.size());
+    return false;
+  }
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    if (std::memcmp(&device[i], &host[i], sizeof(T)) == 0) continue;
+    if (++differing <= 3)
+      std::printf("      [%zu] device %.17g host %.17g (difference %.3g)\n", i, static_cast<double>(device[i]),
+                  static_cast<double>(host[i]), static_cast<double>(device[i]) - static_cast<double>(host[i]));
+  }
+  if (differing > 0) std::printf("      %zu of %zu values differ\n", differing, host.size());
+  return differing == 0;
 }
 
 double max_relative(const std::vector<double>& a, const std::vector<double>& b) {

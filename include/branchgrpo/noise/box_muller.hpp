@@ -132,7 +132,9 @@ constexpr double open_unit(std::uint32_t bits) { return (static_cast<double>(bit
 constexpr double log_open_unit(std::uint32_t bits) {
   // u = v 2^-33 with v = 2 bits + 1, an odd integer below 2^33; scaling by a power of 2 is exact.
   const std::uint64_t v = 2 * std::uint64_t{bits} + 1;
-  int exponent = std::bit_width(v) - 1;
+  // floor(log2 v) from v's double (exact: v < 2^53), not std::bit_width: under nvcc 13 libstdc++'s bit_width
+  // returns 0 in device code (seen on an H200), which made every device draw wrong.
+  int exponent = static_cast<int>(std::bit_cast<std::uint64_t>(static_cast<double>(v)) >> 52) - 1023;
   double m = static_cast<double>(v) * std::bit_cast<double>(std::uint64_t(1023 - exponent) << 52);  // [1, 2)
   const bool above = m > 0x1.6a09e667f3bcdp+0;  // sqrt(2); a select, not a branch (random bits)
   m *= above ? 0.5 : 1.0;

@@ -34,7 +34,7 @@
 #include "cli/runs/run_support.hpp"
 #include "cli/runs/signals.hpp"
 
-#if defined(USE_C10D_GLOO)
+#if defined(BRANCHGRPO_C10D_GLOO)
 #include "branchgrpo/torch/distributed.hpp"
 #endif
 
@@ -180,6 +180,14 @@ int largest_on_any_rank(Comm& communicator, int value) {
   return static_cast<int>(*std::max_element(all.begin(), all.end()));
 }
 
+// A debug check that a group's replicas did not drift. Only the c10d communicator (distributed.hpp, built with
+// Gloo's headers) has replicas to compare; a single process has none, also in a build without that header.
+template <class Comm>
+void check_replicas_agree(Comm& communicator, std::span<const torch::Tensor> parameters) {
+  if constexpr (requires { check_same_parameters(communicator, parameters); })
+    if (communicator.size() > 1) check_same_parameters(communicator, parameters);
+}
+
 // `branchgrpo train` as one rank of `communicator` (single_process: the whole run). Every rank rolls out its share
 // of each iteration's trees (training/trainer.hpp); rank 0 alone writes checkpoints, metrics, grids and configs and
 // prints. `device` replaces a plain "cuda" (each rank's GPU from LOCAL_RANK).
@@ -315,7 +323,7 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     const bool checkpoint = (config.run.checkpoint_every > 0 && (i + 1) % config.run.checkpoint_every == 0) || last;
     if (checkpoint || signal != 0) {
       // Debug check that the replicas did not drift (cheap: the trainable tensors), then rank 0 writes.
-      if (communicator.size() > 1) check_same_parameters(communicator, std::span(run->policy().parameters()));
+      check_replicas_agree(communicator, std::span<const torch::Tensor>(run->policy().parameters()));
       std::filesystem::path dir;  // every rank: a sharded run's ranks write their shards
       on_every_rank(communicator, [&] { dir = run->save_checkpoint(communicator); });
       if (signal != 0) {
@@ -400,7 +408,7 @@ void run_train(const train_options& options) {
     print_memory_estimate(config, options.json);
     return;
   }
-#if defined(USE_C10D_GLOO)
+#if defined(BRANCHGRPO_C10D_GLOO)
   std::optional<c10d_communicator> group =
       communicator_from_environment({.timeout_seconds = options.timeout_seconds, .gloo_interface = {}, .nccl = true});
   if (group) {

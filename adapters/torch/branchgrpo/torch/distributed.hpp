@@ -36,10 +36,11 @@
 // detail::quiet_torch_log hides LibTorch's c10d lines while a rank joins and while a fault is diagnosed
 // (docs/distributed.md, "Distributed output").
 //
-// Which process groups exist is decided by CMake alone (adapters/CMakeLists.txt): USE_C10D_GLOO when Gloo's
-// headers are found (Debian: libgloo-dev), USE_C10D_NCCL on a CUDA LibTorch with NCCL. Without Gloo this header
-// is unusable.
-#if !defined(USE_C10D_GLOO)
+// Which process groups exist is decided by CMake alone (adapters/CMakeLists.txt): BRANCHGRPO_C10D_GLOO when Gloo's
+// headers are found (Debian: libgloo-dev), BRANCHGRPO_C10D_NCCL on a CUDA LibTorch with NCCL. Not c10d's own
+// USE_C10D_GLOO / USE_C10D_NCCL: LibTorch 2.x's CMake target defines those for every consumer, also where its wheel
+// ships no Gloo headers. Without Gloo this header is unusable.
+#if !defined(BRANCHGRPO_C10D_GLOO)
 #error "branchgrpo/torch/distributed.hpp needs Gloo's headers (Debian: libgloo-dev): install them and reconfigure"
 #endif
 
@@ -49,7 +50,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if defined(USE_C10D_NCCL)
+#if defined(BRANCHGRPO_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -111,7 +112,7 @@ struct distributed_options {
   /// loopback address when MASTER_ADDR is a loopback one (every rank on this host), else the address of this
   /// host's name.
   std::string gloo_interface = {};
-  /// CUDA tensors through NCCL when LibTorch has it (USE_C10D_NCCL); else through Gloo via host copies.
+  /// CUDA tensors through NCCL when LibTorch has it (BRANCHGRPO_C10D_NCCL); else through Gloo via host copies.
   bool nccl = true;
 };
 
@@ -533,7 +534,7 @@ class c10d_communicator {
     collective("reduce", [&] {
       c10d::ReduceOptions options;
       options.rootRank = root;
-#if defined(USE_C10D_NCCL)
+#if defined(BRANCHGRPO_C10D_NCCL)
       if (on_cuda && nccl_) {
         std::vector<torch::Tensor> buffer{tensor};
         nccl_->reduce(buffer, options)->wait();
@@ -558,7 +559,7 @@ class c10d_communicator {
     const bool on_cuda = local.device().is_cuda();
     collective("all_gather", [&] {
       if (local.numel() == 0) return;
-#if defined(USE_C10D_NCCL)
+#if defined(BRANCHGRPO_C10D_NCCL)
       if (on_cuda && nccl_) {
         std::vector<torch::Tensor> input{local.contiguous()};
         std::vector<std::vector<torch::Tensor>> output(1);
@@ -729,7 +730,7 @@ class c10d_communicator {
                                 std::to_string(devices) + " CUDA devices");
       device_ = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(environment_.local_rank));
     }
-#if defined(USE_C10D_NCCL)
+#if defined(BRANCHGRPO_C10D_NCCL)
     if (options.nccl && device_.is_cuda()) {
       c10::cuda::set_device(device_.index());
       // Blocking waits: a failed or timed-out NCCL collective then throws in wait(), inside the fault protocol,
@@ -751,7 +752,7 @@ class c10d_communicator {
     torch::Tensor flat = alone ? group.front() : torch::cat(flatten(group));
     const bool on_cuda = flat.device().is_cuda();
     collective("all_reduce", [&] {
-#if defined(USE_C10D_NCCL)
+#if defined(BRANCHGRPO_C10D_NCCL)
       if (on_cuda && nccl_) {
         std::vector<torch::Tensor> buffer{flat};
         nccl_->allreduce(buffer)->wait();
@@ -857,7 +858,7 @@ class c10d_communicator {
   c10::intrusive_ptr<c10d::TCPStore> tcp_store_;
   store_pointer store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
-#if defined(USE_C10D_NCCL)
+#if defined(BRANCHGRPO_C10D_NCCL)
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl_;
 #endif
   torch::Device device_ = torch::kCPU;
