@@ -6,7 +6,7 @@
 //   host_backend       (rollout/host_backend.hpp)  std::vector<double> reference backend; defines the numbers
 //                      every other backend must reproduce. Use for tests, toys and CPU-sized latents.
 //   rollout            (rollout/engine.hpp)  frontier-batched engine. Per step s, over all trees at once:
-//                        mean = a x + c v   ({a, c, std} from the stepper; euler_ode on ODE edges)
+//                        mean = a x + c v   ({a, c, std} from the stepper; ode_step on ODE edges)
 //                        next = mean + std * f * eps   (eps keyed; f and eps from the correlator at splits)
 //                        log-prob = mean over elements of log N(next; mean, (std f)^2)
 //                      Denoiser calls per step: ceil(frontier rows / max_batch); results do not depend on it.

@@ -331,6 +331,52 @@ TEST_CASE("sde_window: doc example mask on a shaped small tree") {
   CHECK(mix(tree, ctx{.iteration = 2}) == edge_mask{0, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0});
 }
 
+TEST_CASE("sde_window: MixGRPO-Flash's ODE stride and solver (doc example)") {
+  const auto plan = split_schedule::dense()(20);
+  const auto flash = sde_window{.ode_stride = 2, .solver = ode_solver::dpm_solver_2m}.shape(plan, 0);
+  const auto steps_of = [&](edge_kind kind) {
+    std::vector<int> steps;
+    for (int s = 0; s < flash.steps; ++s)
+      if (flash.kinds[static_cast<std::size_t>(s)] == kind) steps.push_back(s);
+    return steps;
+  };
+  CHECK(steps_of(edge_kind::sde) == std::vector<int>{0, 1, 2, 3, 6, 9});
+  CHECK(steps_of(edge_kind::ode) == std::vector<int>{4, 7, 10, 12, 14, 16, 18});
+  CHECK(steps_of(edge_kind::skip) == std::vector<int>{5, 8, 11, 13, 15, 17, 19});
+  CHECK(flash.ode == ode_solver::dpm_solver_2m);
+  CHECK(flash.evaluations() == 111);
+  CHECK(flash.ode_target(4) == 6);
+  CHECK(flash.ode_target(18) == 20);
+  CHECK_NOTHROW(validate(flash));
+  // Skip edges are never trained: the mask of the flash tree equals branch-mix's.
+  const rollout_tree flash_tree(flash, numbered_trees(1)), mix_tree(sde_window{}.shape(plan, 0), numbered_trees(1));
+  const edge_mask mask = sde_window{.ode_stride = 2}(flash_tree, {});
+  CHECK(mask == sde_window{}(mix_tree, {}));
+  // The defaults leave branch-mix's plan as it was: Euler, no skip step.
+  CHECK(sde_window{}.shape(plan, 0).ode == ode_solver::euler);
+  CHECK(sde_window{}.shape(plan, 0).evaluations() == 203);
+}
+
+TEST_CASE("sde_window: a multistep solver on a topology it cannot serve") {
+  // Splits at every step leave no ODE step at all; splits every second step leave ODE runs of one step.
+  const auto every_step = split_schedule{.split_steps = {0, 1, 2, 3}, .branching = {2}}(4);
+  CHECK_THROWS_WITH((sde_window{.width = 1, .solver = ode_solver::dpm_solver_2m}.shape(every_step, 0)),
+                    "sde_window solver dpm_solver_2m cannot serve this topology: its longest ODE run outside the "
+                    "window (width 1) and the splits is 0 steps, a second-order step at ode_stride 1 needs 2");
+  const auto every_other = split_schedule{.split_steps = {0, 2, 4}, .branching = {2}}(6);
+  CHECK_THROWS_WITH((sde_window{.width = 1, .ode_stride = 2}.shape(every_other, 0)),
+                    "sde_window ode_stride 2 cannot serve this topology: no two ODE steps in a row outside the "
+                    "window (width 1) and the splits");
+  CHECK_THROWS_WITH((sde_window{.ode_stride = 0}.shape(split_schedule::dense()(20), 0)),
+                    "sde_window ode_stride 0 is below 1");
+  // A run of 3 serves stride 2 (evaluated at its 1st and 3rd step); stride 3 would need 4.
+  const auto short_runs = split_schedule{.split_steps = {0, 4}, .branching = {2}}(8);
+  CHECK_NOTHROW(sde_window{.width = 1, .ode_stride = 2, .solver = ode_solver::dpm_solver_2m}.shape(short_runs, 0));
+  CHECK_THROWS_AS(
+      (sde_window{.width = 1, .ode_stride = 3, .solver = ode_solver::dpm_solver_2m}.shape(short_runs, 0)),
+      invalid_input);
+}
+
 TEST_CASE("sde_window rejects bad parameters") {
   const auto plan = split_schedule::dense()(20);
   CHECK_THROWS_AS((sde_window{.width = 0}.shape(plan, 0)), invalid_input);

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "branchgrpo/correlator/catalog.hpp"
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
+#include "branchgrpo/pruning/sde_window.hpp"
 #include "branchgrpo/rollout.hpp"
 #include "branchgrpo/topology.hpp"
 #include "error_text.hpp"
@@ -425,6 +427,59 @@ TEST_CASE("ODE steps are deterministic with log-prob 0 (flow_grpo_fast)", "[roll
   }
   CHECK(ode_edges == 2 + 4);  // steps 0, 1 (one node each) and step 4 (four nodes)
   CHECK(sde_edges == 4 + 4);  // the split at step 2 and the chain at step 3
+}
+
+TEST_CASE("skip steps and DPM-Solver++(2M): evaluations, carried latents, hand-computed ODE edges", "[rollout][ode]") {
+  host_backend backend;
+  const sigma_schedule schedule = shifted_linear_schedule(20);
+  const double data_std = 0.5;
+  gaussian_denoiser denoiser{.data_std = data_std};
+  const tree_plan plan =
+      sde_window{.ode_stride = 2, .solver = ode_solver::dpm_solver_2m}.shape(split_schedule::dense()(20), 0);
+  const auto result = rollout(backend, denoiser, dance_sde{}, correlated{.s = 4.0}, schedule,
+                              rollout_tree(plan, {{.key = 7, .prompt = 1}}), shape3, {.seed = 3});
+  CHECK(result.evaluations == 111);  // engine.hpp's example
+  CHECK(result.evaluations == result.tree.evaluations());
+  CHECK(result.denoiser_calls == 13);  // 20 steps less the 7 skip steps
+  // Follow leaf 0's path: every skip edge carries its parent's latent; every ODE edge is ode_step's affine map of
+  // its parent, the analytic velocity there and the data prediction at the path's previous evaluated ODE step.
+  const rollout_tree& tree = result.tree;
+  std::vector<std::int32_t> path{tree.leaves()[0]};
+  while (!tree.is_root(path.back())) path.push_back(tree.parent(path.back()));
+  std::reverse(path.begin(), path.end());  // root first: path[s] is at step s
+  int previous = -1, second_order_edges = 0;
+  std::vector<double> previous_x0;
+  for (int s = 0; s < plan.steps; ++s) {
+    const std::vector<double> parent = latent_of(backend, result, path[static_cast<std::size_t>(s)]);
+    const std::vector<double> child = latent_of(backend, result, path[static_cast<std::size_t>(s) + 1]);
+    const edge_kind kind = plan.kinds[static_cast<std::size_t>(s)];
+    CHECK(tree.kind(path[static_cast<std::size_t>(s) + 1]) == kind);
+    if (kind == edge_kind::sde) {
+      previous = -1;
+      continue;
+    }
+    CHECK(tree.log_prob(path[static_cast<std::size_t>(s) + 1]) == 0.0);
+    if (kind == edge_kind::skip) {
+      CHECK(child == parent);
+      continue;
+    }
+    const affine_step step =
+        ode_step(ode_solver::dpm_solver_2m, schedule, {.from = s, .to = plan.ode_target(s), .previous = previous});
+    std::vector<double> expected, x0;
+    for (std::size_t i = 0; i < parent.size(); ++i) {
+      const double v = gaussian_denoiser::velocity(parent[i], schedule.sigma(s), 1.0, data_std);
+      expected.push_back(step.x_coeff * parent[i] + step.velocity_coeff * v +
+                         (previous >= 0 ? step.previous_x0_coeff * previous_x0[i] : 0.0));
+      x0.push_back(parent[i] - schedule.sigma(s) * v);
+    }
+    check_close(child, expected);
+    second_order_edges += step.previous_x0_coeff != 0.0 ? 1 : 0;
+    previous = s;
+    previous_x0 = x0;
+  }
+  // Steps 12, 14, 16 have a previous prediction (10, 12, 14); 18 lands on sigma 0 (first order); 4 and 7 follow an
+  // SDE edge, 10 follows one too.
+  CHECK(second_order_edges == 3);
 }
 
 TEST_CASE("the sampler reaches the data distribution of the analytic denoiser", "[rollout]") {

@@ -168,6 +168,37 @@ TEST_CASE("euler_ode and bad stepper input", "[stepper]") {
   CHECK_THROWS_AS(flow_grpo_sde{.noise_level = 0.0}(schedule, 0), invalid_input);
 }
 
+TEST_CASE("ode_step: Euler and DPM-Solver++(2M), the doc examples", "[stepper][ode]") {
+  const sigma_schedule schedule({1.0, 0.75, 0.5, 0.25, 0.0});
+  // r = (0 - (-ln 3)) / (ln 3 - 0) = 1, rho = 0.5: x_coeff 0.5 + 0.5 * 1.5, velocity -0.5 * 1.5 * 0.5, prev -0.25.
+  const affine_step second = ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 2, .to = 3, .previous = 1});
+  CHECK(second.x_coeff == Approx(1.25).margin(1e-15));
+  CHECK(second.velocity_coeff == Approx(-0.375).margin(1e-15));
+  CHECK(second.previous_x0_coeff == Approx(-0.25).margin(1e-15));
+  CHECK(second.noise_std == 0.0);
+  CHECK(second.x_coeff + second.previous_x0_coeff == Approx(1.0).margin(1e-15));  // @post
+  // Exact on a straight path x_t = (1 - t) x0 + t eps (x0 2, eps -1): x(0.5) = 0.5, v = eps - x0 = -3.
+  const double x = 0.5, v = -3.0, x0 = 2.0;
+  CHECK(second.x_coeff * x + second.velocity_coeff * v + second.previous_x0_coeff * x0 ==
+        Approx(0.75 * 2.0 + 0.25 * -1.0).margin(1e-15));
+  // Landing on sigma 0 (lambda infinite), no previous prediction, or the Euler solver: first order.
+  CHECK(ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 2, .to = 4, .previous = 1}) ==
+        affine_step{.x_coeff = 1.0, .velocity_coeff = -0.5});
+  CHECK(ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 2, .to = 3}) ==
+        affine_step{.x_coeff = 1.0, .velocity_coeff = -0.25});
+  CHECK(ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 1, .to = 2, .previous = 0}) ==
+        affine_step{.x_coeff = 1.0, .velocity_coeff = -0.25});  // previous at sigma 1: lambda -inf
+  CHECK(ode_step(ode_solver::euler, schedule, {.from = 1, .to = 3}) ==
+        affine_step{.x_coeff = 1.0, .velocity_coeff = -0.5});
+  CHECK(ode_step(ode_solver::euler, schedule, {.from = 0, .to = 1}) == euler_ode{}(schedule, 0));
+  CHECK_THROWS_WITH(ode_step(ode_solver::euler, schedule, {.from = 2, .to = 2}),
+                    "ODE edge from step 2 to 2 is outside [0, 4]");
+  CHECK_THROWS_WITH(ode_step(ode_solver::euler, schedule, {.from = 3, .to = 5}),
+                    "ODE edge from step 3 to 5 is outside [0, 4]");
+  CHECK_THROWS_WITH(ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 2, .to = 3, .previous = 2}),
+                    "ODE edge from step 2 has its previous data prediction at step 2");
+}
+
 TEST_CASE("gaussian_log_prob_mean", "[stepper]") {
   const std::vector<double> next{1, 3}, mean{1, 1};
   // The doc comment's example: -0.25 - log 2 - 0.5 log(2 pi).

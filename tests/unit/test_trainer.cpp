@@ -57,9 +57,13 @@ TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
   };
   CHECK(evaluations("dance") == 305);
   for (auto name : {"branch", "branch-widpru", "branch-deppru", "branch-mix"}) CHECK(evaluations(name) == 203);
+  // branch-mix-flash's tree is branch's; its pruner removes the evaluations of the skip steps (sde_window).
+  CHECK(with_method("branch-mix-flash", [](auto recipe) {
+          return recipe.pruner.shape(recipe.topology(20), 0).evaluations();
+        }) == 111);
   CHECK_THROWS_WITH(evaluations("grpo"),
                     "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, "
-                    "branch-nft or branch-awm)");
+                    "branch-nft, branch-awm or branch-mix-flash)");
 
   const auto stats = with_method("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(stats[0].rollout_evaluations == 8 * 203);

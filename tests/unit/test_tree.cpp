@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "branchgrpo/topology.hpp"
@@ -100,6 +101,25 @@ TEST_CASE("flow_grpo_fast plan: the doc example", "[topology]") {
   CHECK(plan.branching == std::vector<int>{1, 1, 4, 1, 1});
   CHECK(plan.leaf_count() == 4);
   CHECK(plan.evaluations() == 11);
+}
+
+TEST_CASE("skip steps: evaluations, ode_target and validation (the doc example)", "[tree]") {
+  const tree_plan plan{.steps = 4,
+                       .roots = 1,
+                       .branching = {2, 1, 1, 1},
+                       .kinds = {edge_kind::sde, edge_kind::ode, edge_kind::skip, edge_kind::ode}};
+  CHECK_NOTHROW(validate(plan));
+  CHECK(plan.node_count() == 9);
+  CHECK(plan.evaluations() == 5);
+  CHECK(plan.ode_target(1) == 3);
+  CHECK(plan.ode_target(3) == 4);
+  CHECK(std::string(to_string(edge_kind::skip)) == "skip");
+  tree_plan after_sde = plan;
+  after_sde.kinds = {edge_kind::sde, edge_kind::skip, edge_kind::ode, edge_kind::ode};
+  CHECK_THROWS_WITH(validate(after_sde), "skip step 1 does not follow an ODE step: only an ODE edge can integrate past it");
+  tree_plan split_skip = plan;
+  split_skip.branching = {2, 1, 2, 1};
+  CHECK_THROWS_WITH(validate(split_skip), "split at step 2 must be an SDE edge: ODE children would be identical");
 }
 
 TEST_CASE("invalid topologies name the bad value", "[topology]") {

@@ -38,7 +38,17 @@ struct step_window {
 /// Tree {steps 4, splits {0, 2}, K 2} shaped by sde_window{.width = 1, .start = 1} at iteration 0: kinds
 /// {sde, sde, sde, ode}; nodes 0 | 1 2 | 3 4 | 5 6 7 8 | 9 10 11 12 (edge depth = depth - 1):
 ///   mask {0, 1,1, 1,1, 1,1,1,1, 0,0,0,0}; with .train_splits = false -> {0, 0,0, 1,1, 0,0,0,0, 0,0,0,0}.
-/// @pre 1 <= width <= steps, every >= 1, stride >= 0, 0 <= start <= steps - width, iteration >= 0.
+///
+/// MixGRPO-Flash (arXiv 2507.21802) also makes the ODE part cheaper: with ode_stride m > 1, each maximal run of
+/// ODE steps [a, e) is evaluated at a, a + m, a + 2m, ... only; the steps between become skip edges (no denoiser
+/// call; tree_plan::ode_target), and solver (set on the plan: tree_plan::ode) integrates each longer step,
+/// DPM-Solver++(2M) as MixGRPO-Flash does. The window and the splits stay at full resolution.
+/// Example: the dense tree above with sde_window{.ode_stride = 2, .solver = ode_solver::dpm_solver_2m} at
+///   iteration 0 -> kinds sde at {0, 1, 2, 3, 6, 9}, ode at {4, 7, 10, 12, 14, 16, 18}, skip at {5, 8, 11, 13, 15,
+///   17, 19}; plan.ode dpm_solver_2m; 111 evaluations instead of 203.
+/// @pre 1 <= width <= steps, every >= 1, stride >= 0, 0 <= start <= steps - width, iteration >= 0, ode_stride >= 1;
+///      a multistep solver or an ode_stride > 1 needs an ODE run it can serve (two ODE steps in a row outside
+///      the window and the splits), else invalid_input naming it and the plan.
 /// @post shape keeps steps, roots and branching; mask[n] == 1 only for a non-root SDE edge.
 struct sde_window {
   int width = 4;
@@ -46,6 +56,8 @@ struct sde_window {
   int every = 1;   ///< iterations per slide
   int stride = 1;  ///< steps per slide
   bool train_splits = true;
+  int ode_stride = 1;                     ///< schedule steps per denoiser call on the ODE runs (MixGRPO-Flash)
+  ode_solver solver = ode_solver::euler;  ///< how the ODE edges are integrated
 
   /// The window at `iteration` for `steps` denoising steps.
   [[nodiscard]] step_window window(int steps, int iteration) const {
@@ -66,11 +78,27 @@ struct sde_window {
   tree_plan shape(const tree_plan& plan, int iteration) const {
     validate(plan);
     const auto inside = window(plan.steps, iteration);
+    require(ode_stride >= 1, "sde_window ode_stride ", ode_stride, " is below 1");
     tree_plan shaped = plan;
-    for (int s = 0; s < plan.steps; ++s) {
+    shaped.ode = solver;
+    int longest_run = 0;
+    for (int s = 0, run = 0; s < plan.steps; ++s) {
       const auto at = static_cast<std::size_t>(s);
-      shaped.kinds[at] = inside.contains(s) || plan.branching[at] > 1 ? edge_kind::sde : edge_kind::ode;
+      const bool sde = inside.contains(s) || plan.branching[at] > 1;
+      run = sde ? 0 : run + 1;  // position in the current ODE run, from 1
+      longest_run = std::max(longest_run, run);
+      shaped.kinds[at] = sde ? edge_kind::sde : (run - 1) % ode_stride == 0 ? edge_kind::ode : edge_kind::skip;
     }
+    // A multistep solver needs two evaluated steps in one ODE run (else it is Euler under another name); a stride
+    // needs a run to compress.
+    if (solver == ode_solver::dpm_solver_2m)
+      require(longest_run >= ode_stride + 1, "sde_window solver dpm_solver_2m cannot serve this topology: its ",
+              "longest ODE run outside the window (width ", width, ") and the splits is ", longest_run,
+              " steps, a second-order step at ode_stride ", ode_stride, " needs ", ode_stride + 1);
+    else
+      require(ode_stride == 1 || longest_run >= 2, "sde_window ode_stride ", ode_stride,
+              " cannot serve this topology: no two ODE steps in a row outside the window (width ", width,
+              ") and the splits");
     return shaped;
   }
 
@@ -98,7 +126,10 @@ struct sde_window {
                       parameter("every", &sde_window::every, "iterations per slide", rules::at_least{1}),
                       parameter("stride", &sde_window::stride, "steps per slide", rules::at_least{0}),
                       parameter("train_splits", &sde_window::train_splits,
-                                "split edges outside the window stay SDE and are trained", rules::any{})};
+                                "split edges outside the window stay SDE and are trained", rules::any{}),
+                      parameter("ode_stride", &sde_window::ode_stride,
+                                "schedule steps per denoiser call on the ODE runs (MixGRPO-Flash)", rules::at_least{1}),
+                      parameter("solver", &sde_window::solver, "how the ODE edges are integrated")};
   }
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -138,17 +139,21 @@ tree_plan ode_where_noiseless(tree_plan plan, const S& stepper, const sigma_sche
 /// Samples every tree of `tree` from keyed root noise to its leaves, one frontier (step) at a time.
 ///   roots:  x = keyed N(0, I) {seed, iteration, tree key, local index, step 0, root_latent}
 ///   step s: v = denoiser(frontier, sigma(s)); {a, c, std, lp} = step_coefficients(stepper, schedule, s,
-///           plan.layer(s)) (SDE) or euler_ode (ODE); mean = a x + c v, repeated for each of the K children;
+///           plan.layer(s)) (SDE); mean = a x + c v, repeated for each of the K children;
 ///           SDE: next = mean + std * f * eps, eps keyed {.., child local index, step s, edge} when K = 1,
 ///                or written by the correlator (which returns f) for a split; edge std = lp if lp > 0 (cps),
 ///                else std * f (f = 1 for K = 1); edge log-prob = gaussian_log_prob_mean(next, mean, edge std);
-///           ODE: next = mean, log-prob 0, edge std 0.
+///           ODE: {a, c, p} = ode_step(plan.ode, schedule, {s, plan.ode_target(s), previous evaluated ODE step of
+///                the path or -1}); next = mean = a x + c v + p x0_prev, log-prob 0, edge std 0;
+///           skip: no evaluation, next = x (the ODE edge before integrated past the step).
 /// Example: split_schedule::dense() over shifted_linear_schedule(20), dance_sde{}, independent{}, two
 ///   trees, max_batch 64 -> 20 denoiser calls (one per step), 406 evaluations (203 per tree), latents[20]
 ///   has 32 rows; the same call with max_batch 1 gives bit-identical latents, log-probs and edge stds.
 /// @pre schedule.steps() == tree.steps(); max_batch >= 1; shape valid; options.iteration fits a noise key;
 ///      the denoiser returns one row of `shape` per input row; SDE steps have noise_std > 0 (ode_where_noiseless
 ///      makes the others ODE edges).
+/// Example: the same forest shaped by sde_window{.ode_stride = 2, .solver = ode_solver::dpm_solver_2m} at
+///   iteration 0 -> 111 evaluations per tree instead of 203 (the ODE run of steps 10..19 evaluated at 10, 12, .., 18).
 /// @post evaluations == tree.evaluations(); every log-prob is finite (else invalid_input naming the step and
 ///       node: a non-finite velocity never propagates silently); result.tree's SDE edge log-probs are filled.
 template <Backend B, Denoiser<B> D, Stepper S, NoiseCorrelator C>
@@ -180,16 +185,30 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
   result.latents.push_back(backend.from_host(host, static_cast<std::int64_t>(frontier.size()), shape));
 
   std::vector<noise_key> sibling_keys, parent_keys;
+  // A multistep ODE solver's memory (plan.ode): the data prediction x0 = x - sigma v of the frontier's paths at
+  // their last evaluated ODE step, and that step; -1 after a root or an SDE edge, where a path's history is noise.
+  std::optional<typename B::tensor> previous_x0;
+  int previous_step = -1;
+  const bool multistep = plan.ode != ode_solver::euler;
   for (int s = 0; s < plan.steps; ++s) {
+    const edge_kind kind = plan.kinds[static_cast<std::size_t>(s)];
+    if (kind == edge_kind::skip) {
+      // The ODE edge before integrated past this step (tree_plan::ode_target): no evaluation, the latent carries.
+      result.latents.push_back(result.latents.back());
+      frontier = forest.nodes_at_step(s + 1);
+      continue;
+    }
     const auto parents = static_cast<std::int64_t>(frontier.size());
     const typename B::tensor velocity =
         detail::frontier_velocity(backend, denoiser, result.latents.back(), forest, frontier, s, schedule.sigma(s),
                                   options.max_batch, result.denoiser_calls);
     result.evaluations += parents;
 
-    const edge_kind kind = plan.kinds[static_cast<std::size_t>(s)];
     const affine_step step =
-        kind == edge_kind::sde ? step_coefficients(stepper, schedule, s, plan.layer(s)) : euler_ode{}(schedule, s);
+        kind == edge_kind::sde
+            ? step_coefficients(stepper, schedule, s, plan.layer(s))
+            : ode_step(plan.ode, schedule, {.from = s, .to = plan.ode_target(s), .previous = previous_step});
+    if (kind == edge_kind::sde) previous_step = -1;
     const int k = plan.branching[static_cast<std::size_t>(s)];
     const std::vector<std::int32_t> children = forest.nodes_at_step(s + 1);
     const auto child_rows = static_cast<std::int64_t>(children.size());
@@ -236,6 +255,12 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
 
     // affine checks that the velocity has the latents' rows and shape.
     typename B::tensor mean = backend.affine(step.x_coeff, result.latents.back(), step.velocity_coeff, velocity);
+    if (step.previous_x0_coeff != 0.0) mean = backend.affine(1.0, mean, step.previous_x0_coeff, *previous_x0);
+    if (kind == edge_kind::ode && multistep) {
+      // ODE edges never split (validate), so the frontier's rows stay the paths' rows.
+      previous_x0 = backend.affine(1.0, result.latents.back(), -schedule.sigma(s), velocity);
+      previous_step = s;
+    }
     // Children of a node are contiguous and every node has K, so child row j has parent row j / K.
     if (k > 1) {
       std::vector<std::int64_t> index(children.size());

@@ -11,6 +11,7 @@
 //   cps            coefficients-preserving sampling (Flow-CPS, eta in (0, 1], default 0.8), scored as Flow-CPS does.
 //   per_layer_eta  dance_sde or cps with eta chosen per tree layer (Dynamic-TreeRPO's depth-dependent noise).
 //   euler_ode      deterministic Euler step for ODE edges (noise_std = 0, never trained).
+// ODE edges: ode_step(solver, schedule, jump), euler or DPM-Solver++(2M) over one or more steps (tree_plan::ode).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -26,18 +27,22 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
 
 namespace branchgrpo {
 
-/// Coefficients of one transition: mean = x_coeff * x + velocity_coeff * v; the sample is drawn with std
-/// noise_std. Its edge log-prob is log N(next; mean, s^2) averaged over elements, with s = log_prob_std when that
-/// is positive (a stepper whose log-prob is not its sampling density's: cps), else the std the sample was drawn
-/// with (noise_std times the correlator's factor).
+/// Coefficients of one transition: mean = x_coeff * x + velocity_coeff * v + previous_x0_coeff * x0_prev; the
+/// sample is drawn with std noise_std. x0_prev is the data prediction x - sigma v that the same path made at its
+/// previous evaluated step (a multistep ODE solver's memory, ode_step; 0 for every one-step stepper). Its edge
+/// log-prob is log N(next; mean, s^2) averaged over elements, with s = log_prob_std when that is positive (a
+/// stepper whose log-prob is not its sampling density's: cps), else the std the sample was drawn with (noise_std
+/// times the correlator's factor).
 struct affine_step {
   double x_coeff = 1.0;
   double velocity_coeff = 0.0;
   double noise_std = 0.0;
-  double log_prob_std = 0.0;  ///< 0: score with the drawn std; > 0: score every edge of the step with this std
+  double log_prob_std = 0.0;       ///< 0: score with the drawn std; > 0: score every edge of the step with this std
+  double previous_x0_coeff = 0.0;  ///< weight of the previous data prediction (ODE edges of a multistep solver)
 
   friend bool operator==(const affine_step&, const affine_step&) = default;
 };
@@ -240,6 +245,55 @@ struct euler_ode {
   }
   friend bool operator==(const euler_ode&, const euler_ode&) = default;
 };
+
+/// One ODE edge: it leaves step `from` and lands on sigma(to) (to > from + 1 when skip steps follow it,
+/// tree_plan::ode_target); `previous` is the step at which the same deterministic path last predicted its data
+/// x0 = x - sigma v (an evaluated ODE step right before `from`'s run position), or -1 when there is none (the path
+/// just left a root or an SDE edge).
+struct ode_jump {
+  int from = 0;
+  int to = 1;
+  int previous = -1;
+
+  friend bool operator==(const ode_jump&, const ode_jump&) = default;
+};
+
+/// The coefficients of an ODE edge as `solver` integrates it (no noise; never trained):
+///   euler:          mean = x + (sig_to - sig_from) v.
+///   dpm_solver_2m:  DPM-Solver++(2M) (Lu et al., arXiv 2211.01095, Algorithm 2; MixGRPO-Flash, arXiv 2507.21802,
+///                   on the ODE steps outside its SDE window) in the data prediction of a flow (alpha = 1 - sigma,
+///                   lambda = ln(alpha / sigma)): with rho = sig_to / sig_from, h = lambda_to - lambda_from,
+///                   r = (lambda_from - lambda_prev) / h,
+///                     D = (1 + 1/(2r)) x0 - x0_prev / (2r),   mean = rho x + (1 - rho) D,
+///                   where alpha_to (1 - e^-h) = 1 - rho for a flow. With x0 = x - sig_from v the affine form is
+///                     x_coeff = rho + (1 - rho)(1 + 1/(2r)),  velocity_coeff = -(1 - rho)(1 + 1/(2r)) sig_from,
+///                     previous_x0_coeff = -(1 - rho) / (2r).
+///                   First order, i.e. Euler, when previous is -1 or any of the three lambdas is infinite (sigma 1 at
+///                   the first step, 0 at the last: DPM-Solver's lower order at the ends).
+/// Example: schedule {1, 0.75, 0.5, 0.25, 0}, dpm_solver_2m, {.from = 2, .to = 3, .previous = 1}: lambdas
+///   -ln 3, 0, ln 3, r = 1, rho 0.5 -> {x_coeff 1.25, velocity_coeff -0.375, previous_x0_coeff -0.25} (exact on a
+///   straight path: x = (1 - t) x0 + t eps gives 0.75 x0 + 0.25 eps); {.from = 2, .to = 4, .previous = 1} ->
+///   Euler {1, -0.5}; euler, {.from = 1, .to = 3} -> {1, -0.5}.
+/// @pre 0 <= from < to <= schedule.steps(), -1 <= previous < from (else invalid_input naming the value).
+/// @post noise_std == 0; x_coeff + previous_x0_coeff == 1 (the solver keeps a constant data prediction's x0).
+inline affine_step ode_step(ode_solver solver, const sigma_schedule& schedule, const ode_jump& jump) {
+  require(jump.from >= 0 && jump.from < jump.to && jump.to <= schedule.steps(), "ODE edge from step ", jump.from,
+          " to ", jump.to, " is outside [0, ", schedule.steps(), "]");
+  require(jump.previous >= -1 && jump.previous < jump.from, "ODE edge from step ", jump.from,
+          " has its previous data prediction at step ", jump.previous);
+  const double sig_from = schedule.sigma(jump.from), sig_to = schedule.sigma(jump.to);
+  const affine_step euler{.x_coeff = 1.0, .velocity_coeff = sig_to - sig_from};
+  if (solver == ode_solver::euler || jump.previous < 0) return euler;
+  const double sig_prev = schedule.sigma(jump.previous);
+  const auto lambda = [](double sigma) { return std::log((1.0 - sigma) / sigma); };
+  const double lambda_prev = lambda(sig_prev), lambda_from = lambda(sig_from), lambda_to = lambda(sig_to);
+  if (!std::isfinite(lambda_prev) || !std::isfinite(lambda_from) || !std::isfinite(lambda_to)) return euler;
+  const double r = (lambda_from - lambda_prev) / (lambda_to - lambda_from);
+  const double rho = sig_to / sig_from, half_inverse = 1.0 / (2.0 * r);
+  return {.x_coeff = rho + (1.0 - rho) * (1.0 + half_inverse),
+          .velocity_coeff = -(1.0 - rho) * (1.0 + half_inverse) * sig_from,
+          .previous_x0_coeff = -(1.0 - rho) * half_inverse};
+}
 
 /// log N(next; mean, std^2) averaged over the elements of one row: the edge log-prob of GRPO.
 /// Example: next {1, 3}, mean {1, 1}, std 2 -> mean of {-log 2 - log sqrt(2 pi), -0.5 - log 2 - log sqrt(2 pi)}
