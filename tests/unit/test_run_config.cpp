@@ -369,6 +369,13 @@ TEST_CASE("values far out of range are refused by key, not met later as a NaN", 
   // An sde_window start with no room for its width at iteration 0 (it was clamped silently).
   CHECK(error_of("[[pruning.pruners]]\nkind = \"sde_window\"\nwidth = 4\nstart = 25\n") ==
         "run.toml: pruning.pruners[0]: sde_window start 25 leaves no room for width 4 in 20 steps (at most 16)");
+  // A multistep ODE solver on a topology it cannot serve: splits every second step leave ODE runs of one step.
+  CHECK(error_of("[topology]\nkind = \"split_schedule\"\nsplit_steps = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]\n"
+                 "[[pruning.pruners]]\nkind = \"sde_window\"\nsolver = \"dpm_solver_2m\"\n") ==
+        "run.toml: pruning.pruners[0]: sde_window solver dpm_solver_2m cannot serve this topology: its longest stretch "
+        "of steps without a split is 1, a second-order step at ode_stride 1 needs 2");
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"sde_window\"\nsolver = \"heun\"\n") ==
+        "run.toml: pruning.pruners[0].solver = 'heun': must be euler or dpm_solver_2m");
 }
 
 TEST_CASE("lists have a count limit and long values are echoed cut", "[reliability]") {
@@ -481,6 +488,17 @@ TEST_CASE("method_recipe mirrors with_method") {
       CHECK(r.stepper(bg::shifted_linear_schedule(20), 3, 1) == recipe.stepper(bg::shifted_linear_schedule(20), 3));
       CHECK(r.pruner.shape(r.topology(20), 7) == bg::shape_plan(recipe.pruner, recipe.topology(20), 7));
     });
+  for (const std::string_view name : bg::flash_method_names)
+    bg::with_method(name, [&](auto recipe) {
+      const bg::run_recipe r = bg::method_recipe(name);
+      CHECK(r.pruner.shape(r.topology(20), 0) == bg::shape_plan(recipe.pruner, recipe.topology(20), 0));
+    });
+  // branch-mix-flash from a config file: the SDE window with MixGRPO-Flash's stride and solver.
+  const bg::run_config flash = bg::parse_run_config(
+      "[[pruning.pruners]]\nkind = \"sde_window\"\node_stride = 2\nsolver = \"dpm_solver_2m\"\n", "run.toml");
+  CHECK(flash.recipe.pruner.shape(flash.recipe.topology(20), 0).evaluations() == 111);
+  CHECK(flash.recipe.pruner.shape(flash.recipe.topology(20), 0) ==
+        bg::method_recipe("branch-mix-flash").pruner.shape(bg::method_recipe("branch-mix-flash").topology(20), 0));
   CHECK(bg::method_recipe("dance").topology(20).evaluations() == 305);
   CHECK(bg::method_recipe("branch-widpru").pruner.pruner.pruners.size() == 1);
   CHECK(bg::method_recipe("branch").pruner.pruner.pruners.empty());

@@ -59,7 +59,7 @@ TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
   for (auto name : {"branch", "branch-widpru", "branch-deppru", "branch-mix"}) CHECK(evaluations(name) == 203);
   // branch-mix-flash's tree is branch's; its pruner removes the evaluations of the skip steps (sde_window).
   CHECK(with_method("branch-mix-flash", [](auto recipe) {
-          return recipe.pruner.shape(recipe.topology(20), 0).evaluations();
+          return shape_plan(recipe.pruner, recipe.topology(20), 0).evaluations();
         }) == 111);
   CHECK_THROWS_WITH(evaluations("grpo"),
                     "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, "
@@ -67,6 +67,10 @@ TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
 
   const auto stats = with_method("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(stats[0].rollout_evaluations == 8 * 203);
+  const auto flash = with_method("branch-mix-flash", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
+  CHECK(flash[0].rollout_evaluations == 8 * 111);
+  CHECK(std::isfinite(flash[0].loss));
+  CHECK(flash[0].first_update_log_prob_gap == 0.0);  // the SDE edges are recomputed exactly; skip edges untrained
   CHECK(stats[0].edges == 8 * 218);
   CHECK(stats[0].edges_trained == 8 * 218);
   CHECK(stats[0].update_evaluations == 8 * 218);

@@ -47,8 +47,8 @@ struct step_window {
 ///   iteration 0 -> kinds sde at {0, 1, 2, 3, 6, 9}, ode at {4, 7, 10, 12, 14, 16, 18}, skip at {5, 8, 11, 13, 15,
 ///   17, 19}; plan.ode dpm_solver_2m; 111 evaluations instead of 203.
 /// @pre 1 <= width <= steps, every >= 1, stride >= 0, 0 <= start <= steps - width, iteration >= 0, ode_stride >= 1;
-///      a multistep solver or an ode_stride > 1 needs an ODE run it can serve (two ODE steps in a row outside
-///      the window and the splits), else invalid_input naming it and the plan.
+///      a multistep solver needs a stretch of ode_stride + 1 steps without a split, an ode_stride > 1 one of 2 (else
+///      invalid_input: the solver cannot serve the topology).
 /// @post shape keeps steps, roots and branching; mask[n] == 1 only for a non-root SDE edge.
 struct sde_window {
   int width = 4;
@@ -79,26 +79,29 @@ struct sde_window {
     validate(plan);
     const auto inside = window(plan.steps, iteration);
     require(ode_stride >= 1, "sde_window ode_stride ", ode_stride, " is below 1");
+    // Whether the topology can serve the ODE options at all, whatever the window's position: a multistep solver
+    // needs two evaluated steps in one stretch without a split (else it is Euler under another name), a stride
+    // needs two steps to compress. A window that momentarily leaves shorter runs only lowers the order there.
+    int longest_stretch = 0;
+    for (int s = 0, stretch = 0; s < plan.steps; ++s) {
+      stretch = plan.branching[static_cast<std::size_t>(s)] > 1 ? 0 : stretch + 1;
+      longest_stretch = std::max(longest_stretch, stretch);
+    }
+    if (solver == ode_solver::dpm_solver_2m)
+      require(longest_stretch >= ode_stride + 1, "sde_window solver dpm_solver_2m cannot serve this topology: its ",
+              "longest stretch of steps without a split is ", longest_stretch, ", a second-order step at ode_stride ",
+              ode_stride, " needs ", ode_stride + 1);
+    else
+      require(ode_stride == 1 || longest_stretch >= 2, "sde_window ode_stride ", ode_stride,
+              " cannot serve this topology: it has no two steps in a row without a split");
     tree_plan shaped = plan;
     shaped.ode = solver;
-    int longest_run = 0;
     for (int s = 0, run = 0; s < plan.steps; ++s) {
       const auto at = static_cast<std::size_t>(s);
       const bool sde = inside.contains(s) || plan.branching[at] > 1;
       run = sde ? 0 : run + 1;  // position in the current ODE run, from 1
-      longest_run = std::max(longest_run, run);
       shaped.kinds[at] = sde ? edge_kind::sde : (run - 1) % ode_stride == 0 ? edge_kind::ode : edge_kind::skip;
     }
-    // A multistep solver needs two evaluated steps in one ODE run (else it is Euler under another name); a stride
-    // needs a run to compress.
-    if (solver == ode_solver::dpm_solver_2m)
-      require(longest_run >= ode_stride + 1, "sde_window solver dpm_solver_2m cannot serve this topology: its ",
-              "longest ODE run outside the window (width ", width, ") and the splits is ", longest_run,
-              " steps, a second-order step at ode_stride ", ode_stride, " needs ", ode_stride + 1);
-    else
-      require(ode_stride == 1 || longest_run >= 2, "sde_window ode_stride ", ode_stride,
-              " cannot serve this topology: no two ODE steps in a row outside the window (width ", width,
-              ") and the splits");
     return shaped;
   }
 

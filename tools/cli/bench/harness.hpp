@@ -193,20 +193,24 @@ struct variant_run {
   std::optional<std::int64_t> peak_memory;  ///< peak device memory over the variant's iterations, bytes
 };
 
-/// The variants to run: options.methods in method_names order, or every method; dance first.
-/// @pre every name is a method and dance is among them (else invalid_input naming the value).
+/// The variants to run: options.methods in method_names order (then flash_method_names'), or the five of
+/// method_names; dance first.
+/// @pre every name is one of method_names or flash_method_names and dance is among them (else invalid_input naming
+///      the value).
 inline std::vector<std::string> bench_variants(const bench_options& options) {
+  const auto listed = [](const auto& names, std::string_view name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
   for (const std::string& name : options.methods)
-    require(std::find(method_names.begin(), method_names.end(), name) != method_names.end(), "unknown method '", name,
-            "' (expected dance, branch, branch-widpru, branch-deppru or branch-mix)");
-  require(options.methods.empty() ||
-              std::find(options.methods.begin(), options.methods.end(), "dance") != options.methods.end(),
+    require(listed(method_names, name) || listed(flash_method_names, name), "unknown method '", name,
+            "' (expected dance, branch, branch-widpru, branch-deppru, branch-mix or branch-mix-flash)");
+  require(options.methods.empty() || listed(options.methods, "dance"),
           "--methods must include dance (every ratio is to dance)");
   std::vector<std::string> out;
   for (const std::string_view name : method_names)
-    if (options.methods.empty() ||
-        std::find(options.methods.begin(), options.methods.end(), name) != options.methods.end())
-      out.emplace_back(name);
+    if (options.methods.empty() || listed(options.methods, name)) out.emplace_back(name);
+  for (const std::string_view name : flash_method_names)
+    if (listed(options.methods, name)) out.emplace_back(name);
   return out;
 }
 

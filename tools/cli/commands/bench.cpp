@@ -92,8 +92,8 @@ void add_bench_command(CLI::App& app) {
       ->type_name("S")
       ->capture_default_str();
   add_text_list(iteration, "--methods", options->methods,
-                "Comma-separated subset of dance, branch, branch-widpru, branch-deppru, branch-mix "
-                "(default: all; must include dance)")
+                "Comma-separated subset of dance, branch, branch-widpru, branch-deppru, branch-mix, "
+                "branch-mix-flash (default: the first five; must include dance)")
       ->type_name("LIST");
   iteration->add_flag("--json", options->json, "One JSON object keyed by variant");
   iteration->add_option("--json-file", options->json_file, "Also write the JSON object to this file")

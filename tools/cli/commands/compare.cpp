@@ -250,6 +250,17 @@ run_config shapes_config(const method_variant& variant, const demo_runs::demo_op
     config.recipe.normalizer.use_fusion(config.recipe.fusion);
   }
   if (variant.stepper) config.recipe.stepper.policy = make_policy<stepper_policies>(*variant.stepper);
+  if (variant.ode_stride || variant.solver) {
+    bool windowed = false;
+    for (any_pruner_choice& choice : config.recipe.pruner.pruner.pruners)
+      if (auto* window = std::get_if<sde_window>(&choice.policy)) {
+        if (variant.ode_stride) window->ode_stride = *variant.ode_stride;
+        if (variant.solver) window->solver = *variant.solver;
+        windowed = true;
+      }
+    require(windowed, "--methods ", variant.label, ": ode_stride and solver need an SDE window (branch-mix, "
+            "branch-mix-flash)");
+  }
   if (variant.updates) config.run.updates_per_iteration = *variant.updates;
   if (variant.lr) config.optimizer.lr = *variant.lr;
   config.loss = variant.loss_options(config.loss);

@@ -14,6 +14,8 @@
 //   branch:ratio_norm=on          GRPO-Guard's RatioNorm of the importance ratio (ppo_options::ratio_norm)
 //   branch:step_weight=noise_std  a per-step loss weight (ppo_options::step_weight: inverse_dt, noise_std, equal_steps)
 //   branch-nft:intermediate=1     a decoupled objective also trained on the tree's internal split nodes
+//   branch-mix-flash:ode_stride=3 an sde_window's schedule steps per ODE call (MixGRPO-Flash's compression)
+//   branch-mix-flash:solver=euler an sde_window's ODE solver (euler or dpm_solver_2m)
 //
 // The recipe overrides (scope, s, fusion) act on with_method's typed recipe; updates, lr and the loss options act
 // on the run's options and are read by the caller (loss_options()). Torch-free: the toy's compare uses it without
@@ -34,6 +36,7 @@
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
 #include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/pruning/sde_window.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
 #include "branchgrpo/training/methods.hpp"
 
@@ -52,6 +55,8 @@ struct method_variant {
   std::optional<bool> ratio_norm = {};
   std::optional<step_weighting> step_weight = {};
   std::optional<bool> intermediate = {};  ///< a decoupled objective's intermediate_nodes
+  std::optional<int> ode_stride = {};     ///< an sde_window's ode_stride
+  std::optional<ode_solver> solver = {};  ///< an sde_window's ODE solver
 
   /// Whether it is the named method unchanged.
   [[nodiscard]] bool plain() const { return label == method; }
@@ -69,10 +74,10 @@ struct method_variant {
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
 /// @pre the name is one of method_names, decoupled_method_names or flash_method_names; each part is key=value with a known key (scope, s,
-///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate) and a value in its domain (scope
+///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, ode_stride, solver) and a value in its domain (scope
 ///      per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name, updates an
 ///      integer in [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std |
-///      equal_steps, intermediate 0 or 1); no key twice (else invalid_input naming the part).
+///      equal_steps, intermediate 0 or 1, ode_stride in [1, max_steps], solver euler | dpm_solver_2m); no key twice (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -90,7 +95,8 @@ inline method_variant parse_method_variant(std::string_view entry) {
     colon = next;
     const std::size_t equals = part.find('=');
     require(equals != std::string_view::npos && equals > 0, "--methods: '", part, "' in '", entry,
-            "' is not key=value (keys: scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate)");
+            "' is not key=value (keys: scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, "
+            "ode_stride, solver)");
     const std::string_view key = part.substr(0, equals);
     const std::string value(part.substr(equals + 1));
     const std::string what = "--methods " + std::string(entry) + ": " + std::string(key);
@@ -134,9 +140,19 @@ inline method_variant parse_method_variant(std::string_view entry) {
     } else if (key == "intermediate") {
       once(!out.intermediate);
       out.intermediate = parse_integer<int>(value, what, 0, 1) == 1;
+    } else if (key == "ode_stride") {
+      once(!out.ode_stride);
+      out.ode_stride = parse_integer<int>(value, what, 1, max_steps);
+    } else if (key == "solver") {
+      once(!out.solver);
+      const auto* named = std::find_if(std::begin(ode_solver_names), std::end(ode_solver_names),
+                                       [&](const auto& choice) { return choice.name == value; });
+      require(named != std::end(ode_solver_names), what, " = ", value, ": must be euler or dpm_solver_2m");
+      out.solver = named->value;
     } else {
       fail("--methods: unknown key '", key, "' in '", entry,
-           "' (expected scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight or intermediate)");
+           "' (expected scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, ode_stride or "
+           "solver)");
     }
   }
   return out;
@@ -162,6 +178,14 @@ decltype(auto) with_variant(const method_variant& variant, Body&& body) {
       else
         fail("--methods ", variant.label, ": s needs correlated sibling noise, and ", variant.method,
              " has independent chains");
+    }
+    if (variant.ode_stride || variant.solver) {
+      if constexpr (std::same_as<decltype(recipe.pruner), sde_window>) {
+        if (variant.ode_stride) recipe.pruner.ode_stride = *variant.ode_stride;
+        if (variant.solver) recipe.pruner.solver = *variant.solver;
+      } else {
+        fail("--methods ", variant.label, ": ode_stride and solver need an SDE window (branch-mix, branch-mix-flash)");
+      }
     }
     if (variant.intermediate) {
       if constexpr (MatchingObjective<decltype(recipe.objective)>)

@@ -555,7 +555,9 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
       std::visit(
           [&](const auto& p) {
             using P = std::decay_t<decltype(p)>;
-            if constexpr (std::is_same_v<P, sde_window>) (void)p.window(plan.steps, 0);
+            // The plan it shapes at iteration 0: a window with no room, or an ODE solver or stride the topology
+            // cannot serve, is refused here rather than at the first iteration.
+            if constexpr (std::is_same_v<P, sde_window>) (void)p.shape(plan, 0);
             if constexpr (std::is_same_v<P, depth_window>)
               require(p.width <= plan.steps, "depth_window width ", p.width, " exceeds the ", plan.steps, " steps");
           },
