@@ -199,6 +199,36 @@ TEST_CASE("ode_step: Euler and DPM-Solver++(2M), the doc examples", "[stepper][o
                     "ODE edge from step 2 has its previous data prediction at step 2");
 }
 
+TEST_CASE("ode_step against MixGRPO's DPM-Solver++", "[stepper][ode][reference]") {
+  // Rows printed by tests/reference/dpm_solver_reference.py, which runs MixGRPO's own ODE updates
+  // (fastvideo/utils/sampling_utils.py: multistep_dpm_solver_second_order_update, "dpmsolver++" / "midpoint", and
+  // dpm_solver_first_order_update; float64) from a checkout of Tencent-Hunyuan/MixGRPO:
+  //   {sigma_prev (-1: first order), sigma_from, sigma_to, x, v, x0_prev, MixGRPO's next}.
+  struct row {
+    double sigma_prev, sigma_from, sigma_to, x, v, x0_prev, next;
+  };
+  const row rows[] = {
+      {0.9, 0.8, 0.7, 0.7, -1.3, 0.4, 0.8856656491935683},
+      {0.75, 0.5, 0.25, 0.7, -1.3, 0.4, 1.2625},
+      {0.8571428571428571, 0.7826086956521738, 0.6923076923076923, 0.7, -1.3, 0.4, 0.8873209360640542},
+      {0.6, 0.45, 0.2, 0.7, -1.3, 0.4, 1.505858936381434},
+      {0.95, 0.5, 0.45, 0.7, -1.3, 0.4, 0.7682372408129005},
+      {0.3, 0.2, 0.05, 0.7, -1.3, 0.4, 1.5020732729154656},
+      {-1, 0.5, 0.25, 0.7, -1.3, 0.4, 1.025},
+      {-1, 0.8, 0.4, 0.7, -1.3, 0.4, 1.2199999999999998},
+  };
+  for (const row& r : rows) {
+    // The three sigmas as steps 1, 2, 3 of a schedule from 1 to 0 (the steps between are what a skip edge spans).
+    const bool second = r.sigma_prev >= 0;
+    const sigma_schedule schedule(second ? std::vector<double>{1.0, r.sigma_prev, r.sigma_from, r.sigma_to, 0.0}
+                                         : std::vector<double>{1.0, 0.99, r.sigma_from, r.sigma_to, 0.0});
+    const affine_step step =
+        ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 2, .to = 3, .previous = second ? 1 : -1});
+    CHECK(step.x_coeff * r.x + step.velocity_coeff * r.v + step.previous_x0_coeff * r.x0_prev ==
+          Approx(r.next).epsilon(1e-13));
+  }
+}
+
 TEST_CASE("gaussian_log_prob_mean", "[stepper]") {
   const std::vector<double> next{1, 3}, mean{1, 1};
   // The doc comment's example: -0.25 - log 2 - 0.5 log(2 pi).
