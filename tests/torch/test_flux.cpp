@@ -237,6 +237,21 @@ TEST_CASE("packing, position ids, RoPE and the timestep embedding against hand v
   CHECK(e[1][1].item<double>() == Approx(std::cos(std::pow(10000.0, -1.0 / 128))).margin(1e-6));
 }
 
+TEST_CASE("RoPE and the timestep embedding are made on their input's device") {
+  // The meta device holds no data, and an operation mixing a meta tensor with a CPU tensor that is not 0-dim throws
+  // "Expected all tensors to be on the same device" as a CUDA one does: a table built on the host fails here on the
+  // CPU as it fails in a CUDA forward (FLUX's and Wan's, which call these two on the weights' device).
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  const rope_table rope = flux_rope(torch::zeros({2, 5, 3}, meta.dtype(torch::kFloat64)), {2, 2, 4}, 10000.0);
+  CHECK(rope.cos.device().type() == torch::kMeta);
+  CHECK(rope.sin.device().type() == torch::kMeta);
+  CHECK(rope.cos.sizes() == torch::IntArrayRef({2, 1, 5, 4}));
+  const torch::Tensor e = flux_timestep_embedding(torch::zeros({3}, meta), 7);  // odd: the zero column as well
+  CHECK(e.device().type() == torch::kMeta);
+  CHECK(e.sizes() == torch::IntArrayRef({3, 7}));
+  CHECK(e.scalar_type() == torch::kFloat32);
+}
+
 TEST_CASE("flux forward shapes for even and odd latent sizes") {
   torch::manual_seed(0);
   flux_transformer model(flux_config::tiny());

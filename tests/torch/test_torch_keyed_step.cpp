@@ -2,12 +2,16 @@
 // the CPU's. On the CPU it is keyed_sde_step_on_host over LibTorch tensors: float64 gives the host backend's next
 // bit for bit, float32 within its rounding. On a CUDA device (bench/gpu_kernels.sh runs this test there) the step is
 // the fused kernel when the build links the CUDA kernels, LibTorch's ops otherwise; either way next must equal the
-// CPU's bit for bit and the log-probs agree within 1e-12 relative.
+// CPU's bit for bit and the log-probs agree within 1e-12 relative. Also: the backend's other operations make their
+// tensors on its device (checked on the meta device, which refuses a host tensor as CUDA does), and on a CUDA device
+// row_log_prob_tensor (the kernels' autograd function when linked) gives the CPU's values and gradients.
 #include <branchgrpo/torch/backend.hpp>  // before Catch2 on purpose: compat.hpp keeps Catch2's CHECK either way
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "branchgrpo/rollout/host_backend.hpp"
@@ -96,4 +100,52 @@ TEST_CASE("torch_backend::keyed_sde_step on a CUDA device equals the CPU's", "[t
       CHECK(torch::equal(got.next.cpu(), want.next));
       check_log_probs(got.log_probs, want.log_probs, 1e-12);
     }
+}
+
+TEST_CASE("torch_backend makes its tensors on its device (meta: devices checked as on CUDA)", "[torch]") {
+  // A meta tensor holds no data; an operation mixing it with a CPU tensor that is not 0-dim throws "Expected all
+  // tensors to be on the same device", as a CUDA tensor does: a tensor left on the host fails here on the CPU.
+  // (gather_rows is not here: LibTorch 1.13 has no meta index_select; to_host and keyed_sde_step read values.)
+  const step_case c;
+  const torch_backend meta{.device = torch::kMeta, .dtype = torch::kFloat32};
+  const torch::Tensor x = meta.from_host(c.x, 3, c.shape), v = meta.from_host(c.v, 3, c.shape);
+  CHECK(x.device().type() == torch::kMeta);
+  const torch::Tensor mean = meta.affine(0.9375, x, -0.0625, v);
+  CHECK(mean.device().type() == torch::kMeta);
+  const std::vector<torch::Tensor> parts{meta.slice_rows(x, 1, 3), mean};
+  const torch::Tensor joined = meta.concat_rows(parts);
+  CHECK(joined.device().type() == torch::kMeta);
+  CHECK(joined.sizes() == torch::IntArrayRef({5, 4, 5, 6}));
+  const torch::Tensor log_probs = meta.row_log_prob_tensor(x, mean, std::span<const double>(c.stds).first(3));
+  CHECK(log_probs.device().type() == torch::kMeta);
+  CHECK(log_probs.scalar_type() == torch::kFloat64);
+  CHECK(log_probs.sizes() == torch::IntArrayRef({3}));
+}
+
+TEST_CASE("torch_backend::row_log_prob_tensor on a CUDA device: the CPU's values and gradients", "[torch][cuda]") {
+  if (!torch::cuda::is_available()) {
+    WARN("no CUDA device: this test runs on a GPU machine (bench/gpu_kernels.sh)");
+    return;
+  }
+  const step_case c;
+  const std::span<const double> stds = std::span<const double>(c.stds).first(3);
+  // sum_r w_r logp_r, differentiated with respect to the means (as the policy's update does).
+  const auto run = [&](const torch_backend& backend) {
+    const torch::Tensor next = backend.from_host(c.x, 3, c.shape);
+    torch::Tensor mean = backend.from_host(c.v, 3, c.shape);
+    mean.set_requires_grad(true);
+    const torch::Tensor log_probs = backend.row_log_prob_tensor(next, mean, stds);
+    const torch::Tensor w = torch::tensor({1.0, -2.0, 0.5}, torch::kFloat64).to(log_probs.device());
+    (w * log_probs).sum().backward();
+    return std::pair{log_probs.detach().cpu(), mean.grad().cpu()};
+  };
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kFloat64}) {
+    const auto [want, want_grad] = run({.device = torch::kCPU, .dtype = dtype});
+    const auto [got, got_grad] = run({.device = torch::kCUDA, .dtype = dtype});
+    const double relative = dtype == torch::kFloat64 ? 1e-12 : 1e-6;
+    CHECK((got - want).abs().max().item<double>() <= 1e-12 * want.abs().max().item<double>());
+    CHECK(got_grad.scalar_type() == dtype);
+    CHECK((got_grad.to(torch::kFloat64) - want_grad.to(torch::kFloat64)).abs().max().item<double>() <=
+          relative * want_grad.to(torch::kFloat64).abs().max().item<double>());
+  }
 }

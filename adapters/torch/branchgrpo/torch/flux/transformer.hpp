@@ -77,17 +77,19 @@ struct rope_table {
 };
 
 /// 3-axis RoPE angles: for axis a of width d_a, pair j < d_a / 2 gets angle pos_a * theta^(-2j / d_a); the
-/// axes' pairs are concatenated in axis order. Computed in float64, returned in `dtype`.
+/// axes' pairs are concatenated in axis order. Computed in float64, returned in `dtype` on the ids' device.
 /// Example: axes {2, 2, 4}, theta 10000, ids (0, 1, 2) -> angles {0, 1, 2, 2 * 10000^(-1/2) = 0.02}.
 /// @pre ids [B, L, 3] (or [L, 3]), every axis width even.
 inline rope_table flux_rope(const torch::Tensor& ids, const std::array<std::int64_t, 3>& axes, double theta,
                             torch::Dtype dtype = torch::kFloat32) {
   const torch::Tensor pos = (ids.dim() == 2 ? ids.unsqueeze(0) : ids).to(torch::kFloat64);
   require(pos.dim() == 3 && pos.size(2) == 3, "flux_rope expects ids [B, L, 3]");
+  // The frequencies on the ids' device: a host table times CUDA ids is a device mismatch.
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(pos.device());
   std::vector<torch::Tensor> angles;
   for (std::int64_t a = 0; a < 3; ++a) {
     const auto d = axes[static_cast<std::size_t>(a)];
-    const torch::Tensor exponent = torch::arange(0, d, 2, torch::kFloat64) / static_cast<double>(d);
+    const torch::Tensor exponent = torch::arange(0, d, 2, f64) / static_cast<double>(d);
     const torch::Tensor omega = torch::pow(theta, -exponent);  // [d/2]
     angles.push_back(pos.select(2, a).unsqueeze(-1) * omega);  // [B, L, d/2]
   }
@@ -104,13 +106,13 @@ inline torch::Tensor apply_rope(const torch::Tensor& x, const rope_table& rope) 
 }
 
 /// Sinusoidal embedding of t [B] with FLUX's conventions: t scaled by `time_factor`, frequencies
-/// exp(-ln(max_period) j / half), cos first then sin. Returns [B, dim] in float32.
+/// exp(-ln(max_period) j / half), cos first then sin. Returns [B, dim] in float32 on t's device.
 /// Example: t = 0 -> [1 (half times), 0 (half times)].
 inline torch::Tensor flux_timestep_embedding(const torch::Tensor& t, std::int64_t dim = 256,
                                              double time_factor = 1000.0, double max_period = 10000.0) {
   const std::int64_t half = dim / 2;
-  const torch::Tensor freqs =
-      torch::exp(-std::log(max_period) * torch::arange(half, torch::kFloat64) / static_cast<double>(half));
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(t.device());  // as flux_rope's frequencies
+  const torch::Tensor freqs = torch::exp(-std::log(max_period) * torch::arange(half, f64) / static_cast<double>(half));
   const torch::Tensor args = (t.to(torch::kFloat64) * time_factor).unsqueeze(1) * freqs.unsqueeze(0);
   torch::Tensor embedding = torch::cat({torch::cos(args), torch::sin(args)}, -1);
   if (dim % 2) embedding = torch::cat({embedding, torch::zeros_like(embedding.narrow(1, 0, 1))}, -1);
