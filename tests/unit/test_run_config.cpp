@@ -495,8 +495,8 @@ TEST_CASE("method_recipe mirrors with_method") {
     });
   // branch-mix-flash from a config file: the SDE window with MixGRPO-Flash's stride and solver.
   const bg::run_config flash = bg::parse_run_config(
-      "[[pruning.pruners]]\nkind = \"sde_window\"\node_stride = 2\nsolver = \"dpm_solver_2m\"\n", "run.toml");
-  CHECK(flash.recipe.pruner.shape(flash.recipe.topology(20), 0).evaluations() == 111);
+      "[[pruning.pruners]]\nkind = \"sde_window\"\node_stride = 3\nsolver = \"dpm_solver_2m\"\n", "run.toml");
+  CHECK(flash.recipe.pruner.shape(flash.recipe.topology(20), 0).evaluations() == 95);
   CHECK(flash.recipe.pruner.shape(flash.recipe.topology(20), 0) ==
         bg::method_recipe("branch-mix-flash").pruner.shape(bg::method_recipe("branch-mix-flash").topology(20), 0));
   CHECK(bg::method_recipe("dance").topology(20).evaluations() == 305);
