@@ -360,8 +360,8 @@ TEST_CASE("sde_window: MixGRPO-Flash's ODE stride and solver (doc example)") {
 TEST_CASE("sde_window: a multistep solver on a topology it cannot serve") {
   // The dense tree serves ode_stride 4 at every window position, also where the window leaves ODE runs of 3.
   for (int iteration = 0; iteration < 20; ++iteration)
-    CHECK_NOTHROW(sde_window{.ode_stride = 4, .solver = ode_solver::dpm_solver_2m}.shape(split_schedule::dense()(20),
-                                                                                        iteration));
+    CHECK_NOTHROW(
+        sde_window{.ode_stride = 4, .solver = ode_solver::dpm_solver_2m}.shape(split_schedule::dense()(20), iteration));
   // Splits at every step leave no ODE step at all; splits every second step leave ODE runs of one step.
   const auto every_step = split_schedule{.split_steps = {0, 1, 2, 3}, .branching = {2}}(4);
   CHECK_THROWS_WITH((sde_window{.width = 1, .solver = ode_solver::dpm_solver_2m}.shape(every_step, 0)),
@@ -377,9 +377,8 @@ TEST_CASE("sde_window: a multistep solver on a topology it cannot serve") {
   // position does not matter: where it leaves a shorter run, that run is only integrated at a lower order.
   const auto short_runs = split_schedule{.split_steps = {0, 4}, .branching = {2}}(8);
   CHECK_NOTHROW(sde_window{.width = 1, .ode_stride = 2, .solver = ode_solver::dpm_solver_2m}.shape(short_runs, 0));
-  CHECK_THROWS_AS(
-      (sde_window{.width = 1, .ode_stride = 3, .solver = ode_solver::dpm_solver_2m}.shape(short_runs, 0)),
-      invalid_input);
+  CHECK_THROWS_AS((sde_window{.width = 1, .ode_stride = 3, .solver = ode_solver::dpm_solver_2m}.shape(short_runs, 0)),
+                  invalid_input);
 }
 
 TEST_CASE("sde_window rejects bad parameters") {

@@ -318,9 +318,9 @@ TEST_CASE("cps and per_layer_eta: drawn with noise_std, scored with the stepper'
                        .step = static_cast<std::uint32_t>(s),
                        .stream = noise_stream::edge},
                       eps);
-    const hand_edge edge = recompute_edge(latent_of(backend, result, parent), schedule.sigma(s),
-                                          static_cast<double>(info.prompt), data_std, step, eps,
-                                          step.noise_std * factor);
+    const hand_edge edge =
+        recompute_edge(latent_of(backend, result, parent), schedule.sigma(s), static_cast<double>(info.prompt),
+                       data_std, step, eps, step.noise_std * factor);
     const std::vector<double> next = latent_of(backend, result, node);
     check_close(next, edge.next);
     CHECK(result.edge_std[static_cast<std::size_t>(node)] == scored);
@@ -331,8 +331,8 @@ TEST_CASE("cps and per_layer_eta: drawn with noise_std, scored with the stepper'
     const tree_plan plan = ode_where_noiseless(split_schedule::dense()(20), cps{}, schedule);
     for (int s = 0; s < 19; ++s) CHECK(plan.kinds[static_cast<std::size_t>(s)] == edge_kind::sde);
     CHECK(plan.kinds[19] == edge_kind::ode);
-    const auto result = rollout(backend, denoiser, cps{}, independent{}, schedule, rollout_tree(plan, two_trees()),
-                                shape3, options);
+    const auto result =
+        rollout(backend, denoiser, cps{}, independent{}, schedule, rollout_tree(plan, two_trees()), shape3, options);
     const double scored = 1.0 / std::sqrt(2.0);
     const std::int32_t per_tree = result.tree.nodes_per_tree();
     check_edge(result, per_tree + 1, cps{}(schedule, 0), 1.0, scored);  // the split at step 0
@@ -341,10 +341,10 @@ TEST_CASE("cps and per_layer_eta: drawn with noise_std, scored with the stepper'
     CHECK(result.tree.log_prob(leaf) == 0.0);
     CHECK(result.edge_std[static_cast<std::size_t>(leaf)] == 0.0);
     // Without ode_where_noiseless the engine refuses the noiseless SDE step.
-    CHECK_THROWS_WITH(rollout(backend, denoiser, cps{}, independent{}, schedule, dense_forest(two_trees()), shape3,
-                              options),
-                      "SDE step 19 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge: "
-                      "ode_where_noiseless)");
+    CHECK_THROWS_WITH(
+        rollout(backend, denoiser, cps{}, independent{}, schedule, dense_forest(two_trees()), shape3, options),
+        "SDE step 19 has noise_std 0; an SDE edge needs a positive std (make it an ODE edge: "
+        "ode_where_noiseless)");
   }
   SECTION("cps with a split correlator's factor: drawn at noise_std * f, still scored with 1/sqrt(2)") {
     const tree_plan plan = ode_where_noiseless(split_schedule::dense()(20), cps{}, schedule);
@@ -358,10 +358,10 @@ TEST_CASE("cps and per_layer_eta: drawn with noise_std, scored with the stepper'
     const auto result =
         rollout(backend, denoiser, stepper, independent{}, schedule, dense_forest(two_trees()), shape3, options);
     const auto at = [&](int eta_index, int s) { return dance_sde{.eta = stepper.etas[eta_index]}(schedule, s); };
-    check_edge(result, 1, at(0, 0), 1.0, at(0, 0).noise_std);                            // split 0: layer 0
-    const std::int32_t step3 = result.tree.nodes_at_depth(0, 4).begin;                   // split at step 3: layer 1
+    check_edge(result, 1, at(0, 0), 1.0, at(0, 0).noise_std);           // split 0: layer 0
+    const std::int32_t step3 = result.tree.nodes_at_depth(0, 4).begin;  // split at step 3: layer 1
     check_edge(result, step3, at(1, 3), 1.0, at(1, 3).noise_std);
-    const std::int32_t step5 = result.tree.nodes_at_depth(1, 6).begin + 1;               // chain at step 5: layer 2
+    const std::int32_t step5 = result.tree.nodes_at_depth(1, 6).begin + 1;  // chain at step 5: layer 2
     check_edge(result, step5, at(2, 5), 1.0, at(2, 5).noise_std);
     check_edge(result, result.tree.leaves().back(), at(2, 19), 1.0, at(2, 19).noise_std);  // layer 4: the last eta
   }

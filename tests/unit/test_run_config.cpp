@@ -310,8 +310,8 @@ TEST_CASE("[rollout] stepper = \"cps\" and \"per_layer_eta\" with their paramete
   CHECK(bg::parse_run_config("[rollout]\nstepper = \"cps\"\n", "r").recipe.stepper == bg::any_stepper{bg::cps{}});
   CHECK(std::get<bg::cps>(bg::parse_run_config("[rollout]\nstepper = \"cps\"\neta = 0.5\n", "r").recipe.stepper.policy)
             .eta == 0.5);
-  const bg::run_config layered = bg::parse_run_config(
-      "[rollout]\nstepper = \"per_layer_eta\"\netas = [0.9, 1, 0.5]\nsampler = \"cps\"\n", "r");
+  const bg::run_config layered =
+      bg::parse_run_config("[rollout]\nstepper = \"per_layer_eta\"\netas = [0.9, 1, 0.5]\nsampler = \"cps\"\n", "r");
   CHECK(std::get<bg::per_layer_eta>(layered.recipe.stepper.policy) ==
         bg::per_layer_eta{.etas = {0.9, 1.0, 0.5}, .sampler = bg::layer_sampler::cps});
   // The config text (what a checkpoint records) names them as a config writes them.

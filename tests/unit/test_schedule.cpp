@@ -119,8 +119,8 @@ TEST_CASE("cps coefficients match the Flow-CPS formulas", "[stepper]") {
 TEST_CASE("per_layer_eta, tree_plan::layer, step_coefficients and scoring_std", "[stepper]") {
   const sigma_schedule schedule = shifted_linear_schedule(4);
   // tree_plan::layer's example: branching {2, 1, 2, 1} -> layers 0, 1, 1, 2.
-  const tree_plan plan{.steps = 4, .roots = 1, .branching = {2, 1, 2, 1},
-                       .kinds = std::vector<edge_kind>(4, edge_kind::sde)};
+  const tree_plan plan{
+      .steps = 4, .roots = 1, .branching = {2, 1, 2, 1}, .kinds = std::vector<edge_kind>(4, edge_kind::sde)};
   CHECK(plan.layer(0) == 0);
   CHECK(plan.layer(1) == 1);
   CHECK(plan.layer(2) == 1);
@@ -156,8 +156,7 @@ TEST_CASE("per_layer_eta, tree_plan::layer, step_coefficients and scoring_std", 
                     "per_layer_eta etas[1] = 1.5 is not in (0, 1] (cps)");
   CHECK_THROWS_WITH(layered(schedule, 0, -1), "per_layer_eta layer -1 is negative");
   CHECK_THROWS_WITH(validate_parameters(per_layer_eta{.etas = {}}, "rollout"), "rollout.etas = []: must not be empty");
-  CHECK_THROWS_WITH(validate_parameters(cps{.eta = 2.0}, "rollout"),
-                    "rollout.eta = 2.0: must be in [0.0001, 1]");
+  CHECK_THROWS_WITH(validate_parameters(cps{.eta = 2.0}, "rollout"), "rollout.eta = 2.0: must be in [0.0001, 1]");
 }
 
 TEST_CASE("euler_ode and bad stepper input", "[stepper]") {

@@ -57,14 +57,14 @@ TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
   };
   CHECK(evaluations("dance") == 305);
   for (auto name : {"branch", "branch-widpru", "branch-deppru", "branch-mix"}) CHECK(evaluations(name) == 203);
-  // branch-mix-flash's tree is branch's; its pruner removes the evaluations of the skip steps (sde_window, ode_stride 3:
-  // the ODE run 10..19 is evaluated at 10, 13, 16, 19).
-  CHECK(with_method("branch-mix-flash", [](auto recipe) {
-          return shape_plan(recipe.pruner, recipe.topology(20), 0).evaluations();
-        }) == 95);
-  CHECK_THROWS_WITH(evaluations("grpo"),
-                    "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, "
-                    "branch-nft, branch-awm or branch-mix-flash)");
+  // branch-mix-flash's tree is branch's; its pruner removes the evaluations of the skip steps (sde_window, ode_stride
+  // 3: the ODE run 10..19 is evaluated at 10, 13, 16, 19).
+  CHECK(with_method("branch-mix-flash",
+                    [](auto recipe) { return shape_plan(recipe.pruner, recipe.topology(20), 0).evaluations(); }) == 95);
+  CHECK_THROWS_WITH(
+      evaluations("grpo"),
+      "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, "
+      "branch-nft, branch-awm or branch-mix-flash)");
 
   const auto stats = with_method("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(stats[0].rollout_evaluations == 8 * 203);
@@ -122,9 +122,9 @@ TEST_CASE("cps and per_layer_eta train through every topology with the rollout's
               8 * (2 + 2 + 2 + 4 + 8 + 16));  // the window {0, 1, 2, 3} and the splits at 6, 9
   }
   SECTION("per_layer_eta (dance_sde and cps) on the dense tree and sequential groups, through any_stepper") {
-    check_run(method{dense, per_layer_eta{.etas = {0.9, 0.6, 0.3}}, antithetic{}, uniform_mean{}, depth_wise{},
-                     keep_all{}},
-              8 * 218);
+    check_run(
+        method{dense, per_layer_eta{.etas = {0.9, 0.6, 0.3}}, antithetic{}, uniform_mean{}, depth_wise{}, keep_all{}},
+        8 * 218);
     check_run(method{dense, any_stepper{per_layer_eta{.etas = {1.0, 0.7}, .sampler = layer_sampler::cps}},
                      correlated{.s = 4.0}, uniform_mean{}, depth_wise{}, keep_all{}},
               8 * (218 - 16));

@@ -116,7 +116,8 @@ TEST_CASE("skip steps: evaluations, ode_target and validation (the doc example)"
   CHECK(std::string(to_string(edge_kind::skip)) == "skip");
   tree_plan after_sde = plan;
   after_sde.kinds = {edge_kind::sde, edge_kind::skip, edge_kind::ode, edge_kind::ode};
-  CHECK_THROWS_WITH(validate(after_sde), "skip step 1 does not follow an ODE step: only an ODE edge can integrate past it");
+  CHECK_THROWS_WITH(validate(after_sde),
+                    "skip step 1 does not follow an ODE step: only an ODE edge can integrate past it");
   tree_plan split_skip = plan;
   split_skip.branching = {2, 1, 2, 1};
   CHECK_THROWS_WITH(validate(split_skip), "split at step 2 must be an SDE edge: ODE children would be identical");

@@ -91,8 +91,8 @@ decltype(auto) with_method(std::string_view name, Body&& body) {
   if (name == "awm") return body(with_objective(dance_method(), advantage_weighted_matching{}));
   if (name == "branch-nft") return body(with_objective(branch_method(), diffusion_nft{}));
   if (name == "branch-awm") return body(with_objective(branch_method(), advantage_weighted_matching{}));
-  fail("unknown method '", name, "' (expected ", name_list(method_names, ", "), ", ", name_list(decoupled_method_names, ", "),
-       " or ", name_list(flash_method_names), ")");
+  fail("unknown method '", name, "' (expected ", name_list(method_names, ", "), ", ",
+       name_list(decoupled_method_names, ", "), " or ", name_list(flash_method_names), ")");
 }
 
 }  // namespace branchgrpo

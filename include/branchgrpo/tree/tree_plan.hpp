@@ -41,10 +41,10 @@ inline constexpr std::int64_t max_leaves_per_tree = std::int64_t{1} << 24;
 /// Example: steps 4, branching {2, 1, 1, 1}, kinds {sde, ode, skip, ode}: 9 nodes; evaluations 1 + 2 + 2 = 5 (the
 /// skip step's 2 nodes are not evaluated), the ODE edge at step 1 integrates from sigma(1) to sigma(3).
 struct tree_plan {
-  int steps = 0;                 ///< denoising transitions from the root (step 0) to the leaves (step `steps`)
-  int roots = 1;                 ///< independent roots per tree (sequential sampling without a shared root)
-  std::vector<int> branching;    ///< children per node at each step, size `steps`, each >= 1
-  std::vector<edge_kind> kinds;  ///< kind of the edges leaving step s, size `steps`; a split is always SDE
+  int steps = 0;                       ///< denoising transitions from the root (step 0) to the leaves (step `steps`)
+  int roots = 1;                       ///< independent roots per tree (sequential sampling without a shared root)
+  std::vector<int> branching;          ///< children per node at each step, size `steps`, each >= 1
+  std::vector<edge_kind> kinds;        ///< kind of the edges leaving step s, size `steps`; a split is always SDE
   ode_solver ode = ode_solver::euler;  ///< how the ODE edges are integrated
 
   friend bool operator==(const tree_plan&, const tree_plan&) = default;

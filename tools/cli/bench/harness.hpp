@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -410,10 +410,10 @@ inline void print_table(const std::vector<variant_run>& runs, const std::vector<
   // The name column fits the longest variant name (branch-mix-flash), keeping the five's table as it was.
   int name_width = 15;
   for (const variant_run& run : runs) name_width = std::max(name_width, static_cast<int>(run.name.size()) + 1);
-  out << std::left << std::setw(name_width) << "variant" << std::right << std::setw(11) << "s/iter" << std::setw(11) << "min"
-      << std::setw(11) << "max" << std::setw(9) << "vs dance" << std::setw(8) << "paper" << std::setw(8) << "evals"
-      << std::setw(9) << "trained" << std::setw(9) << "rollout" << std::setw(8) << "reward" << std::setw(8) << "update"
-      << std::setw(10) << "overhead" << std::setw(10) << "batching";
+  out << std::left << std::setw(name_width) << "variant" << std::right << std::setw(11) << "s/iter" << std::setw(11)
+      << "min" << std::setw(11) << "max" << std::setw(9) << "vs dance" << std::setw(8) << "paper" << std::setw(8)
+      << "evals" << std::setw(9) << "trained" << std::setw(9) << "rollout" << std::setw(8) << "reward" << std::setw(8)
+      << "update" << std::setw(10) << "overhead" << std::setw(10) << "batching";
   if (flops) out << std::setw(10) << "TFLOP/s" << std::setw(10) << "of peak" << std::setw(12) << "peak mem";
   out << '\n';
   for (std::size_t v = 0; v < runs.size(); ++v) {

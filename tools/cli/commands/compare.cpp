@@ -258,7 +258,8 @@ run_config shapes_config(const method_variant& variant, const demo_runs::demo_op
         if (variant.solver) window->solver = *variant.solver;
         windowed = true;
       }
-    require(windowed, "--methods ", variant.label, ": ode_stride and solver need an SDE window (branch-mix, "
+    require(windowed, "--methods ", variant.label,
+            ": ode_stride and solver need an SDE window (branch-mix, "
             "branch-mix-flash)");
   }
   if (variant.updates) config.run.updates_per_iteration = *variant.updates;

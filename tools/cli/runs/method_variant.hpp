@@ -73,11 +73,13 @@ struct method_variant {
 /// Parses one `--methods` entry.
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
-/// @pre the name is one of method_names, decoupled_method_names or flash_method_names; each part is key=value with a known key (scope, s,
-///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, ode_stride, solver) and a value in its domain (scope
-///      per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name, updates an
-///      integer in [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std |
-///      equal_steps, intermediate 0 or 1, ode_stride in [1, max_steps], solver euler | dpm_solver_2m); no key twice (else invalid_input naming the part).
+/// @pre the name is one of method_names, decoupled_method_names or flash_method_names; each part is key=value with a
+/// known key (scope, s,
+///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, ode_stride, solver) and a value in its
+///      domain (scope per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name,
+///      updates an integer in [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std |
+///      equal_steps, intermediate 0 or 1, ode_stride in [1, max_steps], solver euler | dpm_solver_2m); no key twice
+///      (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -87,8 +89,8 @@ inline method_variant parse_method_variant(std::string_view entry) {
   for (const std::string_view name : decoupled_method_names) known = known || name == out.method;
   for (const std::string_view name : flash_method_names) known = known || name == out.method;
   require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ",
-          name_list(method_names, ", "), ", ", name_list(decoupled_method_names, ", "), " or ", name_list(flash_method_names),
-          ", optionally followed by :key=value overrides)");
+          name_list(method_names, ", "), ", ", name_list(decoupled_method_names, ", "), " or ",
+          name_list(flash_method_names), ", optionally followed by :key=value overrides)");
   while (colon != std::string_view::npos) {
     const std::size_t next = entry.find(':', colon + 1);
     const std::string_view part = entry.substr(colon + 1, next == std::string_view::npos ? next : next - colon - 1);
