@@ -119,6 +119,38 @@ TEST_CASE("a config file loads the model directory and the rewards, and a run tr
   CHECK(torch::equal(samples, run->sample(std::vector<std::int64_t>{0, 5, 11}, 9)));  // keyed: deterministic
 }
 
+TEST_CASE("[objective] nft and awm train the LoRA factors through the LibTorch policy, with the rows counted") {
+  const auto model = make_model_dir();
+  // run_toml: 2 trees of 4 leaves (splits at steps 0 and 2, K = 2), two optimizer steps per iteration, max_batch 8.
+  struct objective_case {
+    std::string table;
+    std::int64_t rows, update_evaluations;
+  };
+  const std::vector<objective_case> cases = {
+      // 8 leaves x 2 noise levels; each row's v_old first (16), then two rows each under the policy (32), in calls
+      // of at most max_batch / 2 = 4 samples.
+      {"[objective]\nkind = \"nft\"\nbeta = 0.5\ntimes_per_sample = 2\n", 16, 16 + 32},
+      // 8 leaves and the 2 x 2 internal split nodes at step 2; lp_old for each row first (two optimizer steps).
+      {"[objective]\nkind = \"awm\"\nintermediate_nodes = true\n", 12, 12 + 12}};
+  for (const objective_case& c : cases) {
+    CAPTURE(c.table);
+    const bg::run_config config =
+        bg::parse_run_config(run_toml(model, scratch("objective") / "run", 1) + c.table, "run.toml");
+    auto run = make_run(config);
+    std::vector<torch::Tensor> initial;
+    for (const auto& [name, tensor] : run->trainable()) initial.push_back(tensor.detach().clone());
+    const bg::iteration_stats stats = run->step();
+    CHECK(stats.rollout_evaluations == 2 * (1 + 2 + 2 + 4));
+    CHECK(stats.edges_trained == c.rows);
+    CHECK(stats.update_evaluations == c.update_evaluations);
+    CHECK(std::isfinite(stats.loss));
+    bool changed = false;
+    const auto after = run->trainable();
+    for (std::size_t i = 0; i < after.size(); ++i) changed = changed || !torch::equal(after[i].second, initial[i]);
+    CHECK(changed);
+  }
+}
+
 TEST_CASE("a run on a prompt dataset in shards, shuffled per epoch, trains as on the same prompts in memory") {
   const auto model = make_model_dir();
   const auto out = scratch("dataset");

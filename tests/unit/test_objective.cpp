@@ -256,6 +256,22 @@ TEST_CASE("on-policy, NFT (any beta) and AWM with uniform weighting take the sam
   CHECK(moved > 1e-9);
 }
 
+TEST_CASE("an any_objective trains as the objective it holds (a run config's [objective])", "[objective]") {
+  for (const any_objective& chosen : {any_objective{ppo_ratio{}}, any_objective{diffusion_nft{.beta = 0.5}},
+                                      any_objective{advantage_weighted_matching{.times_per_sample = 2}}}) {
+    DYNAMIC_SECTION(chosen.name()) {
+      std::vector<double> held, visited;
+      const auto direct = std::visit(
+          [&](const auto& objective) { return train_toy(with_objective(branch_method(), objective), 2, 64, 2, &held); },
+          chosen.policy);
+      const auto through = train_toy(with_objective(branch_method(), chosen), 2, 64, 2, &visited);
+      CHECK(held == visited);
+      CHECK(direct[1].edges_trained == through[1].edges_trained);
+      CHECK(direct[1].loss == through[1].loss);
+    }
+  }
+}
+
 TEST_CASE("intermediate nodes add the trees' internal split nodes, one row each", "[objective]") {
   // Dense tree {0, 3, 6, 9} x 2: 2 + 4 + 8 = 14 split nodes below the root, 16 leaves; 4 trees.
   for (const bool nft : {true, false}) {

@@ -480,6 +480,48 @@ TEST_CASE("load_run_config names an unreadable file") {
                     "/nonexistent/run.toml: cannot open the config file: No such file or directory");
 }
 
+TEST_CASE("[objective] chooses the update's objective; a transition option beside a decoupled one is one line") {
+  CHECK(bg::parse_run_config("", "r").recipe.objective == bg::any_objective{bg::ppo_ratio{}});
+  const bg::run_config nft = bg::parse_run_config(
+      "[objective]\nkind = \"nft\"\nbeta = 0.5\ntimes_per_sample = 2\nintermediate_nodes = true\n", "r");
+  CHECK(std::get<bg::diffusion_nft>(nft.recipe.objective.policy) ==
+        bg::diffusion_nft{.beta = 0.5, .times_per_sample = 2, .intermediate_nodes = true});
+  const bg::run_config awm =
+      bg::parse_run_config("[objective]\nkind = \"awm\"\nweighting = \"t_squared\"\nclip_range = 0.01\n", "r");
+  CHECK(std::get<bg::advantage_weighted_matching>(awm.recipe.objective.policy) ==
+        bg::advantage_weighted_matching{.weighting = bg::time_weighting::t_squared, .clip_range = 0.01});
+  // The canonical text holds the objective (so a checkpoint records it) and reads back to it; a PPO run's text
+  // has no objective key, as before the table existed.
+  const std::string text = bg::config_text(nft, false);
+  CHECK_THAT(text, Catch::Matchers::Contains("objective.kind = \"nft\"\nobjective.beta = 0.5\n"
+                                             "objective.times_per_sample = 2\n"));
+  CHECK(bg::parse_run_config(text, "r").recipe.objective == nft.recipe.objective);
+  CHECK(bg::config_text(bg::parse_run_config("", "r"), false).find("objective.") == std::string::npos);
+  // The named decoupled methods are their recipes with the objective.
+  CHECK(bg::method_recipe("branch-nft").objective == bg::any_objective{bg::diffusion_nft{}});
+  CHECK(bg::method_recipe("awm").objective.name() == "awm");
+  CHECK(bg::method_recipe("awm").topology(20).evaluations() == 305);  // dance's chains
+  // Out of range, unknown, and the loss options that need a transition's ratio.
+  CHECK(error_of("[objective]\nkind = \"nft\"\nbeta = 0\n") ==
+        "run.toml: objective.beta = 0: must be in [1e-6, 1000000]");
+  CHECK(error_of("[objective]\nkind = \"awm\"\ntimes_per_sample = 0\n") ==
+        "run.toml: objective.times_per_sample = 0: must be in [1, 256]");
+  CHECK(error_of("[objective]\nkind = \"awm\"\nclip_range = 1\n") ==
+        "run.toml: objective.clip_range = 1: must be in (0, 1)");
+  CHECK(error_of("[objective]\nkind = \"dpo\"\n") == "run.toml: objective.kind = 'dpo': must be ppo, awm or nft");
+  CHECK(error_of("[objective]\nkind = \"ppo\"\nbeta = 1\n") ==
+        "run.toml: objective.beta = 1: is not used by objective.kind = \"ppo\"");
+  CHECK(error_of("[objective]\nkind = \"nft\"\n[loss]\nratio_norm = true\n") ==
+        "run.toml: loss.ratio_norm = true with objective.kind = \"nft\": RatioNorm normalizes a transition's "
+        "importance ratio, and this objective has none (objective ppo only)");
+  CHECK(error_of("[objective]\nkind = \"awm\"\n[loss]\nkl_beta = 0.1\n") ==
+        "run.toml: loss.kl_beta = 0.1 with objective.kind = \"awm\": the KL term is defined on transition log-probs "
+        "(objective ppo only)");
+  CHECK(error_of("[objective]\nkind = \"awm\"\n[loss]\nstep_weight = \"noise_std\"\n") ==
+        "run.toml: loss.step_weight = \"noise_std\" with objective.kind = \"awm\": per-step weights weigh denoising "
+        "transitions, and this objective trains none (objective ppo only)");
+}
+
 TEST_CASE("method_recipe mirrors with_method") {
   for (const std::string_view name : bg::method_names)
     bg::with_method(name, [&](auto recipe) {
@@ -503,6 +545,12 @@ TEST_CASE("method_recipe mirrors with_method") {
   CHECK(bg::method_recipe("branch-widpru").pruner.pruner.pruners.size() == 1);
   CHECK(bg::method_recipe("branch").pruner.pruner.pruners.empty());
   CHECK_THROWS_WITH(bg::method_recipe("grpo"), Catch::Contains("unknown method 'grpo'"));
+  for (const std::string_view name : bg::decoupled_method_names)
+    bg::with_method(name, [&](auto recipe) {
+      const bg::run_recipe r = bg::method_recipe(name);
+      CHECK(r.topology(20) == recipe.topology(20));
+      CHECK(r.objective == bg::any_objective{recipe.objective});
+    });
 }
 
 TEST_CASE("any_pruner intersects its members and is active for a fraction of the run") {

@@ -104,6 +104,11 @@ struct diffusion_nft {
 
 using objective_policies = policy_list<"objective", ppo_ratio, advantage_weighted_matching, diffusion_nft>;
 
+/// One of the objectives, chosen at run time (a run config's [objective] table). train_iteration visits it once per
+/// iteration and runs the held objective's update. Default: ppo_ratio.
+/// Example: any_objective{diffusion_nft{.beta = 0.5}}.name() == "nft".
+using any_objective = any_policy<objective_policies>;
+
 /// An objective that trains by flow matching on the final samples rather than on transition log-probs.
 template <class O>
 concept MatchingObjective = std::same_as<O, advantage_weighted_matching> || std::same_as<O, diffusion_nft>;

@@ -27,6 +27,7 @@
 #include <limits>
 #include <span>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "branchgrpo/advantage/concept.hpp"
@@ -47,9 +48,10 @@
 
 namespace branchgrpo {
 
-/// An objective of the update (loss/objective.hpp): the GRPO ratio or a decoupled matching objective.
+/// An objective of the update (loss/objective.hpp): the GRPO ratio, a decoupled matching objective, or
+/// any_objective, one of them chosen at run time (a run config's [objective]).
 template <class O>
-concept Objective = std::same_as<O, ppo_ratio> || MatchingObjective<O>;
+concept Objective = std::same_as<O, ppo_ratio> || MatchingObjective<O> || std::same_as<O, any_objective>;
 
 /// A training recipe: one policy of each component family, and the objective of the update (the GRPO ratio by
 /// default, so a six-component `method{...}` is the GRPO recipe it always was).
@@ -649,14 +651,16 @@ update_report update_matching(B& backend, Model& policy, const rollout_result<B>
       prompts.push_back(forest.info(forest.tree(rows[i].node)).prompt);
     }
   };
-  // Chunks: at most max_batch rows of one step, never across an optimizer step's end.
+  // Chunks: at most max_batch rows per policy call (NFT calls with two rows per sample), of one step, never across an
+  // optimizer step's end.
+  const std::int64_t samples_per_call = nft ? std::max<std::int64_t>(1, options.max_batch / 2) : options.max_batch;
   std::vector<matching_chunk<tensor>> chunks;
   std::vector<std::size_t> chunks_end;  // per group: the end of its chunks
   std::size_t begin = 0;
   for (const std::size_t group_end : group_ends) {
     while (begin < group_end) {
       std::size_t end = begin;
-      while (end < group_end && static_cast<std::int64_t>(end - begin) < options.max_batch &&
+      while (end < group_end && static_cast<std::int64_t>(end - begin) < samples_per_call &&
              rows[end].step == rows[begin].step && rows[end].intermediate == rows[begin].intermediate)
         ++end;
       chunks.push_back({.begin = begin, .end = end});
@@ -864,24 +868,16 @@ gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::ve
 
 }  // namespace detail
 
-/// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`, composing the stages:
-/// rollout (rollout/engine.hpp) -> score_leaves -> assign_credit -> update_policy. With a communicator of several
-/// ranks every rank passes the same prompts and rolls out its tree_share of them (see the file comment); the
-/// returned statistics are those of the whole iteration, equal on every rank.
-/// Example: toy policy, branch method, 4 prompts on 2 ranks -> rank 0 rolls out trees 0 and 1, rank 1 trees 2 and
-///   3, and both end with the parameters of the one-process iteration up to rounding in the gradient's sum
-///   (tests/distributed).
-/// @pre prompts is not empty and has at least one tree per rank; schedule.steps() is the number of denoising
-///      steps of every tree; options.max_batch >= 1, options.updates_per_iteration >= 1; kl_beta > 0 only for a
-///      ReferencePolicy; with several ranks a DataParallelPolicy, and the same arguments on every rank.
-/// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
-///       dropped or no edge was kept).
+namespace detail {
+
+// train_iteration with the objective `objective` (the recipe's own, or the one its any_objective holds): the
+// recipe's other components are used in place, so that a stateful normalizer keeps its state.
 template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
-          Pruner P, Objective O, Communicator Comm>
-iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
-                                const sigma_schedule& schedule, const latent_shape& shape,
-                                std::span<const std::int64_t> prompts, int iteration, const training_options& options,
-                                Comm& communicator) {
+          Pruner P, Objective O, class Held, Communicator Comm>
+iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
+                                     const Held& objective, const sigma_schedule& schedule, const latent_shape& shape,
+                                     std::span<const std::int64_t> prompts, int iteration,
+                                     const training_options& options, Comm& communicator) {
   require(!prompts.empty(), "an iteration needs at least one prompt");
   require(static_cast<std::int64_t>(prompts.size()) >= communicator.size(), "an iteration of ", prompts.size(),
           prompts.size() == 1 ? " prompt" : " prompts", " cannot give each of ", communicator.size(),
@@ -893,15 +889,15 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   if constexpr (!ReferencePolicy<Model, B>)
     require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta,
             " needs a policy with a reference model (reference_velocity); this policy has none");
-  if constexpr (MatchingObjective<O>) {
-    validate_parameters(recipe.objective, "objective");
-    require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta, " with objective ", O::name,
+  if constexpr (MatchingObjective<Held>) {
+    validate_parameters(objective, "objective");
+    require(options.loss.kl_beta == 0.0, "kl_beta = ", options.loss.kl_beta, " with objective ", Held::name,
             ": the KL term is defined on transition log-probs (ppo objective only)");
     // RatioNorm and the per-step weights act on the ratio of an SDE transition, which a decoupled objective has not.
-    require(!options.loss.ratio_norm, "ratio_norm = on with objective ", O::name,
+    require(!options.loss.ratio_norm, "ratio_norm = on with objective ", Held::name,
             ": RatioNorm normalizes a transition's importance ratio, and this objective has none (ppo objective only)");
     require(options.loss.step_weight == step_weighting::none,
-            "step_weight = ", step_weighting_name(options.loss.step_weight), " with objective ", O::name,
+            "step_weight = ", step_weighting_name(options.loss.step_weight), " with objective ", Held::name,
             ": per-step weights weigh denoising transitions, and this objective trains none (ppo objective only)");
   }
   const auto start = detail::training_clock::now();
@@ -951,7 +947,7 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   const auto update_start = detail::training_clock::now();
   const edge_credit credit = assign_credit(recipe, forest, leaves, iteration, options.total_iterations);
   stats.edges_trained = static_cast<std::int64_t>(credit.trained.size());
-  if constexpr (MatchingObjective<O>) {
+  if constexpr (MatchingObjective<Held>) {
     // The samples are the kept trees' leaves with their advantages, in the whole forest's order; this rank
     // trains the rows of its own trees.
     const std::int32_t per_tree = forest.nodes_per_tree();
@@ -963,12 +959,12 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
     };
     for (const std::int32_t n : credit.kept.leaves()) add_sample(n);
     // Optionally the internal split nodes (not the roots: no edge, no advantage), in node order.
-    if (recipe.objective.intermediate_nodes)
+    if (objective.intermediate_nodes)
       for (std::int32_t n = 0; n < credit.kept.node_count(); ++n)
         if (!credit.kept.is_root(n) && credit.kept.children(n).size() > 1) add_sample(n);
     const auto iteration_key = static_cast<std::uint32_t>(iteration);
-    const std::vector<matching_row> all_rows = matching_rows(
-        forest, samples, sample_advantages, recipe.objective.times_per_sample, options.seed, iteration_key);
+    const std::vector<matching_row> all_rows =
+        matching_rows(forest, samples, sample_advantages, objective.times_per_sample, options.seed, iteration_key);
     stats.edges_trained = static_cast<std::int64_t>(all_rows.size());
     const std::vector<std::size_t> global_ends =
         detail::update_group_ends(static_cast<std::int64_t>(all_rows.size()), options.updates_per_iteration);
@@ -988,7 +984,7 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
       }
     }
     const update_report update = detail::update_matching(backend, policy, result, mine_rows, group_ends,
-                                                         1.0 / static_cast<double>(all_rows.size()), recipe.objective,
+                                                         1.0 / static_cast<double>(all_rows.size()), objective,
                                                          schedule, shape, options, iteration_key, communicator);
     stats.update_evaluations = update.evaluations;
     stats.loss = update.loss;
@@ -1027,6 +1023,38 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
   stats.update_seconds = detail::seconds_since(update_start);
   stats.seconds = detail::seconds_since(start);
   return stats;
+}
+
+}  // namespace detail
+
+/// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`, composing the stages:
+/// rollout (rollout/engine.hpp) -> score_leaves -> assign_credit -> update_policy. With a communicator of several
+/// ranks every rank passes the same prompts and rolls out its tree_share of them (see the file comment); the
+/// returned statistics are those of the whole iteration, equal on every rank.
+/// Example: toy policy, branch method, 4 prompts on 2 ranks -> rank 0 rolls out trees 0 and 1, rank 1 trees 2 and
+///   3, and both end with the parameters of the one-process iteration up to rounding in the gradient's sum
+///   (tests/distributed).
+/// @pre prompts is not empty and has at least one tree per rank; schedule.steps() is the number of denoising
+///      steps of every tree; options.max_batch >= 1, options.updates_per_iteration >= 1; kl_beta > 0 only for a
+///      ReferencePolicy; with several ranks a DataParallelPolicy, and the same arguments on every rank.
+/// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
+///       dropped or no edge was kept).
+template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
+          Pruner P, Objective O, Communicator Comm>
+iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
+                                const sigma_schedule& schedule, const latent_shape& shape,
+                                std::span<const std::int64_t> prompts, int iteration, const training_options& options,
+                                Comm& communicator) {
+  if constexpr (std::same_as<O, any_objective>)
+    return std::visit(
+        [&](const auto& held) {
+          return detail::train_iteration_with(backend, policy, reward, recipe, held, schedule, shape, prompts,
+                                              iteration, options, communicator);
+        },
+        recipe.objective.policy);
+  else
+    return detail::train_iteration_with(backend, policy, reward, recipe, recipe.objective, schedule, shape, prompts,
+                                        iteration, options, communicator);
 }
 
 /// train_iteration on this process alone.

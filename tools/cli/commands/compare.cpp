@@ -262,6 +262,20 @@ run_config shapes_config(const method_variant& variant, const demo_runs::demo_op
             ": ode_stride and solver need an SDE window (branch-mix, "
             "branch-mix-flash)");
   }
+  if (variant.intermediate) {
+    const bool decoupled = std::visit(
+        [&](auto& objective) {
+          if constexpr (MatchingObjective<std::decay_t<decltype(objective)>>) {
+            objective.intermediate_nodes = *variant.intermediate;
+            return true;
+          } else {
+            return false;
+          }
+        },
+        config.recipe.objective.policy);
+    require(decoupled, "--methods ", variant.label,
+            ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
+  }
   if (variant.updates) config.run.updates_per_iteration = *variant.updates;
   if (variant.lr) config.optimizer.lr = *variant.lr;
   config.loss = variant.loss_options(config.loss);
@@ -713,10 +727,6 @@ void validate(compare_options& options) {
     fail(
         "branchgrpo compare --model shapes needs the LibTorch adapter (not built): install LibTorch, toml++ and "
         "TurboJPEG (scripts/setup.sh) and rebuild");
-#else
-  // The shapes runs train from a run config, which holds no objective: a decoupled method is refused before any run.
-  if (options.model == "shapes")
-    for (const method_variant& variant : compared_methods(options)) (void)method_recipe(variant.method);
 #endif
   const bool toy = options.model == "toy";
   require(toy || options.iters <= shapes_max_iters, "--iters = ", options.iters, ": must be at most ", shapes_max_iters,

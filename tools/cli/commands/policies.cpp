@@ -37,9 +37,7 @@ std::vector<family_description> families() {
           {fusion_policies::family, "[fusion] kind", describe_policies<fusion_policies>()},
           {advantage_policies::family, "[advantage] kind", describe_policies<advantage_policies>()},
           {pruner_policies::family, "[[pruning.pruners]] kind", describe_policies<pruner_policies>()},
-          // No config key yet: the named methods nft, awm, branch-nft and branch-awm select an objective.
-          {objective_policies::family, "compare --methods nft, awm, branch-nft, branch-awm",
-           describe_policies<objective_policies>()}};
+          {objective_policies::family, "[objective] kind", describe_policies<objective_policies>()}};
 }
 
 // One markdown table per family; the first policy listed is the default.

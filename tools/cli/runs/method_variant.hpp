@@ -78,8 +78,8 @@ struct method_variant {
 ///      fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, ode_stride, solver) and a value in its
 ///      domain (scope per_tree | per_batch | pooled | leaf_scaled, s in [0, 1000], fusion / stepper a policy's name,
 ///      updates an integer in [1, 1000], lr in (0, 1], ratio_norm on | off, step_weight none | inverse_dt | noise_std |
-///      equal_steps, intermediate 0 or 1, ode_stride in [1, max_steps], solver euler | dpm_solver_2m); no key twice
-///      (else invalid_input naming the part).
+///      equal_steps, intermediate 0 or 1, ode_stride in [1, max_steps], solver euler | dpm_solver_2m); no key twice;
+///      no ratio_norm = on or step_weight other than none on a decoupled method (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
   method_variant out{.label = std::string(entry), .method = {}};
   std::size_t colon = entry.find(':');
@@ -157,6 +157,13 @@ inline method_variant parse_method_variant(std::string_view entry) {
            "solver)");
     }
   }
+  // RatioNorm and the per-step weights act on a transition's ratio, which a decoupled objective has not.
+  const bool decoupled = std::find(decoupled_method_names.begin(), decoupled_method_names.end(), out.method) !=
+                         decoupled_method_names.end();
+  if (decoupled &&
+      (out.ratio_norm.value_or(false) || out.step_weight.value_or(step_weighting::none) != step_weighting::none))
+    fail("--methods ", entry, ": ratio_norm and step_weight act on a transition's importance ratio, and ", out.method,
+         " trains a decoupled objective, which has none");
   return out;
 }
 

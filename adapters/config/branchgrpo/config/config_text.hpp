@@ -258,6 +258,9 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   if (config.loss.ratio_norm) line("loss.ratio_norm", toml_value(true));
   if (config.loss.step_weight != step_weighting::none)
     line("loss.step_weight", toml_string(step_weighting_name(config.loss.step_weight)));
+  // The objective only when it is not PPO, so that the text of a PPO run reads as it did before the key existed (its
+  // checkpoints resume).
+  if (config.recipe.objective.name() != ppo_ratio::name) add_policy(out, "objective.", "kind", config.recipe.objective);
   add_parameters(out, "optimizer.", config.optimizer);
   // Sharding only when on, so that the text of an unsharded run reads as it did before the keys existed (its
   // checkpoints resume).

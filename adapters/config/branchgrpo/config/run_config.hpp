@@ -9,11 +9,12 @@
 //
 // Run-time choices, compile-time policies: each family's choice is its catalog's any_policy (a std::variant of
 // the family's policies that models the family's concept by visiting; core/policy_list.hpp). The [topology],
-// [correlator], [fusion], [advantage], [[pruning.pruners]] tables and rollout.stepper name a catalog entry and set
-// its described parameters (config/toml_reader.hpp: read_policy), so a policy added to a catalog is readable
-// here without a line of this file. So `train_iteration` is instantiated once for every configuration (the sum of the
-// families' alternatives is compiled, not their product) and the policies below it stay fully typed; the cost is one
-// std::visit per component call (a few per iteration, or per split group for the correlator).
+// [correlator], [fusion], [advantage], [objective], [[pruning.pruners]] tables and rollout.stepper name a catalog
+// entry and set its described parameters (config/toml_reader.hpp: read_policy), so a policy added to a catalog is
+// readable here without a line of this file. So `train_iteration` is instantiated once for every configuration (the
+// sum of the families' alternatives is compiled, not their product; the objective, visited once per iteration, is
+// the one family whose alternatives each compile their own update) and the policies below it stay fully typed; the
+// cost is one std::visit per component call (a few per iteration, or per split group for the correlator).
 //
 // Errors: "<file>: <key path> = <value>: <reason>", e.g. "run.toml: rollout.steps = 0: must be at least 1";
 // unknown keys: "run.toml: unknown key rollout.stepz (rollout has: steps, shift, ...)". Relative input paths
@@ -41,6 +42,7 @@
 #include "branchgrpo/correlator/catalog.hpp"
 #include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/fusion/catalog.hpp"
+#include "branchgrpo/loss/objective.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/loss/step_weights.hpp"
 #include "branchgrpo/pruning/catalog.hpp"
@@ -91,23 +93,21 @@ struct run_normalizer {
 };
 
 /// The run's recipe: one method type for every configuration.
-using run_recipe = method<any_topology, any_stepper, any_correlator, any_fusion, run_normalizer, any_pruner>;
+using run_recipe =
+    method<any_topology, any_stepper, any_correlator, any_fusion, run_normalizer, any_pruner, any_objective>;
 
 /// Whether two run recipes hold equal components (method itself has no operator==).
 inline bool same_recipe(const run_recipe& a, const run_recipe& b) {
   return a.topology == b.topology && a.stepper == b.stepper && a.correlator == b.correlator && a.fusion == b.fusion &&
-         a.normalizer == b.normalizer && a.pruner == b.pruner;
+         a.normalizer == b.normalizer && a.pruner == b.pruner && a.objective == b.objective;
 }
 
 /// with_method's recipe `name` as a run_recipe (same components, same parameters).
 /// Example: method_recipe("dance").topology(20).evaluations() == 305.
-/// @pre name is one of method_names (else invalid_input naming it); a decoupled method (nft, awm, branch-nft,
-///      branch-awm) is refused in one line: a run config has no objective yet, and dropping it would train PPO.
+/// Example: method_recipe("branch-nft").objective.name() == "nft".
+/// @pre name is one of method_names, decoupled_method_names or flash_method_names (else invalid_input naming it).
 inline run_recipe method_recipe(std::string_view name) {
   return with_method(name, [&](auto recipe) {
-    if constexpr (MatchingObjective<decltype(recipe.objective)>)
-      fail("method ", name, " trains the objective ", decltype(recipe.objective)::name,
-           ", which a run config cannot hold yet: decoupled objectives run from C++ and on the toy (docs/loss.md)");
     run_recipe out;
     out.topology.policy = recipe.topology;
     out.stepper.policy = recipe.stepper;
@@ -116,6 +116,7 @@ inline run_recipe method_recipe(std::string_view name) {
     out.normalizer.normalizer.policy = recipe.normalizer;
     out.normalizer.use_fusion(out.fusion);
     if constexpr (!std::is_same_v<decltype(recipe.pruner), keep_all>) out.pruner.pruner.pruners = {recipe.pruner};
+    out.objective.policy = recipe.objective;
     return out;
   });
 }
@@ -530,6 +531,7 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
   }
   read_pruning(top.table("pruning"), config.recipe.pruner);
   read_loss(top.table("loss"), config.loss);
+  read_kind(top.table("objective"), config.recipe.objective);
   read_optimizer(top.table("optimizer"), config.optimizer, config.sharding);
   read_lora(top.table("lora"), config.lora);
   if (top.has("rewards")) {
@@ -565,6 +567,20 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
     } catch (const invalid_input& error) {
       fail(source, ": ", where, ": ", error.what());
     }
+  }
+  // A decoupled objective trains no transition: the loss options that act on a transition's ratio are refused here,
+  // in the trainer's words, rather than at the first iteration.
+  if (config.recipe.objective.name() != ppo_ratio::name) {
+    const std::string objective = "objective.kind = \"" + std::string(config.recipe.objective.name()) + "\"";
+    if (config.loss.kl_beta > 0)
+      fail(source, ": loss.kl_beta = ", config.loss.kl_beta, " with ", objective,
+           ": the KL term is defined on transition log-probs (objective ppo only)");
+    if (config.loss.ratio_norm)
+      fail(source, ": loss.ratio_norm = true with ", objective,
+           ": RatioNorm normalizes a transition's importance ratio, and this objective has none (objective ppo only)");
+    if (config.loss.step_weight != step_weighting::none)
+      fail(source, ": loss.step_weight = \"", step_weighting_name(config.loss.step_weight), "\" with ", objective,
+           ": per-step weights weigh denoising transitions, and this objective trains none (objective ppo only)");
   }
   if (config.loss.kl_beta > 0 && !config.lora.enabled)
     fail(source, ": loss.kl_beta = ", config.loss.kl_beta,
