@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -285,4 +286,182 @@ TEST_CASE("intermediate nodes add the trees' internal split nodes, one row each"
   // dance's chains split only at the root: nothing to add.
   const auto dance = train_toy(with_objective(dance_method(), diffusion_nft{.intermediate_nodes = true}), 1, 64, 1);
   CHECK(dance[0].edges_trained == 4 * 16);
+}
+
+// Reference rows from the authors' code (tests/reference/objective_reference.py, which runs the loss lines of
+// NVlabs/DiffusionNFT scripts/train_nft_sd3.py at 24af5554 and scxue/advantage_weighted_matching
+// scripts/train_sd3_awm.py at be513723 on these inputs, float64). docs/loss.md lists the conventions mapped here.
+namespace {
+
+struct nft_reference_row {
+  double beta, advantage_max, advantage, t;
+  std::array<double, 4> v_theta, v_old, u;
+  double r, loss;
+  std::array<double, 4> gradient;  // d loss / d v_theta
+};
+
+struct awm_reference_row {
+  time_weighting weighting;
+  double t;
+  std::array<double, 4> v, u;
+  double lp, lp_old, advantage, advantage_clip, advantage_max, clip_range, loss, d_lp;
+  std::array<double, 4> d_v;  // d loss / d v
+};
+
+double relative_gap(double ours, double theirs) {
+  return ours == theirs ? 0.0 : std::abs(ours - theirs) / std::max(std::abs(theirs), 1e-300);
+}
+
+// The matching log-prob -w mean (v - target)^2 as the trainer computes it: the backend's Gaussian log-prob of a row
+// with std matching_std(w), then matching_log_prob.
+double trainer_log_prob(const std::array<double, 4>& v, const std::array<double, 4>& target, double weight) {
+  host_backend backend;
+  const latent_shape shape{{4}};
+  const std::vector<double> stds = {matching_std(weight)};
+  const double gaussian =
+      backend.row_log_prob(backend.from_host(std::vector<double>(target.begin(), target.end()), 1, shape),
+                           backend.from_host(std::vector<double>(v.begin(), v.end()), 1, shape), stds)[0];
+  return matching_log_prob(gaussian, weight);
+}
+
+double mean_square(const std::array<double, 4>& a, const std::array<double, 4>& b) {
+  double sum = 0;
+  for (std::size_t i = 0; i < 4; ++i) sum += (a[i] - b[i]) * (a[i] - b[i]) / 4.0;
+  return sum;
+}
+
+double mean_abs(const std::array<double, 4>& a, const std::array<double, 4>& b) {
+  double sum = 0;
+  for (std::size_t i = 0; i < 4; ++i) sum += std::abs(a[i] - b[i]) / 4.0;
+  return sum;
+}
+
+// clang-format off
+// {beta, a_max, A, t, v_theta, v_old, u = eps - x0, r, loss, d loss / d v_theta}: one sample of 4 elements each.
+// Rows 6 and 7 (from 0) have upstream adaptive weights of 1; rows 8 - 10 are also one upstream batch (kNftBatchLoss).
+const std::vector<nft_reference_row> kNftReference = {
+    {1.0, 5.0, 2.5, 0.6, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.75, 0.9191999999999999, {-0.8400000000000005, -2.0999999999999996, -2.079999999999999, 0.9800000000000002}},
+    {0.5, 5.0, -1.2, 0.3, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.38, 0.6003454838709681, {-0.4294408602150539, -1.005215053763441, -1.019956989247311, 0.5086129032258068}},
+    {0.1, 5.0, 7.0, 0.85, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 1.0, 3.1875, {2.3800000000000017, -1.1899999999999984, 1.3599999999999977, -3.5700000000000034}},
+    {2.0, 5.0, -9.0, 0.45, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.0, 0.7922499999999999, {-0.8166666666666675, -1.1666666666666659, -1.4666666666666666, 1.0500000000000003}},
+    {1.0, 1.0, 0.3, 0.95, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.65, 0.30136533333333326, {-0.27951111111111127, -0.6354444444444443, -0.6519111111111111, 0.3331333333333334}},
+    {0.5, 5.0, 0.0, 0.15, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.5, 0.28435887096774215, {-0.18252688172043038, -0.569220430107527, -0.523655913978494, 0.2004032258064519}},
+    {0.5, 5.0, 1.5, 0.4, {-0.09000000000000008, 1.25, 1.27, 0.38}, {-1.09, 1.6500000000000004, 1.27, -0.22}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.65, 1.9400000000000004, {1.0250000000000004, -0.8000000000000005, 0.29999999999999993, 0.8250000000000004}},
+    {1.0, 5.0, -2.0, 0.7, {-1.49, 2.75, 1.2200000000000002, -1.3699999999999999}, {-1.0525, 3.0125, 0.6950000000000002, -1.1949999999999998}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.3, 3.0242187499999993, {-0.83125, -1.6187500000000006, 1.4875000000000005, 0.4374999999999999}},
+    {0.5, 5.0, 3.1, 0.25, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.81, 0.40584395161290415, {-0.16560035842293913, -1.2355062724014352, -0.931648745519712, 0.10192204301075287}},
+    {0.5, 5.0, -0.8, 0.55, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.42, 1.0813053225806455, {-0.7479605734767036, -1.9243100358422938, -1.8866379928315409, 0.8665752688172058}},
+    {0.5, 5.0, 1.0, 0.9, {-0.9, 1.7, 0.55, -0.2}, {-0.7, 2.05, 0.95, -0.45}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, 0.6, 1.6270838709677427, {-0.9341935483870986, -3.748387096774193, -3.2103225806451605, 0.9329032258064522}},
+};
+const double kNftBatchLoss = 1.0380777150537641;
+// clang-format on
+
+// clang-format off
+// {w(t), t, v, u, lp, lp_old, A, adv_clip_max, advantage_max (0: None), clip_range, loss, d loss / d lp, d loss / d v},
+// loss_type 'exp_first'.
+const std::vector<awm_reference_row> kAwmReference = {
+    {time_weighting::uniform, 0.6, {-0.9, 1.7, 0.55, -0.2}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.06285000000000007, -0.06285000000000007, 1.3, 5.0, 0.0, 0.0001, -1.3, -1.3, {-0.0715, -0.2275000000000002, -0.20800000000000005, 0.078}},
+    {time_weighting::uniform, 0.6, {-0.9, 1.7, 0.55, -0.2}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.06285000000000007, -0.06290000000000007, -0.7, 5.0, 0.0, 0.0001, 0.7000350008750146, 0.7000350008750146, {0.038501925048125794, 0.12250612515312766, 0.11200560014000235, -0.04200210005250087}},
+    {time_weighting::t, 0.3, {-0.9, 1.7, 0.55, -0.2}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.01885500000000002, -0.019155000000000023, 2.0, 5.0, 0.0, 0.0001, -2.0002, 0.0, {0.0, 0.0, 0.0, -0.0}},
+    {time_weighting::t, 0.3, {-0.5, 2.3, 0.4, -0.6}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.033442499999999986, -0.03374249999999999, -2.0, 5.0, 0.0, 0.0001, 2.0006000900090006, 2.0006000900090006, {-0.08702610391539153, -0.07502250337533738, 0.14104230634563455, 0.084025203780378}},
+    {time_weighting::t_squared, 0.85, {-0.5, 2.3, 0.4, -0.6}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.08054068749999996, -0.08024068749999996, 1.5, 5.0, 0.0, 0.0001, -1.4995500674932505, -1.4995500674932505, {0.15709661394576166, 0.13542811547048392, -0.2546048570845103, -0.15167948932694225}},
+    {time_weighting::t_squared, 0.85, {-0.9, 1.7, 0.55, -0.2}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.04540912500000005, -0.04510912500000005, -1.5, 5.0, 0.0, 0.0001, 1.49985, 0.0, {0.0, 0.0, 0.0, -0.0}},
+    {time_weighting::uniform, 0.45, {-0.5, 2.3, 0.4, -0.6}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.11147499999999995, -0.011474999999999944, 8.0, 5.0, 0.0, 0.2, -4.524187090179797, -4.524187090179797, {0.6560071280760706, 0.5655233862724737, -1.0631839661922526, -0.6333861926251716}},
+    {time_weighting::t, 0.95, {-0.9, 1.7, 0.55, -0.2}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.059707500000000066, -0.3097075000000001, -6.0, 5.0, 0.0, 0.2, 6.420127083438707, 6.420127083438707, {0.3354516401096724, 1.067346127621686, 0.9758593166826837, -0.3659472437560063}},
+    {time_weighting::t, 0.95, {-0.5, 2.3, 0.4, -0.6}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.10590124999999995, -0.055901249999999944, 0.9, 5.0, 1.0, 0.2, -0.1712212964101285, -0.1712212964101285, {0.023585733580495205, 0.020332528948702727, -0.0382251544235612, -0.02277243242254709}},
+    {time_weighting::t_squared, 0.15, {-0.9, 1.7, 0.55, -0.2}, {-0.79, 2.0500000000000003, 0.8700000000000001, -0.32}, -0.0014141250000000015, -0.9014141250000001, 2.0, 5.0, 1.0, 1.0, -0.8, 0.0, {0.0, 0.0, 0.0, -0.0}},
+};
+// clang-format on
+
+}  // namespace
+
+TEST_CASE("NFT's loss and gradient against DiffusionNFT's code", "[objective][reference]") {
+  // Upstream trains x0_hat = x_t - t v+- against x0 with the adaptive weight 1 / max(mean |x0_hat - x0|, 1e-5)
+  // (no gradient). As x_t - x0 = t u, x0_hat - x0 = t (u - v+-): its per-sample loss is the velocity form's with
+  // each term weighted by k+- = t^2 / max(t mean |v+- - u|, 1e-5), i.e. our two matching rows with weights w = k+-
+  // instead of 1. Where k+- = 1 (rows 6, 7) it is our loss as is.
+  double worst = 0;
+  int unit_rows = 0;
+  std::vector<double> mapped_losses;
+  for (std::size_t n = 0; n < kNftReference.size(); ++n) {
+    const nft_reference_row& row = kNftReference[n];
+    INFO("row " << n);
+    const nft_targets to = nft_targets::of(row.beta);
+    std::array<double, 4> u_plus{}, u_minus{}, v_plus{}, v_minus{};
+    for (std::size_t i = 0; i < 4; ++i) {
+      u_plus[i] = to.plus_u * row.u[i] + to.plus_old * row.v_old[i];
+      u_minus[i] = to.minus_u * row.u[i] + to.minus_old * row.v_old[i];
+      v_plus[i] = row.beta * row.v_theta[i] + (1 - row.beta) * row.v_old[i];
+      v_minus[i] = (1 + row.beta) * row.v_old[i] - row.beta * row.v_theta[i];
+    }
+    const double r = nft_optimality(row.advantage, row.advantage_max);
+    CHECK(relative_gap(r, row.r) < 1e-15);
+    const double scale = row.advantage_max * row.beta;
+    // Ours (update_matching): rows of weight 1, L = -a_max beta (r lp+ + (1 - r) lp-); equal to the v+- form.
+    const double ours = -scale * (r * trainer_log_prob(row.v_theta, u_plus, 1.0) +
+                                  (1 - r) * trainer_log_prob(row.v_theta, u_minus, 1.0));
+    const double velocity_form =
+        row.advantage_max * (r * mean_square(v_plus, row.u) + (1 - r) * mean_square(v_minus, row.u)) / row.beta;
+    CHECK(relative_gap(ours, velocity_form) < 1e-12);
+    // Upstream's adaptive weights as row weights.
+    const double k_plus = row.t * row.t / std::max(row.t * mean_abs(v_plus, row.u), 1e-5);
+    const double k_minus = row.t * row.t / std::max(row.t * mean_abs(v_minus, row.u), 1e-5);
+    const double mapped = -scale * (r * trainer_log_prob(row.v_theta, u_plus, k_plus) +
+                                    (1 - r) * trainer_log_prob(row.v_theta, u_minus, k_minus));
+    mapped_losses.push_back(mapped);
+    worst = std::max(worst, relative_gap(mapped, row.loss));
+    CHECK(relative_gap(mapped, row.loss) < 1e-12);
+    if (std::abs(k_plus - 1) < 1e-12 && std::abs(k_minus - 1) < 1e-12) {
+      ++unit_rows;
+      CHECK(relative_gap(ours, row.loss) < 1e-12);
+    }
+    // Gradient: d L / d lp+- (the trainer's weights) times d lp+- / d v = -2 k+- (v - u+-) / D.
+    for (std::size_t i = 0; i < 4; ++i) {
+      const double gradient = -scale * r * (-2 * k_plus * (row.v_theta[i] - u_plus[i]) / 4) -
+                              scale * (1 - r) * (-2 * k_minus * (row.v_theta[i] - u_minus[i]) / 4);
+      worst = std::max(worst, relative_gap(gradient, row.gradient[i]));
+      CHECK(relative_gap(gradient, row.gradient[i]) < 1e-12);
+    }
+  }
+  CHECK(unit_rows == 2);
+  // The batch loss is the mean over samples, as ours is over rows.
+  const double batch = (mapped_losses[8] + mapped_losses[9] + mapped_losses[10]) / 3;
+  CHECK(relative_gap(batch, kNftBatchLoss) < 1e-12);
+  INFO("largest relative difference " << worst);
+  CHECK(worst < 1e-12);
+}
+
+TEST_CASE("AWM's log-prob, clipped loss and gradient against the authors' code", "[objective][reference]") {
+  double worst = 0;
+  for (std::size_t n = 0; n < kAwmReference.size(); ++n) {
+    const awm_reference_row& row = kAwmReference[n];
+    INFO("row " << n);
+    const double w = weight_at(row.weighting, row.t);
+    const double lp = trainer_log_prob(row.v, row.u, w);
+    worst = std::max(worst, relative_gap(lp, row.lp));
+    CHECK(relative_gap(lp, row.lp) < 1e-12);
+    // Upstream's advantage_max (its recipes: 1) rescales the clipped advantage by advantage_max / adv_clip_max; the
+    // loss is linear in A, so that is a factor on loss and gradient.
+    const double scale = row.advantage_max > 0 ? row.advantage_max / row.advantage_clip : 1.0;
+    const double advantage = clip_advantage(row.advantage, row.advantage_clip);
+    if (row.clip_range >= 1.0) {
+      // The authors' recipes clip at 1: clamp(rho, 0, 2). ppo_clipped_loss (and the objective) refuse it.
+      CHECK_THROWS(ppo_clipped_loss(lp, row.lp_old, advantage, row.clip_range));
+      const double rho = std::exp(lp - row.lp_old);
+      const double theirs = scale * std::max(-advantage * rho, -advantage * std::min(rho, 1.0 + row.clip_range));
+      CHECK(relative_gap(theirs, row.loss) < 1e-12);
+      continue;
+    }
+    const double loss = scale * ppo_clipped_loss(lp, row.lp_old, advantage, row.clip_range);
+    const double d_lp = scale * ppo_clipped_loss_gradient(lp, row.lp_old, advantage, row.clip_range);
+    worst = std::max({worst, relative_gap(loss, row.loss), relative_gap(d_lp, row.d_lp)});
+    CHECK(relative_gap(loss, row.loss) < 1e-12);
+    CHECK(relative_gap(d_lp, row.d_lp) < 1e-12);
+    for (std::size_t i = 0; i < 4; ++i) {
+      const double d_v = d_lp * (-2 * w * (row.v[i] - row.u[i]) / 4);
+      worst = std::max(worst, relative_gap(d_v, row.d_v[i]));
+      CHECK(relative_gap(d_v, row.d_v[i]) < 1e-12);
+    }
+  }
+  INFO("largest relative difference " << worst);
+  CHECK(worst < 1e-12);
 }
