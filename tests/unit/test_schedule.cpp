@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <numbers>
 #include <vector>
 
@@ -225,6 +227,47 @@ TEST_CASE("ode_step against MixGRPO's DPM-Solver++", "[stepper][ode][reference]"
         ode_step(ode_solver::dpm_solver_2m, schedule, {.from = 2, .to = 3, .previous = second ? 1 : -1});
     CHECK(step.x_coeff * r.x + step.velocity_coeff * r.v + step.previous_x0_coeff * r.x0_prev ==
           Approx(r.next).epsilon(1e-13));
+  }
+}
+
+TEST_CASE("cps against Flow-GRPO's sde_step_with_logprob", "[stepper][reference]") {
+  // Rows printed by tests/reference/cps_reference.py, which runs Flow-GRPO's own step (yifan123/flow_grpo 54809b5f,
+  // flow_grpo/diffusers_patch/sd3_sde_with_logprob.py: sde_step_with_logprob, sde_type "cps", float64, batch 1 of 3
+  // elements): {sigma, sigma_next, eta (its noise_level), x, v, eps, sample = its prev_sample drawn with eps, next,
+  // mean = its prev_sample_mean, std = its std_dev_t, log_prob = its log_prob of the given next}.
+  struct row {
+    double sigma, sigma_next, eta;
+    std::array<double, 3> x, v, eps, sample, next, mean;
+    double std, log_prob;
+  };
+  // clang-format off
+  const row rows[] = {
+      {1.0, 0.9642857142857144, 0.8, {0.375, -1.25, 0.8125}, {-0.6875, 1.5, 0.09375}, {0.5, -1.125, 0.25}, {0.6082342870725327, -1.5024166158078487, 0.49705149282473915}, {0.25, -0.75, 0.5625}, {0.14968918100165501, -0.4706901271483739, 0.26777893978930034}, 0.9170902121417553, -0.058312256270743046},
+      {0.8749999999999999, 0.818181818181818, 0.5, {-0.90625, 0.140625, 1.75}, {1.125, -0.4375, -2.0}, {-1.5, 0.625, 0.046875}, {-1.6545090191029042, 0.5064775950225726, 1.531295656302861}, {-1.0, 0.3125, 1.4375}, {-0.7866961512830506, 0.14488890009763372, 1.5041765041834907}, 0.5785419118799023, -0.026012589632691763},
+      {0.6666666666666667, 0.5625, 1.0, {1.3125, 0.5625, -0.296875}, {0.21875, -1.0625, 0.828125}, {0.875, 1.25, -0.6875}, {1.0026041666666667, 1.2591145833333335, -0.7581380208333334}, {1.0, 0.9375, -0.5}, {0.5104166666666667, 0.5559895833333334, -0.37141927083333337}, 0.5625, -0.13392501407199434},
+      {0.4285714285714285, 0.24999999999999994, 0.1, {0.375, -1.25, 0.8125}, {-0.6875, 1.5, 0.09375}, {0.5, -1.125, 0.25}, {0.5173771280380862, -1.5606451553153018, 0.8028703885242294}, {0.25, -0.75, 0.5625}, {0.4978228199080573, -1.5166479620227369, 0.793093234459215}, 0.03910861626005771, -0.23411282917305323},
+      {0.24999999999999994, 0.0, 0.8, {-0.90625, 0.140625, 1.75}, {1.125, -0.4375, -2.0}, {-1.5, 0.625, 0.046875}, {-1.1875, 0.24999999999999997, 2.25}, {-1.0, 0.3125, 1.4375}, {-1.1875, 0.24999999999999997, 2.25}, 0.0, -0.23307291666666666},
+      {0.75, 0.5, 0.3, {1.3125, 0.5625, -0.296875}, {0.21875, -1.0625, 0.828125}, {0.875, 1.25, -0.6875}, {1.381926084780444, 1.0956903432714276, -0.6550692929892435}, {1.0, 0.9375, -0.5}, {1.1833052411443923, 0.8119462809342108, -0.49901005870377435}, 0.22699524986977337, -0.016455175928674962},
+      {0.5, 0.25, 0.7, {0.375, -1.25, 0.8125}, {-0.6875, 1.5, 0.09375}, {0.5, -1.125, 0.25}, {0.6539851163027612, -1.8073443973954217, 0.7274436791901913}, {0.25, -0.75, 0.5625}, {0.5426093007792152, -1.5567488124674433, 0.6717557714284182}, 0.22275163104709195, -0.24946689097018337},
+      {1.0, 0.5, 0.5, {-0.90625, 0.140625, 1.75}, {1.125, -0.4375, -2.0}, {-1.5, 0.625, 0.046875}, {-1.8663628461150648, 0.5597518146729752, 2.510291248722289}, {-1.0, 0.3125, 1.4375}, {-1.3360327602251543, 0.33878094555217914, 2.493718433538229}, 0.35355339059327373, -0.40973536112986775},
+  };
+  // clang-format on
+  for (const row& r : rows) {
+    const sigma_schedule schedule({r.sigma, r.sigma_next});
+    const affine_step step = cps{.eta = r.eta}(schedule, 0);
+    std::array<double, 3> mean{};
+    for (std::size_t k = 0; k < 3; ++k) {
+      mean[k] = step.x_coeff * r.x[k] + step.velocity_coeff * r.v[k];
+      CHECK(mean[k] == Approx(r.mean[k]).epsilon(1e-12));
+      CHECK(mean[k] + step.noise_std * r.eps[k] == Approx(r.sample[k]).epsilon(1e-12));
+    }
+    CHECK(step.noise_std == Approx(r.std).epsilon(1e-12));
+    // Flow-GRPO's log-prob is -mean_k (next_k - mean_k)^2 (constants removed); ours is log N(next; mean, 1/2)
+    // averaged over the elements, the same less 0.5 log pi.
+    CHECK(gaussian_log_prob_mean(r.next, mean, step.log_prob_std) ==
+          Approx(r.log_prob - 0.5 * std::log(std::numbers::pi)).epsilon(1e-12));
+    // per_layer_eta with sampler cps is cps at its layer's eta.
+    CHECK(per_layer_eta{.etas = {0.3, r.eta}, .sampler = layer_sampler::cps}(schedule, 0, 1) == step);
   }
 }
 
