@@ -73,6 +73,21 @@ std::unique_ptr<bg::training_run> make_run(const bg::run_config& config) {
   return std::make_unique<bg::training_run>(config, std::move(model), std::move(reward));
 }
 
+// A copy of a run's trainable tensors, to compare with after a step.
+std::vector<torch::Tensor> trainable_copy(bg::training_run& run) {
+  std::vector<torch::Tensor> copy;
+  for (const auto& [name, tensor] : run.trainable()) copy.push_back(tensor.detach().clone());
+  return copy;
+}
+
+// Whether any trainable tensor of `run` differs from `before` (trainable_copy, taken from the same run).
+bool weights_changed(bg::training_run& run, const std::vector<torch::Tensor>& before) {
+  const auto after = run.trainable();
+  for (std::size_t i = 0; i < after.size(); ++i)
+    if (!torch::equal(after[i].second, before[i])) return true;
+  return false;
+}
+
 // Whether two runs' trainable tensors are bit-identical.
 bool same_weights(bg::training_run& a, bg::training_run& b) {
   const auto x = a.trainable(), y = b.trainable();
@@ -99,9 +114,7 @@ TEST_CASE("a config file loads the model directory and the rewards, and a run tr
   for (const auto& [name, tensor] : run->trainable()) CHECK(name.find(".lora_") != std::string::npos);
   CHECK(run->prompts_of(0) == std::vector<std::int64_t>{0, 1});
   CHECK(run->prompts_of(7) == std::vector<std::int64_t>{2, 3});  // (7 * 2) mod 12
-  const auto before = run->trainable();
-  std::vector<torch::Tensor> initial;
-  for (const auto& [name, tensor] : before) initial.push_back(tensor.detach().clone());
+  const std::vector<torch::Tensor> initial = trainable_copy(*run);
   const bg::iteration_stats stats = run->step(/*keep_images=*/true);
   CHECK(stats.rollout_evaluations == 2 * (1 + 2 + 2 + 4));  // 2 trees of {0, 2} x 2 over 4 steps
   CHECK(std::isfinite(stats.reward_mean));
@@ -109,10 +122,7 @@ TEST_CASE("a config file loads the model directory and the rewards, and a run tr
   CHECK(run->last_prompts() == std::vector<std::int64_t>{0, 0, 0, 0, 1, 1, 1, 1});
   CHECK(run->last_components().count("alignment") == 1);
   CHECK(run->last_components().count("jpeg_compressibility") == 1);
-  bool changed = false;
-  const auto after = run->trainable();
-  for (std::size_t i = 0; i < after.size(); ++i) changed = changed || !torch::equal(after[i].second, initial[i]);
-  CHECK(changed);
+  CHECK(weights_changed(*run, initial));
   CHECK(run->iteration() == 1);
   const torch::Tensor samples = run->sample(std::vector<std::int64_t>{0, 5, 11}, 9);
   CHECK(samples.sizes() == torch::IntArrayRef({3, 3, 16, 16}));
@@ -137,17 +147,13 @@ TEST_CASE("[objective] nft and awm train the LoRA factors through the LibTorch p
     const bg::run_config config =
         bg::parse_run_config(run_toml(model, scratch("objective") / "run", 1) + c.table, "run.toml");
     auto run = make_run(config);
-    std::vector<torch::Tensor> initial;
-    for (const auto& [name, tensor] : run->trainable()) initial.push_back(tensor.detach().clone());
+    const std::vector<torch::Tensor> initial = trainable_copy(*run);
     const bg::iteration_stats stats = run->step();
     CHECK(stats.rollout_evaluations == 2 * (1 + 2 + 2 + 4));
     CHECK(stats.edges_trained == c.rows);
     CHECK(stats.update_evaluations == c.update_evaluations);
     CHECK(std::isfinite(stats.loss));
-    bool changed = false;
-    const auto after = run->trainable();
-    for (std::size_t i = 0; i < after.size(); ++i) changed = changed || !torch::equal(after[i].second, initial[i]);
-    CHECK(changed);
+    CHECK(weights_changed(*run, initial));
   }
 }
 
