@@ -28,6 +28,16 @@
 // interface instead (SO_BINDTODEVICE: no other host can connect), and a non-loopback one stays on every
 // interface. The store has no authentication: docs/distributed.md, "Exposure".
 //
+// Background threads and destructors. LibTorch's c10d objects run threads of their own (TCPStore's watch-key
+// daemon, Gloo's event loop, ProcessGroupGloo's workers). LibTorch 1.13's TCPStore daemon throws std::system_error
+// "Connection reset by peer" out of its thread when the store's host dies while a connection to it is not yet
+// accepted or holds unread bytes (a SIGKILL of rank 0 during the start, about 1 in 6), which was std::terminate:
+// exit 134 on the survivor; Gloo writes with writev(2), which raises SIGPIPE on a reset connection. While a
+// c10d_communicator is alive (detail::lost_peer_guard), an exception that reaches std::terminate ends the process
+// with one line and exit status 1 instead: the group's first fault when a join or a collective already failed, else
+// "rank 1 lost its connection to rank 0 (the store at 127.0.0.1:29500): it died or the network failed (Connection
+// reset by peer)"; and SIGPIPE is ignored, so such a write fails as the collective's error.
+//
 // Joining, in one line. Before TCPStore connects, a rank waits for MASTER_ADDR to resolve and (but rank 0) for the
 // store to accept a connection (detail::wait_for_store), so a rank that cannot join ends within the timeout with
 // one line saying why ("... MASTER_ADDR = 'x' ...: the name does not resolve (...)"). TCPStore's own retries would
@@ -63,25 +73,32 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -209,6 +226,130 @@ class quiet_torch_log {
   static constexpr level fatal = 3;  // c10's levels: INFO 0, WARNING 1, ERROR 2, FATAL 3
   bool active_;
   level previous_;
+};
+
+/// What a rank holds while its c10d objects live, so that a peer lost at any moment ends it with one line and exit
+/// status 1, never with a signal (c10d_communicator holds one for its whole life, declared before its c10d members
+/// so that it outlives their destructors, which join their threads):
+///   - an exception that reaches std::terminate (one escaping a thread of LibTorch's, a destructor or a noexcept
+///     function, on any thread) ends the process with "<program>: <line>" on stderr and std::_Exit(1) after
+///     flushing stdout (no static destructor runs while c10d's threads talk to a dead peer), instead of
+///     std::abort's 134. The line is the group's first fault (record_fault: the error a failed join or collective
+///     threw, which the run is already ending with), else, for a std::system_error (c10d's socket errors), the
+///     `lost` line of describe() and the error, else its `failed` line and the error:
+///     "branchgrpo: rank 1 lost its connection to rank 0 (the store at 127.0.0.1:29500): it died or the network
+///     failed (Connection reset by peer)". std::terminate without an exception goes to the handler installed before.
+///     When several threads terminate at once, the first one's line is the only one;
+///   - SIGPIPE is ignored: Gloo writes with writev(2), which raises SIGPIPE on a connection its peer reset (the
+///     default action ends the process without a word, status 141); ignored, the write fails with EPIPE, which Gloo
+///     reports as the collective's error (Python, LibTorch's usual host, ignores SIGPIPE from its start).
+/// Nests (a count); the last one restores the previous terminate handler (when ours is still installed) and
+/// SIGPIPE's previous action. Copies are guards too.
+class lost_peer_guard {
+ public:
+  lost_peer_guard() { enter(); }
+  lost_peer_guard(const lost_peer_guard&) { enter(); }
+  lost_peer_guard& operator=(const lost_peer_guard&) = default;
+  ~lost_peer_guard() {
+    state& s = shared();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (--s.guards > 0) return;
+    if (std::get_terminate() == &end_process) std::set_terminate(s.previous);
+    ::sigaction(SIGPIPE, &s.previous_sigpipe, nullptr);
+    s.lost.clear();
+    s.failed.clear();
+    s.fault.clear();
+  }
+
+  /// The lines for an escaped std::system_error (`lost`) and any other exception (`failed`); the error's first line
+  /// is appended in parentheses.
+  void describe(std::string lost, std::string failed) {
+    state& s = shared();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    s.lost = std::move(lost);
+    s.failed = std::move(failed);
+  }
+  /// `line` becomes the line the process ends with, unless a fault was recorded before (the first one is the cause).
+  void record_fault(const std::string& line) {
+    state& s = shared();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.fault.empty()) s.fault = line;
+  }
+
+ private:
+  struct state {
+    std::mutex mutex;
+    int guards = 0;
+    std::terminate_handler previous = nullptr;
+    struct ::sigaction previous_sigpipe {};
+    std::string lost, failed, fault;
+  };
+  // Never destroyed: a thread may terminate during static destruction.
+  static state& shared() {
+    static state* const s = new state;  // NOLINT(cppcoreguidelines-owning-memory): leaked on purpose
+    return *s;
+  }
+  static void enter() {
+    state& s = shared();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.guards++ > 0) return;
+    s.previous = std::set_terminate(&end_process);
+    struct ::sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, &s.previous_sigpipe);
+  }
+  static void write_line(const std::string& line) {
+    std::size_t done = 0;
+    while (done < line.size()) {
+      const ::ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      done += static_cast<std::size_t>(n);
+    }
+  }
+  // The line for `escaped` ("" when no guard is alive).
+  static std::string line_for(const std::exception_ptr& escaped) {
+    std::string what = "an exception of unknown type";
+    bool socket = false;
+    try {
+      std::rethrow_exception(escaped);
+    } catch (const std::system_error& error) {
+      what = error.what();
+      socket = true;
+    } catch (const std::exception& error) {
+      what = error.what();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): "an exception of unknown type"
+    }
+    what = what.substr(0, what.find('\n'));
+    state& s = shared();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.guards == 0) return "";
+    if (!s.fault.empty()) return s.fault;
+    return (socket ? s.lost : s.failed) + " (" + what + ")";
+  }
+  [[noreturn]] static void end_process() noexcept {
+    static std::atomic<bool> ending{false};
+    if (ending.exchange(true))  // another thread is ending the process with its line
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    const std::exception_ptr escaped = std::current_exception();
+    std::string line;
+    std::terminate_handler previous = nullptr;
+    try {
+      if (escaped) line = line_for(escaped);
+      const std::lock_guard<std::mutex> lock(shared().mutex);
+      previous = shared().previous;
+    } catch (...) {
+      line = "an exception escaped a thread of the process group";
+    }
+    if (line.empty()) {
+      if (previous != nullptr) previous();
+      std::abort();
+    }
+    std::fflush(stdout);
+    write_line(std::string(program_invocation_short_name) + ": " + echo_middle(line, 1000) + "\n");
+    std::_Exit(1);
+  }
 };
 
 /// A file descriptor, closed with its owner.
@@ -445,7 +586,9 @@ inline void restrict_to_loopback_interface(int port, const std::string& where, s
 }  // namespace detail
 
 /// One rank of a group of processes over c10d: a Communicator (communicator.hpp) plus all_reduce_sum of tensors.
-/// Every collective must be called by every rank in the same order, from one thread.
+/// Every collective must be called by every rank in the same order, from one thread. While it lives, an exception
+/// escaping one of c10d's threads, a destructor or a noexcept function ends the process with one line and exit
+/// status 1, and SIGPIPE is ignored (detail::lost_peer_guard): a lost peer never aborts a rank.
 /// Example (2 ranks, started by torchrun or run_ranks.sh):
 ///   c10d_communicator comm(*launch_environment_from_process(), {.timeout_seconds = 60});
 ///   std::vector<double> rewards{comm.rank() + 1.0};
@@ -467,6 +610,9 @@ class c10d_communicator {
     timeout_ = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_seconds * 1000));
     // The fault report's share of the timeout: a tenth, within [0.5 s, 5 s].
     grace_ = std::clamp(timeout_ / 10, std::chrono::milliseconds(500), std::chrono::milliseconds(5000));
+    const std::string who = "rank " + std::to_string(rank());
+    lost_peer_.describe(who + " lost its connection to " + store_host() + ": it died or the network failed",
+                        who + " lost the group outside a collective: a rank died or the network failed");
     const detail::quiet_torch_log quiet;  // the join's errors are our one line
     connect_store();
     wait_for_ranks();
@@ -629,6 +775,13 @@ class c10d_communicator {
                                     : "rank 0 (the store at " + store_address() + ")";
   }
 
+  // The group's fault `text`: the error to throw, and the line the process ends with should an exception escape a
+  // c10d thread or a destructor before this communicator is gone (detail::lost_peer_guard).
+  distributed_error fault(const std::string& text) {
+    lost_peer_.record_fault(text);
+    return distributed_error(text);
+  }
+
   // Rank 0 hosts the store on the address MASTER_ADDR names (the header comment's "Exposure"); every rank then
   // connects to it.
   void connect_store() {
@@ -642,7 +795,7 @@ class c10d_communicator {
     if (const std::optional<detail::store_unreachable> failure =
             detail::wait_for_store(environment_.master_addr, environment_.master_port, !options.isServer,
                                    std::chrono::steady_clock::now() + timeout_))
-      throw distributed_error(unreachable_text(*failure));
+      throw fault(unreachable_text(*failure));
     const std::optional<detail::socket_address> bind_address =
         options.isServer ? detail::store_bind_address(environment_.master_addr) : std::nullopt;
     constexpr bool takes_listener = torch_at_least(2, 1);
@@ -653,15 +806,14 @@ class c10d_communicator {
       // TCPStore gets a copy to own and close; ours closes below whether or not TCPStore took its copy (when the
       // constructor throws, that copy may leak: the process is ending with the error).
       const int copy = ::fcntl(listener.get(), F_DUPFD_CLOEXEC, 0);
-      if (copy < 0) throw distributed_error("rank 0 cannot host the store at " + where + ": " + std::strerror(errno));
+      if (copy < 0) throw fault("rank 0 cannot host the store at " + where + ": " + std::strerror(errno));
       detail::hand_over_listener(options, copy);
     }
     try {
       tcp_store_ = c10::make_intrusive<c10d::TCPStore>(environment_.master_addr, options);
     } catch (const std::exception& error) {
-      if (options.isServer)
-        throw distributed_error("rank 0 cannot host the store at " + where + ": " + first_line(error));
-      throw distributed_error(unreachable_text({.resolved = true, .reason = first_line(error)}));
+      if (options.isServer) throw fault("rank 0 cannot host the store at " + where + ": " + first_line(error));
+      throw fault(unreachable_text({.resolved = true, .reason = first_line(error)}));
     }
     listener.reset();
     if (!takes_listener && bind_address && bind_address->loopback())
@@ -696,12 +848,12 @@ class c10d_communicator {
         for (int r = 0; r < size(); ++r)
           if (!store_->check({keys[static_cast<std::size_t>(r)]})) missing.push_back(r);
       } catch (const std::exception&) {
-        throw distributed_error("rank " + std::to_string(rank()) + " lost " + store_host() +
-                                " while the ranks joined: it died (" + first_line(error) + ")");
+        throw fault("rank " + std::to_string(rank()) + " lost " + store_host() + " while the ranks joined: it died (" +
+                    first_line(error) + ")");
       }
-      if (missing.empty()) throw distributed_error("joining the group failed: " + first_line(error));
-      throw distributed_error(ranks_text(missing) + " did not join the group at " + store_address() + " within " +
-                              seconds(timeout_) + ": not started, or died");
+      if (missing.empty()) throw fault("joining the group failed: " + first_line(error));
+      throw fault(ranks_text(missing) + " did not join the group at " + store_address() + " within " +
+                  seconds(timeout_) + ": not started, or died");
     }
   }
 
@@ -720,14 +872,24 @@ class c10d_communicator {
       gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store_),
                                                           rank(), size(), gloo_options);
     } catch (const std::exception& error) {
-      throw distributed_error("rank " + std::to_string(rank()) + " could not connect Gloo to the other ranks" +
-                              (interface.empty() ? "" : " on interface " + interface) + ": " + first_line(error));
+      // Gloo's error names an address, not a rank: when the store is gone too, its host died meanwhile.
+      bool store_alive = true;
+      try {
+        (void)store_->check({key("joined", rank())});
+      } catch (const std::exception&) {
+        store_alive = false;
+      }
+      if (!store_alive)
+        throw fault("rank " + std::to_string(rank()) + " lost " + store_host() + " while Gloo connected: it died (" +
+                    first_line(error) + ")");
+      throw fault("rank " + std::to_string(rank()) + " could not connect Gloo to the other ranks" +
+                  (interface.empty() ? "" : " on interface " + interface) + ": " + first_line(error));
     }
     if (torch::cuda::is_available()) {
       const auto devices = static_cast<int>(torch::cuda::device_count());
       if (environment_.local_rank >= devices)
-        throw distributed_error("LOCAL_RANK = " + std::to_string(environment_.local_rank) + " but this node has " +
-                                std::to_string(devices) + " CUDA devices");
+        throw fault("LOCAL_RANK = " + std::to_string(environment_.local_rank) + " but this node has " +
+                    std::to_string(devices) + " CUDA devices");
       device_ = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(environment_.local_rank));
     }
 #if defined(BRANCHGRPO_C10D_NCCL)
@@ -781,20 +943,20 @@ class c10d_communicator {
   void collective(std::string_view what, Run&& run) {
     const std::int64_t number = ++sequence_;
     if (broken_ != 0)
-      throw distributed_error("collective " + std::to_string(number) + " (" + std::string(what) +
-                              ") after collective " + std::to_string(broken_) + " failed: the group is unusable");
+      throw fault("collective " + std::to_string(number) + " (" + std::string(what) + ") after collective " +
+                  std::to_string(broken_) + " failed: the group is unusable");
     try {
       store_->set(key("entered", rank()), bytes_of(number));
     } catch (const std::exception& error) {
       broken_ = number;
-      throw distributed_error(store_host() + " is unreachable before collective " + std::to_string(number) + " (" +
-                              std::string(what) + "): it died or hangs (" + first_line(error) + ")");
+      throw fault(store_host() + " is unreachable before collective " + std::to_string(number) + " (" +
+                  std::string(what) + "): it died or hangs (" + first_line(error) + ")");
     }
     try {
       run();
     } catch (const std::exception& error) {
       broken_ = number;
-      throw distributed_error(diagnose(number, what, first_line(error)));
+      throw fault(diagnose(number, what, first_line(error)));
     }
   }
 
@@ -855,6 +1017,8 @@ class c10d_communicator {
 
   launch_environment environment_;
   std::chrono::milliseconds timeout_{}, grace_{};
+  // Before the c10d objects: alive until their destructors (which join their threads) are done.
+  detail::lost_peer_guard lost_peer_;
   c10::intrusive_ptr<c10d::TCPStore> tcp_store_;
   store_pointer store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;

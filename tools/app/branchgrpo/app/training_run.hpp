@@ -647,7 +647,7 @@ class training_run {
   torch::Tensor sample(const sigma_schedule& schedule, std::span<const std::int64_t> prompts, std::uint64_t seed,
                        std::uint32_t first, bool use_ema) {
     torch::NoGradGuard no_grad;
-    const ema_swap swapped(use_ema && config_.optimizer.ema_decay > 0 ? policy_.get() : nullptr);
+    ema_swap swapped(use_ema && config_.optimizer.ema_decay > 0 ? policy_.get() : nullptr);
     const auto root_key = [&](std::int64_t r) {
       return noise_key{.seed = seed,
                        .iteration = 0,
@@ -660,6 +660,7 @@ class training_run {
     for (const torch::Tensor& x :
          sample_ode(backend_, *denoiser_, schedule, model_.shape, prompts, root_key, config_.rollout.max_batch))
       images.push_back(decode(x));
+    swapped.restore();
     return torch::cat(images, 0);
   }
 
@@ -707,7 +708,7 @@ class training_run {
     const std::span<const named_reward> terms = eval_reward_->terms();
     std::vector<double> all(static_cast<std::size_t>(rows) * (1 + terms.size()), 0.0);
     // Every rank swaps the EMA in, even one without held-out prompts: with sharding the swap is a collective.
-    const ema_swap swapped(out.ema ? policy_.get() : nullptr);
+    ema_swap swapped(out.ema ? policy_.get() : nullptr);
     if (!table_rows.empty()) {
       out.images = sample(eval_schedule_, table_rows, config_.eval.seed, static_cast<std::uint32_t>(out.first_row),
                           /*use_ema=*/false);
@@ -722,6 +723,7 @@ class training_run {
       for (std::size_t t = 0; t < terms.size(); ++t) put(1 + t, eval_reward_->last_rows().at(terms[t].name));
     }
     communicator.all_reduce_sum(all);
+    swapped.restore();  // the same point on every rank (sharded: a collective)
     const auto part = [&](std::size_t p) {
       const auto begin = all.begin() + static_cast<std::ptrdiff_t>(p * static_cast<std::size_t>(rows));
       return std::vector<double>(begin, begin + rows);
@@ -987,15 +989,25 @@ class training_run {
   }
 
  private:
-  // The EMA's weights in the model while alive (nothing for a null policy). A sharded policy's swap is a
-  // collective: every rank must hold one at the same point.
+  // The EMA's weights in the model until restore() (nothing for a null policy). A sharded policy's swap is a
+  // collective: every rank must hold one and call restore() at the same points. When the holder fails before
+  // restore() (a rank died, a stop request), the destructor swaps an unsharded policy back (local copies) and leaves
+  // a sharded one as it is: its swap is a collective the other ranks would not join while this rank unwinds, and the
+  // run is ending with the failure. No exception leaves the destructor.
   struct ema_swap {
     autograd_policy<run_velocity_model>* policy;
     explicit ema_swap(autograd_policy<run_velocity_model>* p) : policy(p) {
       if (policy) policy->swap_ema();
     }
+    void restore() {
+      if (auto* const swapped = std::exchange(policy, nullptr)) swapped->swap_ema();
+    }
     ~ema_swap() {
-      if (policy) policy->swap_ema();
+      if (policy == nullptr || policy->sharded()) return;
+      try {
+        policy->swap_ema();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the failure in flight is the one to report
+      }
     }
     ema_swap(const ema_swap&) = delete;
     ema_swap& operator=(const ema_swap&) = delete;
