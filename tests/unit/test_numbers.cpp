@@ -77,3 +77,29 @@ TEST_CASE("echo_middle keeps the start and the end", "[numbers][reliability]") {
   CHECK(bg::echo_middle("abc", 7) == "abc");
   CHECK(bg::echo_middle(std::string(52'000'000, 'x'), 80).size() == 80);
 }
+
+TEST_CASE("echoes escape every control character, NUL included, and never cut an escape", "[numbers][reliability]") {
+  using namespace std::string_literals;
+  // The doc examples: a NUL would have ended the message (what() is a C string), a newline split the line.
+  CHECK(echo_text("a\0b"s) == "a\\x00b");
+  CHECK(bg::echo_middle("a red\0circle"s, 80) == "a red\\x00circle");
+  CHECK(echo_text("a\nb\tc\rd\x1b[31m\x7f") == "a\\nb\\tc\\rd\\x1b[31m\\x7f");
+  // Every control character, and nothing else, is escaped; UTF-8 bytes pass.
+  for (int c = 0; c < 256; ++c) {
+    const std::string echoed = echo_text(std::string(1, static_cast<char>(c)));
+    const bool control = c < 0x20 || c == 0x7F;
+    CHECK((echoed.size() > 1) == control);
+    CHECK(echoed.find_first_of("\0\n\r"s) == std::string::npos);
+  }
+  CHECK(echo_text("caf\xc3\xa9") == "caf\xc3\xa9");
+  // The limits count the escapes: 32 characters in all, the "..." included, and an escape stays whole.
+  const std::string nuls(100, '\0');
+  CHECK(echo_text(nuls) == "\\x00\\x00\\x00\\x00\\x00\\x00\\x00...");  // 7 escapes (28) + "..." (31 <= 32)
+  CHECK(echo_text(nuls).size() <= 32);
+  CHECK(bg::echo_middle(nuls, 20) == "\\x00\\x00...\\x00\\x00");
+  CHECK(bg::echo_middle("abc\0"s, 7) == "abc\\x00");
+  CHECK(bg::echo_middle("abcde\0"s, 7) == "ab...");  // the tail has room for 2 characters: no whole escape fits
+  // A message built from an echo holds the whole value: the line no longer ends at the NUL.
+  CHECK(error_of([] { (void)parse_integer<int>("4\0002"s, "--x"); }) ==
+        "--x = 4\\x002: must be an integer in [-2147483648, 2147483647]");
+}

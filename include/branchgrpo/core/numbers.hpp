@@ -16,23 +16,79 @@
 
 namespace branchgrpo {
 
-/// The input as an error message shows it: at most 32 characters, longer text cut with "..." (a pasted 300-digit
-/// number stays readable). Example: echo_text(std::string(300, '9')) == std::string(29, '9') + "...".
-inline std::string echo_text(std::string_view text) {
-  constexpr std::size_t most = 32;
-  if (text.size() <= most) return std::string(text);
-  return std::string(text.substr(0, most - 3)) + "...";
+namespace detail {
+// What one byte of echoed text becomes: the byte itself, or for a control character (0x00-0x1F, 0x7F) an escape:
+// "\\n", "\\r", "\\t", else "\\x" and two hex digits ("\\x00" for NUL), so that an echo never holds a byte that
+// would end, break or hide the one-line message (a NUL ends what() there, a newline splits the line).
+inline void append_echoed(std::string& out, char c) {
+  const auto byte = static_cast<unsigned char>(c);
+  if (byte >= 0x20 && byte != 0x7F) {
+    out += c;
+  } else if (c == '\n') {
+    out += "\\n";
+  } else if (c == '\r') {
+    out += "\\r";
+  } else if (c == '\t') {
+    out += "\\t";
+  } else {
+    constexpr char hex[] = "0123456789abcdef";
+    out += {'\\', 'x', hex[byte >> 4], hex[byte & 0xF]};
+  }
 }
 
-/// Long text (a path, a device string, a list) as a message shows it: at most `most` characters, a longer text cut
-/// in the middle with "..." so that its start and its end (a path's file name) stay.
-/// Example: echo_middle("abcdefghij", 7) == "ab...ij"; echo_middle("abc", 7) == "abc".
+// The characters append_echoed writes for `c`: 1, or 2 or 4 for an escape.
+inline std::size_t echoed_width(char c) {
+  const auto byte = static_cast<unsigned char>(c);
+  if (byte >= 0x20 && byte != 0x7F) return 1;
+  return c == '\n' || c == '\r' || c == '\t' ? 2 : 4;
+}
+
+// The longest prefix (from_end: suffix) of `text` whose echo is at most `most` characters, echoed; an escape is
+// never cut.
+inline std::string echoed_part(std::string_view text, std::size_t most, bool from_end) {
+  std::size_t width = 0, count = 0;
+  for (; count < text.size(); ++count) {
+    const std::size_t w = echoed_width(text[from_end ? text.size() - 1 - count : count]);
+    if (width + w > most) break;
+    width += w;
+  }
+  std::string out;
+  for (const char c : from_end ? text.substr(text.size() - count) : text.substr(0, count)) append_echoed(out, c);
+  return out;
+}
+
+// The characters the whole of `text` echoes to (its length when it holds no control character).
+inline std::size_t echoed_size(std::string_view text) {
+  std::size_t width = 0;
+  for (const char c : text) width += echoed_width(c);
+  return width;
+}
+}  // namespace detail
+
+/// The input as an error message shows it: control characters escaped (a NUL as "\\x00", a newline as "\\n"), at
+/// most 32 characters, longer text cut with "..." (a pasted 300-digit number stays readable).
+/// Example: echo_text(std::string(300, '9')) == std::string(29, '9') + "...";
+///   echo_text(std::string("a\0b", 3)) == "a\\x00b".
+/// @post the result holds no control character and is at most 32 characters long; an escape is never cut.
+inline std::string echo_text(std::string_view text) {
+  constexpr std::size_t most = 32;
+  if (detail::echoed_size(text) <= most) return detail::echoed_part(text, most, false);
+  return detail::echoed_part(text, most - 3, false) + "...";
+}
+
+/// Long text (a path, a device string, a list, a prompt) as a message shows it: control characters escaped as
+/// echo_text does, at most `most` characters, a longer text cut in the middle with "..." so that its start and its
+/// end (a path's file name) stay.
+/// Example: echo_middle("abcdefghij", 7) == "ab...ij"; echo_middle("abc", 7) == "abc";
+///   echo_middle(std::string("a red\0circle", 12), 80) == "a red\\x00circle" (the NUL would have ended the
+///   message there).
 /// @pre most >= 5
+/// @post the result holds no control character and is at most `most` characters long.
 inline std::string echo_middle(std::string_view text, std::size_t most) {
-  if (text.size() <= most) return std::string(text);
+  if (detail::echoed_size(text) <= most) return detail::echoed_part(text, most, false);
   const std::size_t head = (most - 3) / 2;
   const std::size_t tail = most - 3 - head;
-  return std::string(text.substr(0, head)) + "..." + std::string(text.substr(text.size() - tail));
+  return detail::echoed_part(text, head, false) + "..." + detail::echoed_part(text, tail, true);
 }
 
 namespace detail {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/torch/compat.hpp"
 
@@ -129,7 +130,8 @@ inline void check_torchscript_prompts(const torch::jit::Module& module, const st
   const std::size_t at = static_cast<std::size_t>(there - exported->begin());
   std::string difference;
   if (there != exported->end() && here != prompts.end())
-    difference = "prompt " + std::to_string(at) + " is '" + *there + "' there, '" + *here + "' here";
+    difference = "prompt " + std::to_string(at) + " is '" + echo_middle(*there, 80) + "' there, '" +
+                 echo_middle(*here, 80) + "' here";
   else
     difference = "the first " + std::to_string(at) + " prompts are the same";
   fail("TorchScript reward '", path.string(), "' was exported for another prompt list than ", prompt_source, ": ",

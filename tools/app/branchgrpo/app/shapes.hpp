@@ -95,7 +95,8 @@ struct shapes_target {
 /// shape name (ASCII case-insensitive, words split at whitespace).
 /// Example: "A Blue triangle" -> {.colour = 2, .shape = 2}; "a red dog" throws "prompt 'a red dog' names no shape
 ///   (circle, square, triangle)".
-/// @pre the prompt holds one colour word and one shape word (else invalid_input naming the prompt).
+/// @pre the prompt holds one colour word and one shape word (else invalid_input naming the prompt, echoed with
+///   echo_middle: at most 80 characters, control characters escaped, so "a red\0circle" reads 'a red\x00circle').
 inline shapes_target parse_shapes_prompt(std::string_view prompt) {
   std::optional<int> colour, shape;
   std::size_t at = 0;
@@ -111,8 +112,8 @@ inline shapes_target parse_shapes_prompt(std::string_view prompt) {
       if (word == shapes_shape_names[s]) shape = static_cast<int>(s);
     at = end;
   }
-  require(colour.has_value(), "prompt '", prompt, "' names no colour (red, green, blue, yellow)");
-  require(shape.has_value(), "prompt '", prompt, "' names no shape (circle, square, triangle)");
+  require(colour.has_value(), "prompt '", echo_middle(prompt, 80), "' names no colour (red, green, blue, yellow)");
+  require(shape.has_value(), "prompt '", echo_middle(prompt, 80), "' names no shape (circle, square, triangle)");
   return {.colour = *colour, .shape = *shape};
 }
 

@@ -123,7 +123,8 @@ inline moving_shape_target parse_moving_shapes_prompt(std::string_view prompt) {
   for (const std::string& word : prompt_words(prompt))
     for (std::size_t d = 0; d < motion_direction_names.size() && out.direction < 0; ++d)
       if (word == motion_direction_names[d]) out.direction = static_cast<int>(d);
-  require(out.direction >= 0, "prompt '", prompt, "' names no direction of motion (left, right, up, down)");
+  require(out.direction >= 0, "prompt '", echo_middle(prompt, 80),
+          "' names no direction of motion (left, right, up, down)");
   return out;
 }
 
