@@ -63,10 +63,11 @@ if(TARGET branchgrpo_cli)
   branchgrpo_cli_error_test(too_many_chains "20000000 roots exceeds 2\\^24" tree --sequential 20000000
                             --shared-root false)
   branchgrpo_cli_error_test(branching_count "2 branching factors for 4 split steps" tree --branching 2,2)
-  branchgrpo_cli_error_test(group_zero "group size 0 is below 1" tree --sequential 0)
+  branchgrpo_cli_error_test(group_zero "--sequential = 0: must be an integer in \\[1, 2147483647\\]" tree --sequential 0)
   branchgrpo_cli_error_test(steps_zero "steps must be at least 1, got 0" tree --steps 0)
   branchgrpo_cli_error_test(steps_too_many "at most 255 steps are supported, got 256" tree --steps 256)
-  branchgrpo_cli_error_test(fast_split_past_steps "split step 20 is not in" tree --flow-grpo-fast 4 --split-step 20)
+  branchgrpo_cli_error_test(fast_split_past_steps "--split-step = 20: must be below --steps = 20" tree --flow-grpo-fast 4
+                            --split-step 20)
   branchgrpo_cli_error_test(sigmas_increase "does not decrease at index 2: 0.5 then 0.7" tree --steps 2
                             --split-steps 0 --sigmas 1,0.5,0.7)
   branchgrpo_cli_error_test(sigmas_nan "--sigmas\\[1\\] = nan: must be a finite number" tree --steps 2 --split-steps 0 --sigmas 1,nan,0)

@@ -54,3 +54,21 @@ if(TARGET branchgrpo_cli)
     set_tests_properties(reliability_input_help_full PROPERTIES LABELS "cli;reliability" TIMEOUT 30)
   endif()
 endif()
+# --- Flags named as flags (label reliability): Flow-GRPO-Fast's sizes are checked as the tree's flags, not as the
+# core's fields ("sde_steps 0 from split step 0 runs past 20 steps" before, naming neither the flag nor the reason).
+# --split-step past --steps and --sequential 0: cli_error_fast_split_past_steps and cli_error_group_zero
+# (tests/packaging.cmake).
+if(TARGET branchgrpo_cli)
+  set(expect_error ${CMAKE_CURRENT_SOURCE_DIR}/reliability/scripts/expect_error.sh)
+  function(flag_test name regex)
+    add_test(NAME reliability_flag_${name}
+             COMMAND sh ${expect_error} -s 2 "${regex}" $<TARGET_FILE:branchgrpo_cli> ${ARGN})
+    set_tests_properties(reliability_flag_${name} PROPERTIES LABELS "cli;reliability" TIMEOUT 30)
+  endfunction()
+  flag_test(tree_sde_steps_zero "^branchgrpo: --sde-steps = 0: must be an integer in \\[1, 255\\]$"
+            tree --flow-grpo-fast 4 --split-step 0 --sde-steps 0)
+  flag_test(tree_sde_steps_past "^branchgrpo: --sde-steps = 5: from --split-step = 18 it runs past --steps = 20 \\(at most 2 SDE steps from step 18\\)$"
+            tree --flow-grpo-fast 4 --split-step 18 --sde-steps 5)
+  flag_test(tree_fast_group_zero "^branchgrpo: --flow-grpo-fast = 0: must be an integer in \\[1, 2147483647\\]$"
+            tree --flow-grpo-fast 0 --split-step 0)
+endif()

@@ -135,6 +135,8 @@ TEST_CASE("invalid topologies name the bad value", "[topology]") {
   CHECK_THROWS_WITH((sequential{.group_size = 0}(20)), "group size 0 is below 1");
   CHECK_THROWS_WITH((flow_grpo_fast{.split_step = 19, .sde_steps = 2}(20)),
                     "sde_steps 2 from split step 19 runs past 20 steps");
+  CHECK_THROWS_WITH((flow_grpo_fast{.split_step = 0, .sde_steps = 0}(20)),
+                    "sde_steps 0 is below 1 (the split itself is an SDE step)");
   const tree_plan ode_split{.steps = 1, .roots = 1, .branching = {2}, .kinds = {edge_kind::ode}};
   CHECK_THROWS_WITH(validate(ode_split), "split at step 0 must be an SDE edge: ODE children would be identical");
   CHECK_THROWS_WITH((rollout_tree(split_schedule::dense()(20), {})), "a rollout needs at least one tree");

@@ -24,8 +24,9 @@ struct flow_grpo_fast {
     check_step_count(steps);  // before the plan's vectors of that size
     require(group_size >= 1, "group size ", group_size, " is below 1");
     require(split_step >= 0 && split_step < steps, "split step ", split_step, " is not in [0, ", steps, ")");
-    require(sde_steps >= 1 && split_step + sde_steps <= steps, "sde_steps ", sde_steps, " from split step ", split_step,
-            " runs past ", steps, " steps");
+    require(sde_steps >= 1, "sde_steps ", sde_steps, " is below 1 (the split itself is an SDE step)");
+    require(split_step + sde_steps <= steps, "sde_steps ", sde_steps, " from split step ", split_step, " runs past ",
+            steps, " steps");
     tree_plan plan{.steps = steps,
                    .roots = 1,
                    .branching = std::vector<int>(static_cast<std::size_t>(steps), 1),

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/limits.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
@@ -137,7 +139,20 @@ void print_checked(std::string_view text) {
   if (!std::cout) throw write_error("standard output", "cannot write", errno);
 }
 
+// Flow-GRPO-Fast's flags against --steps, named as the flags (the core's checks name its fields: sde_steps).
+// Their own ranges are checked as they are parsed. Example: --steps 20 --split-step 18 --sde-steps 5 ->
+// "--sde-steps = 5: from --split-step = 18 it runs past --steps = 20 (at most 2 SDE steps from step 18)".
+void check_fast_flags(const tree_options& options) {
+  check_step_count(options.steps);  // "at most 255 steps are supported, got N": the bounds below need a valid count
+  require(options.split_step < options.steps, "--split-step = ", options.split_step,
+          ": must be below --steps = ", options.steps);
+  require(options.split_step + options.sde_steps <= options.steps, "--sde-steps = ", options.sde_steps,
+          ": from --split-step = ", options.split_step, " it runs past --steps = ", options.steps, " (at most ",
+          options.steps - options.split_step, " SDE steps from step ", options.split_step, ")");
+}
+
 void run_tree(const tree_options& options) {
+  if (options.use_fast) check_fast_flags(options);
   const any_topology topology = make_topology(options);
   const tree_plan plan = topology(options.steps);
   const sigma_schedule schedule = make_sigma_schedule(options);
@@ -174,21 +189,28 @@ void add_tree_command(CLI::App& app) {
                                      "Branching factor K for every split, or one factor per split step, e.g. 4,2,2,1")
                         ->type_name("K[,K...]")
                         ->default_str("2");
-  auto* seq = add_integer(tree, "--sequential", options->sequential_group,
-                          "DanceGRPO baseline: G independent SDE chains instead of a tree")
-                  ->type_name("G");
+  auto* seq =
+      add_integer(tree, "--sequential", options->sequential_group,
+                  "DanceGRPO baseline: G independent SDE chains instead of a tree", 1, std::numeric_limits<int>::max())
+          ->type_name("G");
   tree->add_option("--shared-root", options->shared_root,
                    "With --sequential: the chains share their initial latent, whose first step is evaluated once")
       ->type_name("true|false")
       ->default_str("true")
       ->needs(seq);
+  // Flow-GRPO-Fast's sizes are checked here and against --steps (check_fast_flags), each naming its flag.
   auto* fast = add_integer(tree, "--flow-grpo-fast", options->fast_group,
-                           "Flow-GRPO-Fast: ODE prefix, one SDE split into G at --split-step, ODE after")
+                           "Flow-GRPO-Fast: ODE prefix, one SDE split into G at --split-step, ODE after", 1,
+                           std::numeric_limits<int>::max())
                    ->type_name("G");
-  auto* split_step = add_integer(tree, "--split-step", options->split_step, "With --flow-grpo-fast: the split step")
+  auto* split_step = add_integer(tree, "--split-step", options->split_step,
+                                 "With --flow-grpo-fast: the split step, below --steps", 0, max_steps - 1)
                          ->type_name("S")
                          ->needs(fast);
-  add_integer(tree, "--sde-steps", options->sde_steps, "With --flow-grpo-fast: SDE steps from the split step on")
+  add_integer(tree, "--sde-steps", options->sde_steps,
+              "With --flow-grpo-fast: SDE steps from the split step on (the split included), at most --steps - "
+              "--split-step",
+              1, max_steps)
       ->type_name("W")
       ->capture_default_str()
       ->needs(fast);
