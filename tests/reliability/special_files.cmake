@@ -8,7 +8,7 @@ endif()
 if(TARGET branchgrpo_cli)
   set(special_dir ${CMAKE_CURRENT_BINARY_DIR}/special_files)
   add_test(NAME reliability_special_files_setup
-           COMMAND sh -c "rm -rf '${special_dir}' && mkdir -p '${special_dir}/config_dir' && mkfifo '${special_dir}/fifo.safetensors' '${special_dir}/fifo.index.json' '${special_dir}/fifo.toml'")
+           COMMAND sh -c "rm -rf '${special_dir}' && mkdir -p '${special_dir}/config_dir' && mkfifo '${special_dir}/fifo.safetensors' '${special_dir}/fifo.index.json' '${special_dir}/fifo.toml' && printf '{\"weight_map\": {\"w\": \"fifo.safetensors\"}}' > '${special_dir}/fifo_shard.index.json'")
   set_tests_properties(reliability_special_files_setup PROPERTIES FIXTURES_SETUP special_files LABELS reliability)
   function(special_file_test name regex)
     branchgrpo_cli_error_test(${name} "${regex}" ${ARGN})
@@ -23,6 +23,11 @@ if(TARGET branchgrpo_cli)
   special_file_test(weights_fifo "fifo.safetensors: is a FIFO, not a safetensors file" weights ${special_dir}/fifo.safetensors)
   special_file_test(weights_fifo_index "fifo.index.json: is a FIFO, not a safetensors index" weights
                     ${special_dir}/fifo.index.json)
+  # A sharded checkpoint whose shard is a FIFO: named as one, never as missing (checkpoint directories' shards:
+  # test_checkpoint_integrity).
+  special_file_test(weights_fifo_shard
+                    "fifo_shard.index.json: shard 'fifo.safetensors': .*/fifo.safetensors: is a FIFO, not a safetensors file"
+                    weights ${special_dir}/fifo_shard.index.json)
   if(TARGET branchgrpo::app)
     special_file_test(train_fifo_config "fifo.toml: is a FIFO, not a config file" train --config
                       ${special_dir}/fifo.toml)

@@ -4,6 +4,7 @@
 // left; a changed config is refused naming the keys (config_text.hpp), the keys that may change are listed.
 // A small random model in the shipped model's format, one iteration of a 4-step tree: a few seconds.
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -183,6 +184,36 @@ TEST_CASE("a flipped byte, a missing file or a damaged manifest is named; resume
               "not read: continue it with the version that wrote it");
     CHECK(bg::recover_checkpoints(out / "checkpoints").empty());  // kept: it is whole, only older
   }
+}
+
+TEST_CASE("a FIFO or a directory in a listed file's place, a shard included, is named as such, never as missing",
+          "[checkpoint][reliability]") {
+  const auto model = make_model_dir();
+  const auto out = scratch("special");
+  // optimizer.sharding on one process: a sharded checkpoint of one shard (shard-00000-of-00001.safetensors).
+  std::string toml = run_toml(model, out, 2);
+  toml.insert(toml.find("[lora]"), "sharding = \"optimizer\"\n");
+  auto run = make_run(toml);
+  (void)run->step();
+  const auto dir = run->save_checkpoint();
+  const auto shard = dir / "shard-00000-of-00001.safetensors";
+  REQUIRE(std::filesystem::is_regular_file(shard));
+  CHECK(bg::checkpoint_problem(dir).empty());
+  const auto replace_by_fifo = [](const std::filesystem::path& path) {
+    std::filesystem::remove(path);
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  };
+  replace_by_fifo(shard);  // reported as missing before: std::filesystem::file_size fails on a FIFO
+  CHECK(bg::checkpoint_problem(dir) == shard.string() + ": is a FIFO, not a checkpoint file");
+  CHECK(error_of([&] { (void)bg::read_checkpoint(dir); }) == shard.string() + ": is a FIFO, not a checkpoint file");
+  replace_by_fifo(dir / "state.safetensors");
+  CHECK(bg::checkpoint_problem(dir) == (dir / "state.safetensors").string() + ": is a FIFO, not a checkpoint file");
+  std::filesystem::remove(dir / "state.safetensors");
+  std::filesystem::create_directory(dir / "state.safetensors");
+  CHECK(bg::checkpoint_problem(dir) ==
+        (dir / "state.safetensors").string() + ": is a directory, not a checkpoint file");
+  std::filesystem::remove(dir / "state.safetensors");  // only a name that leads nowhere is missing
+  CHECK(bg::checkpoint_problem(dir) == (dir / "state.safetensors").string() + ": missing (manifest.txt lists it)");
 }
 
 TEST_CASE("a lost optimizer tensor is an error, never a silently reset parameter", "[checkpoint][reliability]") {

@@ -55,6 +55,9 @@ inline constexpr input_kind safetensors_index{.what = "safetensors index", .max_
 inline constexpr input_kind safetensors{.what = "safetensors file"};
 /// A file read for its checksum only: streamed in chunks, so any size.
 inline constexpr input_kind hashed{.what = "file"};
+/// A file a checkpoint's manifest lists (weights, optimizer state, a shard, the layout, the config), opened for its
+/// size and checksum before it is read (streamed or mapped, so any size).
+inline constexpr input_kind checkpoint_file{.what = "checkpoint file"};
 }  // namespace input_kinds
 
 /// The path as a message shows it: at most 160 characters, a longer one cut in the middle so that both the start

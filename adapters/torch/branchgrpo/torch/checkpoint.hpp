@@ -261,16 +261,20 @@ inline manifest read_manifest(const std::filesystem::path& dir) {
   return m;
 }
 
-// Checks each file the manifest lists: present, its size, and (when `hashes`) its XXH64.
+// Checks each file the manifest lists: present, a regular file, its size, and (when `hashes`) its XXH64. Only a
+// name that leads nowhere is "missing": a FIFO, a directory or a device in a file's place (a shard included) is
+// named as what it is, "<dir>/shard-00001-of-00002.safetensors: is a FIFO, not a checkpoint file" (open_input_file,
+// which never blocks on the FIFO).
 inline void verify_files(const std::filesystem::path& dir, const manifest& m, bool hashes) {
   for (const auto& f : m.files) {
     const std::filesystem::path path = dir / f.name;
     std::error_code error;
-    const auto size = std::filesystem::file_size(path, error);
-    require(!error, path.string(), ": missing (", checkpoint_manifest, " lists it)");
+    require(std::filesystem::status(path, error).type() != std::filesystem::file_type::not_found, path.string(),
+            ": missing (", checkpoint_manifest, " lists it)");
+    const std::uint64_t size = open_input_file(path, input_kinds::checkpoint_file).size();
     require(size == f.size, path.string(), ": size ", size, " bytes, the manifest says ", f.size);
     if (!hashes) continue;
-    const std::string actual = hex_digest(file_digest(path).xxh64);
+    const std::string actual = hex_digest(file_digest(path, input_kinds::checkpoint_file).xxh64);
     require(actual == f.xxh64, path.string(), ": checksum mismatch (xxh64 ", actual, ", manifest says ", f.xxh64, ")");
   }
 }
