@@ -173,6 +173,8 @@ TEST_CASE("writes the bad model files of the model-file CLI tests", "[fixture]")
   //   huge_count.safetensors       2^17 + 1 empty tensors
   //   i32/, nan/, both/            models/shapes-tiny with img_in.weight stored as I32 (the same bytes), with
   //                                element 5 of img_in.weight NaN, with a branchgrpo.wan_config entry added
+  //   nul_prompt.safetensors       models/shapes-tiny's prompts with prompt 2 "a red\0circle" (a NUL byte)
+  //   repeated_prompts.safetensors models/shapes-tiny's prompts with prompt 7 "a green circle", as prompt 3
   const fs::path dir = BRANCHGRPO_MODEL_FILES_DIR;
   const fs::path shipped = fs::path(BRANCHGRPO_MODELS_DIR) / "shapes-tiny";
   fs::create_directories(dir);
@@ -209,4 +211,29 @@ TEST_CASE("writes the bad model files of the model-file CLI tests", "[fixture]")
                   fs::copy_options::overwrite_existing);
     CHECK(safetensors_file(dir / variant / "model.safetensors").tensors().size() == model.tensors().size());
   }
+
+  // The shipped prompt file with one prompt string changed (the features as they are).
+  const safetensors_file prompts(shipped / "prompts.safetensors");
+  const auto with_prompt = [&](const fs::path& path, std::size_t row, const std::string& text) {
+    std::vector<safetensors_entry> entries;
+    for (const safetensors_tensor& t : prompts.tensors())
+      entries.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .bytes = t.data});
+    std::map<std::string, std::string> metadata = prompts.metadata();
+    std::vector<std::string> lines(1);
+    for (const char c : metadata.at("prompts")) {
+      if (c == '\n')
+        lines.emplace_back();
+      else
+        lines.back().push_back(c);
+    }
+    REQUIRE(lines.size() == 12);
+    lines.at(row) = text;
+    std::string joined;
+    for (std::size_t n = 0; n < lines.size(); ++n) joined += (n ? "\n" : "") + lines[n];
+    metadata["prompts"] = joined;
+    write_safetensors(path, entries, metadata);
+    CHECK(safetensors_file(path).metadata().at("prompts") == joined);  // the NUL survives the JSON (\u0000)
+  };
+  with_prompt(dir / "nul_prompt.safetensors", 2, std::string("a red\0circle", 12));
+  with_prompt(dir / "repeated_prompts.safetensors", 7, "a green circle");
 }

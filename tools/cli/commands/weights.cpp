@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/model_specs/family.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
 #include "branchgrpo/model_specs/flux/layout.hpp"
 #include "branchgrpo/model_specs/wan/config.hpp"
@@ -29,9 +30,8 @@
 namespace branchgrpo::cli {
 namespace {
 
-// The transformer families the command knows; their layouts and configs are named by text in the report.
-enum class model_family { flux, wan };
-
+// The transformer families the command knows (model_specs/family.hpp); their layouts and configs are named by text in
+// the report.
 std::string_view family_name(model_family family) { return family == model_family::flux ? "flux" : "wan"; }
 
 std::string_view family_title(model_family family) {
@@ -72,51 +72,7 @@ std::string plural(std::size_t count, const std::string& word) {
   return std::to_string(count) + " " + word + (count == 1 ? "" : "s");
 }
 
-// --- Which family: the names each family's layouts account for ------------------------------------------------
-
-/// A tensor name with every all-digit component replaced by '#', so one block's names stand for every block's.
-/// Example: "blocks.12.ffn.0.weight" -> "blocks.#.ffn.#.weight"; "img_in.weight" -> "img_in.weight".
-std::string name_pattern(std::string_view name) {
-  std::string out;
-  std::size_t start = 0;
-  while (start <= name.size()) {
-    const std::size_t end = std::min(name.find('.', start), name.size());
-    const std::string_view part = name.substr(start, end - start);
-    const bool digits = !part.empty() && std::ranges::all_of(part, [](char c) { return c >= '0' && c <= '9'; });
-    out += digits ? std::string_view("#") : part;
-    if (end == name.size()) break;
-    out += '.';
-    start = end + 1;
-  }
-  return out;
-}
-
-/// The patterns of every name a family's configs have, in either layout (the configs differ in sizes and optional
-/// tensors, e.g. FLUX dev's guidance_in, not in how a block's tensors are named).
-const std::set<std::string>& family_patterns(model_family family) {
-  static const std::set<std::string> flux = [] {
-    std::set<std::string> out;
-    for (const auto& [name, config] : known_configs())
-      for (const flux_layout layout : {flux_layout::bfl, flux_layout::diffusers})
-        for (const flux_tensor_spec& spec : flux_expected_tensors(config, layout)) out.insert(name_pattern(spec.name));
-    return out;
-  }();
-  static const std::set<std::string> wan = [] {
-    std::set<std::string> out;
-    for (const wan_layout layout : {wan_layout::official, wan_layout::diffusers})
-      for (const wan_tensor_spec& spec : wan_expected_tensors(wan_config::tiny(), layout))
-        out.insert(name_pattern(spec.name));
-    return out;
-  }();
-  return family == model_family::flux ? flux : wan;
-}
-
-/// How many of `names` are names of `family` (in either layout, any block count).
-std::size_t family_score(const std::vector<std::string_view>& names, model_family family) {
-  const std::set<std::string>& patterns = family_patterns(family);
-  return static_cast<std::size_t>(
-      std::ranges::count_if(names, [&](std::string_view name) { return patterns.contains(name_pattern(name)); }));
-}
+// --- Which family: the names each family's layouts account for (model_specs/family.hpp) -----------------------
 
 /// The family a --layout or --config value belongs to; nullopt for the shared "diffusers" and "tiny" (and "").
 std::optional<model_family> family_of_layout(std::string_view layout) {

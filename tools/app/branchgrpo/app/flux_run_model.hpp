@@ -35,7 +35,7 @@ inline run_model load_image_run_model(const run_config& config) {
                                    : flux_config::tiny();
     torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (tiny without weights)
     out.transformer = make_in_place<flux_transformer>(config, flux);
-    if (!m.weights.empty()) load_flux_weights(*out.transformer, load_weights_file(config));
+    if (!m.weights.empty()) load_run_weights(*out.transformer, config);
   }
   load_run_prompts(config, "flux", flux, out);
   require_guidance_negatives(config, out);

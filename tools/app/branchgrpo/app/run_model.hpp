@@ -11,8 +11,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,8 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/files/input_file.hpp"
+#include "branchgrpo/model_specs/family.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
@@ -153,6 +157,83 @@ inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& 
                           {.dtype = run_dtype(config), .allowed_dtypes = model_weight_dtypes, .finite = true});
 }
 
+/// model.weights loaded into `model` (load_weights_file, then load_flux_weights / load_wan_weights: either layout,
+/// detected). Every error is one line naming the key and the file: a checkpoint of the other family is refused from
+/// its header before any tensor is copied, one of this family that does not fit model.config with the problems
+/// listed.
+/// Example: model.config = "tiny" with model.weights = "moving-shapes-tiny/model.safetensors" (Wan's names) throws
+///   "run.toml: model.weights = \"/m/moving-shapes-tiny/model.safetensors\": holds Wan weights (all 123 tensors
+///   have Wan names); model.config = \"tiny\" is a FLUX model (give a FLUX checkpoint, or a Wan config: wan-tiny,
+///   wan-t2v-1.3b or wan-t2v-14b)"; FLUX.1-schnell's weights under model.config = "dev" throw
+///   "run.toml: model.weights = \"...\": does not fit model.config = \"dev\": FLUX checkpoint (bfl layout) does not
+///   match the config: missing guidance_in.in_layer.weight, ...".
+template <class Transformer>
+void load_run_weights(Transformer& model, const run_config& config) {
+  constexpr bool flux = std::is_same_v<Transformer, flux_transformer>;
+  const model_section& m = config.model;
+  const std::string key = config.source + ": model.weights = \"" + path_text(config.input_path(m.weights)) + "\"";
+  {
+    const safetensors_checkpoint header(config.input_path(m.weights));  // mapped: names, shapes, dtypes only
+    std::vector<std::string_view> names;
+    for (const safetensors_tensor& tensor : header.tensors()) names.push_back(tensor.name);
+    const model_family want = flux ? model_family::flux : model_family::wan;
+    if (const std::optional<model_family> found = weights_family(names); found && *found != want) {
+      const std::size_t count = family_score(names, *found);
+      fail(key, ": holds ", family_label(*found), " weights (",
+           count == names.size() ? "all " + std::to_string(count)
+                                 : std::to_string(count) + " of its " + std::to_string(names.size()),
+           " tensors have ", family_label(*found), " names); model.config = \"", m.config, "\" is a ",
+           family_label(want), " model (give a ", family_label(want), " checkpoint, or a ", family_label(*found),
+           " config: ", flux ? "wan-tiny, wan-t2v-1.3b or wan-t2v-14b" : "tiny, dev or schnell", ")");
+    }
+  }
+  const std::map<std::string, torch::Tensor> tensors = load_weights_file(config);
+  try {
+    if constexpr (flux)
+      load_flux_weights(model, tensors);
+    else
+      load_wan_weights(model, tensors);
+  } catch (const invalid_input& error) {
+    fail(key, ": does not fit model.config = \"", m.config, "\": ", error.what());
+  }
+}
+
+/// One "warning:" line on stderr when rows of a prompt set (`source`: its file or shard directory) hold the same
+/// prompt: each row is a prompt of its own to the schedule, so the repeated one is trained (or evaluated) more.
+/// Example: rows 3 and 7 of p.safetensors both "a red circle" -> "warning: p.safetensors: rows 3 and 7 hold the
+///   same prompt 'a red circle'"; with more repeated rows: "... (and 2 more rows repeat an earlier prompt)".
+inline void warn_repeated_prompts(std::span<const std::string> prompts, const std::filesystem::path& source) {
+  const std::optional<repeated_prompt> repeated = find_repeated_prompt(prompts);
+  if (!repeated) return;
+  std::string line = "warning: " + path_text(source) + ": rows " + std::to_string(repeated->first) + " and " +
+                     std::to_string(repeated->second) + " hold the same prompt '" +
+                     echo_middle(prompts[repeated->second], 80) + "'";
+  if (repeated->repeats > 1)
+    line += " (and " + std::to_string(repeated->repeats - 1) + " more " +
+            (repeated->repeats == 2 ? "row repeats" : "rows repeat") + " an earlier prompt)";
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+/// Throws invalid_input unless eval.embeddings' rows (`heldout`) fit in one table with the training prompts'
+/// (`train`): the same tokens, width and pooled width, which a file exported for another model family or text
+/// encoder does not have (the model's own checks pass a shorter Wan text, or a FLUX file of another length).
+/// Example: eval.embeddings = the moving-shapes model's prompts (5 tokens) beside shapes-tiny's (3) throws
+///   "run.toml: eval.embeddings = \"/m/moving-shapes-tiny/prompts.safetensors\": prompts of 5 tokens x 32 features
+///   (pooled 32); the training prompts (/m/shapes-tiny/prompts.safetensors) are 3 tokens x 32 features (pooled 32):
+///   export the held-out prompts for the same model and text encoder (scripts/export_prompt_embeddings.py)".
+inline void check_heldout_table(const run_config& config, const prompt_table& train, const prompt_table& heldout) {
+  if (heldout.tokens() == train.tokens() && heldout.width() == train.width() &&
+      heldout.pooled_width() == train.pooled_width())
+    return;
+  const auto dims = [](const prompt_table& t) {
+    return std::to_string(t.tokens()) + " tokens x " + std::to_string(t.width()) + " features (" +
+           (t.has_pooled() ? "pooled " + std::to_string(t.pooled_width()) : std::string("no pooled vectors")) + ")";
+  };
+  fail(config.source, ": eval.embeddings = \"", path_text(config.input_path(config.eval.embeddings)), "\": prompts of ",
+       dims(heldout), "; the training prompts (", path_text(run_prompt_path(config)), ") are ", dims(train),
+       ": export the held-out prompts for the same model and text encoder (scripts/export_prompt_embeddings.py)");
+}
+
 /// data.embeddings (a prompt file or a shard directory, mapped: open_prompt_dataset; when given, or without
 /// model.dir) into `out`, then eval.embeddings (with [eval]) into out.heldout: each checked against the model's
 /// `shape` (flux_config or wan_config), made for `family` and its encoder, with the negatives the config's
@@ -172,8 +253,11 @@ void load_run_prompts(const run_config& config, std::string_view family, const S
     out.prompts = std::move(file.prompts);
     take_negative_prompts(config, file, source, out.prompts.size(), out.negative_embeddings, out.negative_index);
   }
+  warn_repeated_prompts(out.prompts, run_prompt_path(config));
   if (config.eval.enabled()) {
     auto [file, source] = open(config.eval.embeddings);
+    warn_repeated_prompts(file.prompts, source);
+    check_heldout_table(config, out.embeddings, file.rows);
     heldout_prompt_set& heldout = out.heldout;
     heldout.embeddings = file.rows;
     heldout.prompts = std::move(file.prompts);

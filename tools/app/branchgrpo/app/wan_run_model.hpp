@@ -38,7 +38,7 @@ inline run_model load_video_run_model(const run_config& config) {
     wan = named_wan_config(m.config);
     torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));  // random init (wan-tiny without weights)
     out.video_transformer = make_in_place<wan_transformer>(config, wan);
-    if (!m.weights.empty()) load_wan_weights(*out.video_transformer, load_weights_file(config));
+    if (!m.weights.empty()) load_run_weights(*out.video_transformer, config);
   }
   load_run_prompts(config, "wan", wan, out);
   require_guidance_negatives(config, out);

@@ -154,6 +154,30 @@ inline void check_prompt_file(const prompt_file& file, std::string_view source) 
                           context.size(2), pooled ? file.embeddings.pooled.size(1) : 0, source);
 }
 
+/// Two rows of a prompt set that hold the same prompt: the first such pair (by its later row), and how many rows in
+/// all repeat an earlier row's prompt.
+struct repeated_prompt {
+  std::size_t first = 0;    ///< the earlier row
+  std::size_t second = 0;   ///< the first row that repeats an earlier one
+  std::size_t repeats = 0;  ///< rows that repeat an earlier row (2 for {"a", "b", "a", "a"})
+};
+
+/// The rows of `prompts` that repeat an earlier row's prompt (exact text), or nothing when every prompt is distinct.
+/// A repeated prompt is trained as often as the rows that hold it: usually a mistake of the export, worth a warning.
+/// Example: {"a red circle", "a blue square", "a red circle", "a red circle"} -> {.first = 0, .second = 2,
+///   .repeats = 2}; {"a", "b"} -> nullopt.
+inline std::optional<repeated_prompt> find_repeated_prompt(std::span<const std::string> prompts) {
+  std::map<std::string_view, std::size_t> seen;
+  std::optional<repeated_prompt> out;
+  for (std::size_t row = 0; row < prompts.size(); ++row) {
+    const auto [at, inserted] = seen.emplace(prompts[row], row);
+    if (inserted) continue;
+    if (!out) out = repeated_prompt{.first = at->second, .second = row, .repeats = 0};
+    ++out->repeats;
+  }
+  return out;
+}
+
 /// Throws invalid_input unless the file was made for `family` ("flux" or "wan") and, when `encoder` is not "",
 /// by that text encoder: "<source>: made for wan models (metadata family = 'wan'); the model is flux". A file
 /// without family metadata passes; one without encoder metadata passes for "flux" (the T5 + CLIP exporter wrote
