@@ -62,3 +62,18 @@ if(TARGET branchgrpo_cli AND EXISTS /dev/full)
     endif()
   endif()
 endif()
+# An output directory that exists but takes no file (sysfs refuses new files, root included) is refused before any
+# work, exit 2, naming it (make_directory, tools/cli/output/output_file.hpp).
+if(TARGET branchgrpo_cli AND IS_DIRECTORY /sys)
+  set(expect_error ${CMAKE_CURRENT_SOURCE_DIR}/reliability/scripts/expect_error.sh)
+  foreach(command IN ITEMS toy)
+    set(args ${command} --iters 100000 --out /sys)
+    if(command STREQUAL "compare")
+      list(APPEND args --seeds 2)
+    endif()
+    add_test(NAME reliability_output_${command}_unwritable_dir
+             COMMAND sh ${expect_error} -t 20 -s 2 "^branchgrpo: /sys: cannot write in the directory: .+$"
+                     $<TARGET_FILE:branchgrpo_cli> ${args})
+    set_tests_properties(reliability_output_${command}_unwritable_dir PROPERTIES LABELS "cli;reliability" TIMEOUT 30)
+  endforeach()
+endif()

@@ -289,14 +289,7 @@ void validate(const toy_options& options) {
                "the per-iteration statistics");
 }
 
-std::filesystem::path prepare_out(const toy_options& options) {
-  const std::filesystem::path out(options.out);
-  std::error_code error;
-  std::filesystem::create_directories(out, error);
-  if (error || !std::filesystem::is_directory(out))
-    throw write_error(out, "cannot create the output directory", error ? error.value() : ENOTDIR);
-  return out;
-}
+std::filesystem::path prepare_out(const toy_options& options) { return make_directory(options.out); }
 
 void print_files(const std::vector<std::filesystem::path>& files) {
   std::cout << "wrote";

@@ -10,6 +10,7 @@
 //   append_to_file(path, line)    one write(2) in O_APPEND mode, then fsync: a kill loses at most this line
 //   check_standard_output()       flushes std::cout; throws when anything written to it failed, with the reason
 //                                 (standard_output_buffer, installed by main.cpp, remembers it)
+//   make_directory(dir)           a command's output directory, created and checked writable before any work
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -25,6 +26,9 @@
 #include <streambuf>
 #include <string>
 #include <string_view>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/files/input_file.hpp"
 
 namespace branchgrpo::cli {
 
@@ -91,6 +95,41 @@ inline void write_file(const std::filesystem::path& path, std::string_view bytes
     ::unlink(temporary.c_str());
     throw write_error(path, "cannot write", error);
   }
+}
+
+/// Creates `dir` (and parents) and creates and removes a file in it: every command that writes into a directory
+/// (train, demo, compare, toy, pretrain) calls it before any work, so that a directory it cannot write is refused
+/// then, not after the training. Throws invalid_input (exit 2: the user's to fix) naming the path when something
+/// else is there ("out/checkpoints: is a file, not a directory"; a dangling link or a link loop likewise), when the
+/// system refuses to create it ("/proc/x: cannot create the directory: No such file or directory") or a file in it
+/// ("/sys: cannot write in the directory: Permission denied", a read-only file system); write_error (exit 1) when
+/// the system itself fails (no space left, an I/O error).
+/// @post `dir` is a directory in which this process could create a file; nothing is left in it.
+inline std::filesystem::path make_directory(const std::filesystem::path& dir) {
+  const auto refuse = [&](std::string_view what, int error) {
+    if (error == ENOSPC || error == EDQUOT || error == EIO) throw write_error(dir, what, error);
+    fail(path_text(dir), ": ", what, ": ", std::strerror(error));
+  };
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  std::error_code type_error;
+  if (error || !std::filesystem::is_directory(dir, type_error)) {
+    // Something else at the path is named as what it is; else the system's reason.
+    using enum std::filesystem::file_type;
+    const std::filesystem::file_type type = std::filesystem::symlink_status(dir, type_error).type();
+    if (type == symlink) fail(path_text(dir), ": is a link to no directory (dangling, or a loop), not a directory");
+    if (type != not_found && type != none && type != directory)
+      fail(path_text(dir), ": is ", file_type_text(type), ", not a directory");
+    refuse("cannot create the directory", error ? error.value() : ENOTDIR);
+  }
+  // A directory may exist and refuse files (permissions, a read-only mount, /sys): try one, as the outputs will.
+  std::filesystem::path probe = dir;
+  probe /= ".branchgrpo-write-check-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0600);
+  if (fd < 0) refuse("cannot write in the directory", errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return dir;
 }
 
 /// Appends `bytes` (typically one line) to `path`, creating it: one write(2) in O_APPEND mode, then fsync.

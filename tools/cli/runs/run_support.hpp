@@ -109,22 +109,6 @@ decltype(auto) with_torch_context(const std::string& context, Body&& body) {
   }
 }
 
-/// Creates `dir` (and parents). Throws invalid_input when something else is there ("out/checkpoints: is a file, not
-/// a directory"; a dangling link or a link loop likewise), std::runtime_error naming it when the system refuses.
-inline std::filesystem::path make_directory(const std::filesystem::path& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  std::error_code type_error;
-  if (!error && std::filesystem::is_directory(dir, type_error)) return dir;
-  // Something else at the path is the user's to move (bad input, exit 2); a system failure is not (exit 1).
-  using enum std::filesystem::file_type;
-  const std::filesystem::file_type type = std::filesystem::symlink_status(dir, type_error).type();
-  if (type == symlink) fail(path_text(dir), ": is a link to no directory (dangling, or a loop), not a directory");
-  if (type != not_found && type != none && type != directory)
-    fail(path_text(dir), ": is ", file_type_text(type), ", not a directory");
-  throw std::runtime_error("cannot create the directory " + path_text(dir) + (error ? ": " + error.message() : ""));
-}
-
 /// The metrics of one iteration as a JSON object (keys sorted by nlohmann): the trainer's stats, the optimizer's
 /// gradient norm and each reward's mean unweighted score ("reward/<name>").
 inline nlohmann::json iteration_metrics(const iteration_stats& s, const std::map<std::string, double>& components,
