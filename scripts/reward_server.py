@@ -24,8 +24,11 @@ Usage:
   python3 scripts/reward_server.py --list-scorers
 
 --fault MODE[@N] (tests only) breaks the answers from the N-th POST /score on (1-based, every POST /score
-counted, default N = 1): slow:SECONDS, nan, null, garbage, string, wrong-count, http-500, exit; and --fault
-fixed:PATH answers the k-th POST /score with the k-th list of scores of the JSON file PATH.
+counted, default N = 1): slow:SECONDS, nan, null, garbage, string, wrong-count, http-500, exit, endless (a 200
+answer whose body never ends: no Content-Length, bytes until the client leaves or ENDLESS_CAP_BYTES are sent),
+endless-chunked (the same in chunked transfer encoding), huge-length (a Content-Length of 10 GB, then the same
+endless body); and --fault fixed:PATH answers the k-th POST /score with the k-th list of scores of the JSON file
+PATH.
 """
 import argparse
 import base64
@@ -58,7 +61,10 @@ ENCODINGS = ("png", "float32")
 # Seconds a connection may stay silent mid-request (or idle between keep-alive requests) before it is closed,
 # so a stalled client never holds a thread forever.
 SOCKET_TIMEOUT_S = 120
-FAULT_MODES = ("slow", "nan", "null", "garbage", "string", "wrong-count", "http-500", "exit", "fixed")
+FAULT_MODES = ("slow", "nan", "null", "garbage", "string", "wrong-count", "http-500", "exit", "endless",
+               "endless-chunked", "huge-length", "fixed")
+# The most an endless answer sends before it gives up (a client with no bound stops the test by its memory first).
+ENDLESS_CAP_BYTES = 8 << 30
 
 
 def one_line(text, limit=400):
@@ -431,6 +437,32 @@ class RewardRequestHandler(http.server.BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             self.close_connection = True  # the client left; nothing to answer
 
+    def reply_endless(self, mode):
+        """--fault endless / endless-chunked / huge-length: a 200 answer that starts like the protocol's and never
+        ends, until the client closes the connection or ENDLESS_CAP_BYTES are sent."""
+        piece = b"0.5, " * 13107  # 64 KiB less 1 byte per 5
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if mode == "endless-chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+            elif mode == "huge-length":
+                self.send_header("Content-Length", str(10 ** 10))
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            sent = 0
+            opening = b'{"scores": ['
+            while sent < ENDLESS_CAP_BYTES:
+                data = opening + piece
+                opening = b""
+                if mode == "endless-chunked":
+                    data = b"%x\r\n%s\r\n" % (len(data), data)
+                self.wfile.write(data)
+                sent += len(data)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            self.close_connection = True  # the client stopped reading: what the fault is for
+
     def reply_error(self, status, message, close=False):
         self.error_line = one_line(message)  # for the log line log_request writes
         self.reply(status, {"error": self.error_line}, close=close)
@@ -526,6 +558,9 @@ class RewardRequestHandler(http.server.BaseHTTPRequestHandler):
             time.sleep(fault.seconds)
         if faulty and fault.mode == "http-500":
             raise RequestError(500, "--fault http-500 on /score request %d" % number)
+        if faulty and fault.mode in ("endless", "endless-chunked", "huge-length"):
+            self.reply_endless(fault.mode)
+            return
         if faulty and fault.mode == "garbage":
             self.reply(200, raw=b"<html>this is not JSON</html>\n")
             return

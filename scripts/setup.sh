@@ -4,7 +4,8 @@ set -euo pipefail
 
 packages=(cmake g++ catch2 librandom123-dev libcli11-dev nlohmann-json3-dev libeigen3-dev libxtensor-dev
           libbenchmark-dev libopenblas0-pthread python3 python3-numpy python3-pil libtorch-dev libgloo-dev python3-torch
-          python3-torchvision clang libtomlplusplus-dev libturbojpeg0-dev libpng-dev libgif-dev libcurl4-openssl-dev)
+          python3-torchvision clang libtomlplusplus-dev libturbojpeg0-dev libpng-dev libgif-dev libcurl4-openssl-dev
+          ccache)
 
 missing=()
 for package in "${packages[@]}"; do

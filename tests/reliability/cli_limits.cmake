@@ -105,3 +105,11 @@ if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
              train --config ${huge_tree_config})
   set_tests_properties(reliability_limit_train_tree PROPERTIES LABELS "cli;torch;reliability")
 endif()
+
+# `demo --quick` keeps an explicit --eval-samples (docs/cli.md, "branchgrpo demo"): before, --quick replaced it by 1
+# silently, so this size passed its memory check and the demo ran with 1 sample per prompt.
+if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
+  limit_test(demo_quick_eval_samples "^branchgrpo: --eval-samples = 2000000000: the held-out evaluation needs about .*${under_limit}"
+             demo --quick --eval-samples 2000000000 --out ${limits_dir}/demo_quick)
+  set_tests_properties(reliability_limit_demo_quick_eval_samples PROPERTIES LABELS "cli;reliability;torch")
+endif()

@@ -51,8 +51,8 @@ endif()
 # --- Messages that name the key and the file (docs/reliability.md, "Keys and files in messages") ----------------
 # A run config naming a file of the other model family or of another prompt table, a prompt holding a NUL byte
 # (echoed escaped: the line went on past the NUL only as "\x00"), a prompt set that repeats a prompt (a warning
-# naming the rows, before the error that ends the command cheaply): each refused before the run with exit status 2
-# and one line naming the key and the file.
+# naming the rows, before the error that ends the command cheaply), a latent too small for a reward: each refused
+# before the run with exit status 2 and one line naming the key and the file.
 if(TARGET branchgrpo_cli AND TARGET branchgrpo::app AND TARGET test_model_files
    AND EXISTS ${PROJECT_SOURCE_DIR}/models/moving-shapes-tiny/model.safetensors)
   set(models ${PROJECT_SOURCE_DIR}/models)
@@ -100,4 +100,11 @@ if(TARGET branchgrpo_cli AND TARGET branchgrpo::app AND TARGET test_model_files
   key_test(repeated_prompts "rewards\\[0\\]\\.name = 'smoothness' scores videos; the model makes images$"
            -w "^warning: .*/repeated_prompts\\.safetensors: rows 3 and 7 hold the same prompt 'a green circle'$")
 
+  # A latent smaller than a reward reads (alignment: 3 x 3 pixels), with model.decoder = "pixels": refused before
+  # the run naming the entry and the keys ("measure_shape expects [3, H, W] with H, W >= 3" in the first iteration
+  # before).
+  key_config(reward_size "${shapes_dir}latent_height = 2\nlatent_width = 2\n")
+  key_test(reward_size "^branchgrpo: .*/reward_size\\.toml: rewards\\[0\\] \\(alignment\\) scores images of at least 3 x 3 pixels; model\\.latent_height = 2 and model\\.latent_width = 2 make 2 x 2 \\(model\\.decoder = \"pixels\": the latents are the images\\)$")
+  key_config(reward_size_video "${video_dir}latent_height = 2\nlatent_width = 16\n")
+  key_test(reward_size_video "^branchgrpo: .*/reward_size_video\\.toml: rewards\\[0\\] \\(alignment\\) scores frames of at least 3 x 3 pixels; model\\.latent_height = 2 and model\\.latent_width = 16 make 2 x 16 ")
 endif()

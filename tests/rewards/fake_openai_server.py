@@ -21,6 +21,7 @@ top_logprobs entries (most probable first) are sent.
   http-500      500 {"error": {"message": "fake failure"}}
   slow:SECONDS  the image-derived answer after SECONDS
   exit          the process exits without answering
+  endless       a 200 answer whose chunked body never ends
 
 Usage: fake_openai_server.py --model NAME [--port 0] [--port-file PATH] [--log PATH] [--fault MODE]
 """
@@ -134,6 +135,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def send_endless(self):
+        """A 200 answer whose body never ends (chunked), until the client leaves or 8 GiB are sent."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        piece = b'{"choices": [' + b" " * 65536
+        try:
+            for _ in range((8 << 30) // len(piece)):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
     def do_GET(self):
         if self.path != "/v1/models":
             return self.send(404, {"error": {"message": "no route %s" % self.path}})
@@ -150,6 +165,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(float(fault[5:]))
         if fault == "garbage":
             return self.send(200, b"<html>not json</html>")
+        if fault == "endless":
+            return self.send_endless()
         if fault == "http-500":
             return self.send(500, {"error": {"message": "fake failure"}})
         try:

@@ -3,12 +3,14 @@
 // the server sends them, batching by whole groups, the scorer check, and every fault as one line naming the url,
 // never a hang. Each test stops the server it started.
 #include <catch2/catch.hpp>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "branchgrpo/app/remote_client.hpp"
@@ -36,10 +38,17 @@ std::vector<bg::remote_item> items(int groups, int leaves) {
 std::string error_of(bg::remote_client& client, const std::vector<bg::remote_item>& list) {
   try {
     (void)client.score(list);
-  } catch (const bg::invalid_input& error) {
+  } catch (const bg::system_failure& error) {  // a failure of the server, not of the input: exit 1
     return error.what();
   }
   return "";
+}
+
+// The process's peak resident set so far (getrusage's ru_maxrss, kB on Linux), in bytes.
+double peak_resident_bytes() {
+  ::rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;
 }
 
 }  // namespace
@@ -107,6 +116,9 @@ TEST_CASE("a failing server is one line naming the url and what came back, never
   // Nobody listening.
   bg::remote_client nobody({.url = "http://127.0.0.1:9", .connect_timeout = 1, .retries = 0});
   CHECK_THAT(error_of(nobody, items(1, 1)), StartsWith("remote reward http://127.0.0.1:9/score: "));
+  // Before a run starts, the scorer check's failure is the run's refusal (invalid_input: exit 2).
+  CHECK_THROWS_AS(nobody.check_scorer(), bg::invalid_input);
+  CHECK_THROWS_WITH(nobody.check_scorer(), StartsWith("remote reward http://127.0.0.1:9/info: "));
   // Bad options.
   CHECK_THROWS_WITH(bg::remote_client({.url = "127.0.0.1:8000"}),
                     "remote reward url '127.0.0.1:8000' is not http:// or https://");
@@ -114,4 +126,71 @@ TEST_CASE("a failing server is one line naming the url and what came back, never
                     "remote reward timeout must be positive seconds, got 0");
   CHECK_THROWS_WITH(bg::remote_client({.url = "http://x", .batch = 0}),
                     "remote reward batch must be at least 1, got 0");
+  CHECK_THROWS_WITH(bg::remote_client({.url = "http://x", .max_answer_bytes = 10}),
+                    "remote reward max_answer_bytes must be in [1024, 1073741824], got 10");
+}
+
+TEST_CASE("an answer is read up to its bound: an endless body, chunked or not, costs no memory", "[rewards]") {
+  const auto failure = [](const std::string& fault, bg::remote_options options) {
+    reward_server server({"--scorer", "shapes_alignment", "--fault", fault});
+    options.url = server.url();
+    bg::remote_client client(options);
+    const double before = peak_resident_bytes();
+    const auto start = std::chrono::steady_clock::now();
+    const std::string message = error_of(client, items(1, 2));
+    // Unbounded, the client grew about 2 bytes per byte received until the timeout (GBs in seconds).
+    CHECK(peak_resident_bytes() - before < 64e6);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+    CHECK_THAT(message, StartsWith("remote reward " + server.url() + "/score: the answer is over "));
+    return message;
+  };
+  // 2 items of a scorer with no declared components: 1 MiB + 2 x 4 KiB.
+  const bg::remote_options once{.timeout = 60, .retries = 0};
+  const std::string bound = "the answer is over 1.06 MB, the bound for 2 scores (params.max_answer_bytes)";
+  CHECK_THAT(failure("endless", once), Contains(bound + " (after 1 attempt)"));
+  CHECK_THAT(failure("endless-chunked", once), Contains(bound));
+  CHECK_THAT(failure("huge-length", {.timeout = 60, .retries = 1, .backoff = 0.05}),
+             Contains(bound + " (after 2 attempts)"));
+  CHECK_THAT(failure("endless", {.timeout = 60, .retries = 0, .max_answer_bytes = 4096}),
+             Contains("the answer is over 4.1 kB, the bound for every answer (params.max_answer_bytes)"));
+  // An ordinary answer within an explicit bound still comes through.
+  reward_server server({"--scorer", "shapes_alignment"});
+  bg::remote_client client({.url = server.url(), .max_answer_bytes = 1024});
+  CHECK(client.score(items(2, 2)).scores == std::vector<double>(4, 0.0));
+}
+
+TEST_CASE("a stop request ends a request that waits, and a retry's backoff, within about a second", "[rewards]") {
+  const auto stopped_after = [](const std::string& fault, bg::remote_options options) {
+    reward_server server({"--scorer", "shapes_alignment", "--fault", fault});
+    options.url = server.url();
+    bg::remote_client client(options);
+    bg::clear_stop();
+    std::thread stopper([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      bg::request_stop(SIGTERM);
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      (void)client.score(items(1, 2));
+    } catch (const bg::stop_requested& stop) {
+      message = stop.what();
+      CHECK(stop.signal() == SIGTERM);
+    }
+    stopper.join();
+    bg::clear_stop();
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+    return message;
+  };
+  // A server that answers after 60 s, and one that fails at once, with 60 s of backoff before the retry.
+  CHECK_THAT(stopped_after("slow:60", {.timeout = 120, .retries = 0}),
+             StartsWith("stopped by SIGTERM during a request to http://127.0.0.1:") && Contains("/score"));
+  CHECK_THAT(stopped_after("http-500", {.timeout = 120, .retries = 1, .backoff = 60}),
+             StartsWith("stopped by SIGTERM during a retry of http://127.0.0.1:"));
+  // A pending request stops the next batch before it is sent.
+  reward_server server({"--scorer", "shapes_alignment"});
+  bg::remote_client client({.url = server.url()});
+  bg::request_stop(SIGINT);
+  CHECK_THROWS_WITH(client.score(items(1, 1)), "stopped by SIGINT during scoring by the remote reward");
+  bg::clear_stop();
 }

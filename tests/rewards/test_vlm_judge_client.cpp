@@ -57,7 +57,7 @@ double fake_score(const bg::rgb_image& img) {
 std::string error_of(bg::vlm_judge_client& judge, const std::vector<std::uint8_t>& png) {
   try {
     (void)judge.score("a red circle", png);
-  } catch (const bg::invalid_input& error) {
+  } catch (const bg::system_failure& error) {  // a failure of the server, not of the input: exit 1
     return error.what();
   }
   return "";
@@ -178,6 +178,12 @@ TEST_CASE("a failing judge is one line naming the url and what came back, never 
   CHECK_THAT(failure("slow:30", {.timeout = 0.5, .retries = 1, .backoff = 0.05}),
              Contains("Operation timed out") && Contains("(after 2 attempts)"));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  // An answer that never ends is cut at its bound (1 MiB + 4 KiB per top_logprobs entry), at once.
+  const auto endless_start = std::chrono::steady_clock::now();
+  CHECK_THAT(failure("endless", once),
+             Contains("the answer is over 1.13 MB, the bound for 20 top_logprobs (params.max_answer_bytes) (after 1 "
+                      "attempt)"));
+  CHECK(std::chrono::steady_clock::now() - endless_start < std::chrono::seconds(20));
   // Nobody listening: a server that was stopped.
   std::string url;
   {
@@ -188,6 +194,8 @@ TEST_CASE("a failing judge is one line naming the url and what came back, never 
   bg::vlm_judge_client nobody({.url = url, .model = model, .patience = {.connect_timeout = 1, .retries = 0}});
   CHECK_THAT(error_of(nobody, png),
              StartsWith("vlm judge " + url + "/v1/chat/completions: ") && Contains("(after 1 attempt)"));
+  // Before a run starts, the model check's failure is the run's refusal (invalid_input: exit 2).
+  CHECK_THROWS_AS(nobody.check_model(), bg::invalid_input);
 }
 
 TEST_CASE("bad judge options are one line naming the value", "[rewards]") {

@@ -4,6 +4,7 @@
 // adapters, their EMA, the inputs and the C++ velocity of the adapted model, and a full fine-tuning checkpoint).
 #include <torch/torch.h>
 
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -13,6 +14,7 @@
 #include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/torch/checkpoint.hpp"
 #include "branchgrpo/torch/flux/transformer.hpp"
 #include "branchgrpo/torch/lora.hpp"
@@ -143,6 +145,18 @@ TEST_CASE("the norm_out swap and the merge") {
       {{"l", {.down = torch::tensor({{1.0f, 1.0f}}), .up = torch::tensor({{0.5f}})}}}, 2, torch::kBFloat16);
   CHECK(torch::equal(merged.at("l.weight").to(torch::kFloat32), torch::tensor({{2.0f, 3.0f}})));
   CHECK(merged.at("l.bias").scalar_type() == torch::kBFloat16);
+}
+
+TEST_CASE("a pending stop ends the export and the merge before their first layer") {
+  const torch::Tensor a = torch::ones({1, 2}), b = torch::ones({4, 1});
+  branchgrpo::request_stop(SIGTERM);
+  CHECK_THROWS_WITH(export_lora_tensors({{"final_layer.adaLN_modulation.1", {.down = a, .up = b}}}, lora_family::flux,
+                                        lora_export_format::diffusers, 1, std::nullopt),
+                    "stopped by SIGTERM during the LoRA export");
+  CHECK_THROWS_WITH(
+      merge_lora_tensors({{"l.weight", torch::ones({1, 2})}}, {{"l", {.down = a, .up = b}}}, 1, std::nullopt),
+      "stopped by SIGTERM during the LoRA merge");
+  branchgrpo::clear_stop();
 }
 
 TEST_CASE("fixture checkpoints for export-lora") {

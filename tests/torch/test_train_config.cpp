@@ -252,7 +252,8 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
     CHECK(ranked->last_components().at("remote") == 0.5);
   }
 
-  // The server dies mid-run: the next iteration is one line naming the url; the checkpoint before it resumes.
+  // The server dies mid-run: the next iteration is one line naming the url, a failure of the system (exit 1), not a
+  // refusal of the input; the checkpoint before it resumes.
   const auto dying_dir = scratch("dying");
   auto dying = make_run(with_rewards(dying_dir, remote_entry));
   (void)dying->step();
@@ -261,7 +262,7 @@ TEST_CASE("the remote reward trains as the in-process one; a dead server is one 
   try {
     (void)dying->step();
     FAIL("the step did not fail");
-  } catch (const bg::invalid_input& error) {
+  } catch (const bg::system_failure& error) {
     CHECK_THAT(std::string(error.what()), Catch::Matchers::StartsWith("remote reward " + server.url() + "/score: ") &&
                                               Catch::Matchers::EndsWith("(after 1 attempt)"));
   }

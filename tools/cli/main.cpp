@@ -1,7 +1,9 @@
 // The branchgrpo command-line tool. Each subcommand lives in its own <name>_command.cpp (declared in
 // cli/commands.hpp) and registers itself on the app; errors end the run with one line on stderr and a non-zero
-// exit status: 2 for invalid input, 1 for anything else (a failed write included: standard output is checked
-// after every command, cli/output_file.hpp).
+// exit status: 2 for invalid input refused before the run (branchgrpo::invalid_input), 1 for a failure of the
+// system during it (a server, a rank, a failed write: standard output is checked after every command,
+// cli/output_file.hpp), 128 + signal when SIGINT / SIGTERM stopped a long loop (branchgrpo::stop_requested;
+// docs/reliability.md, "Exit status").
 #include <CLI/CLI.hpp>
 #include <signal.h>
 
@@ -13,6 +15,7 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/numbers.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "cli/commands.hpp"
 #include "cli/output/output_file.hpp"
 
@@ -98,7 +101,13 @@ int main(int argc, char** argv) {
     return report_error(error.what(), error.get_exit_code());
   } catch (const branchgrpo::invalid_input& error) {
     return report_error(error.what(), 2);
+  } catch (const branchgrpo::stop_requested& stopped) {
+    return report_error(stopped.what(), 128 + stopped.signal());
   } catch (const std::exception& error) {
+    // A failure after a stop request is part of the stop (a rank whose peer stopped first loses its connection).
+    if (const int signal = branchgrpo::stop_signal(); signal != 0)
+      return report_error("stopped by " + branchgrpo::stop_signal_name(signal) + " (then: " + error.what() + ")",
+                          128 + signal);
     return report_error(error.what(), 1);
   }
   return 0;

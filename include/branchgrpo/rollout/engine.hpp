@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/correlator/concept.hpp"
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
@@ -81,6 +82,7 @@ typename B::tensor frontier_velocity(B& backend, D& denoiser, const typename B::
                               .sigma = sigma,
                               .trees = std::span<const std::uint32_t>(trees).subspan(first, count),
                               .prompts = std::span<const std::int64_t>(prompts).subspan(first, count)};
+    check_stop("the rollout");  // between denoiser calls: a stop ends a rollout within one call's time
     typename B::tensor v = denoiser(chunk, batch);
     ++calls;
     require(backend.rows(v) == end - begin, "denoiser returned ", backend.rows(v), " rows for a batch of ", end - begin,

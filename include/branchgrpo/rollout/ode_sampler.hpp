@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
@@ -26,6 +27,7 @@ namespace branchgrpo {
 ///   row equal to fill_keyed_normal(root_key(r)) (v = 0 leaves x where it started); the toy's velocity over
 ///   shifted_linear_schedule(20) moves 64 rows of prompt p towards ring mode p (tests/unit/test_rollout.cpp).
 /// @pre prompts non-empty; max_batch >= 1; shape valid; the denoiser returns one row of `shape` per input row.
+/// A pending stop request (core/stop.hpp) throws stop_requested before the next denoiser call.
 /// @post result rows sum to prompts.size(); the same keys, prompts and denoiser give bit-identical results for
 ///       any max_batch when the denoiser is batch-invariant.
 template <Backend B, Denoiser<B> D, class RootKey>
@@ -52,6 +54,7 @@ requires std::is_invocable_r_v<noise_key, const RootKey&, std::int64_t> std::vec
     typename B::tensor x = backend.from_host(noise, count, shape);
     for (int s = 0; s < schedule.steps(); ++s) {
       const denoise_batch batch{.step = s, .sigma = schedule.sigma(s), .trees = trees, .prompts = chunk};
+      check_stop("ODE sampling");  // between denoiser calls
       x = backend.affine(1.0, x, schedule.sigma(s + 1) - schedule.sigma(s), denoiser(x, batch));
     }
     out.push_back(std::move(x));

@@ -8,7 +8,7 @@
 #   config     --resume with a changed optimizer.lr is refused naming it; a changed run.iterations is listed and
 #              accepted; every start's config is kept under configs/
 #   sigterm    SIGTERM during a 30-iteration run (checkpoint_every = 0): exit 143 and one line naming the checkpoint written at
-#              the stop, which verifies; --resume finishes with weights and optimizer state byte-identical to an
+#              the stop (of the last finished iteration), which verifies; --resume finishes with weights and optimizer state byte-identical to an
 #              uninterrupted run's
 #   full       metrics.jsonl a symlink to /dev/full: exit non-zero naming it and "No space left on device"
 #   files      what the run reads from its directory is bounded and never blocks: a FIFO or a 9 GB sparse file as
@@ -115,7 +115,9 @@ sigterm)
   status=$?
   [ $status = 143 ] || fail "exit $status after SIGTERM: $(cat "$work/err")"
   line=$(tail -n 1 "$work/err")
-  echo "$line" | grep -q "^train: stopped by SIGTERM after [0-9]* iterations\?; checkpoint $work/out/checkpoints/iter-0000[0-3][0-9] is valid; continue with --resume$" ||
+  # After the iteration's update, or during its rollout / scoring (that iteration not kept): either way a checkpoint
+  # of the last finished iteration.
+  echo "$line" | grep -Eq "^train: stopped by SIGTERM (after [0-9]+ iterations?|during [a-z -]+, in iteration [0-9]+ \(not kept\)); checkpoint $work/out/checkpoints/iter-0000[0-3][0-9] is valid; continue with --resume$" ||
     fail "$line"
   dir=$(echo "$line" | sed 's/.*checkpoint \(.*\) is valid.*/\1/')
   [ -f "$dir/manifest.txt" ] || fail "$dir has no manifest"

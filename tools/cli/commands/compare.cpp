@@ -44,6 +44,7 @@
 #include "cli/output/progress_bar.hpp"
 #include "cli/runs/method_runs.hpp"
 #include "cli/runs/method_variant.hpp"
+#include "cli/runs/signals.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -754,13 +755,8 @@ void validate(compare_options& options) {
 
 void run_compare(compare_options options) {
   validate(options);
-  const std::filesystem::path out(options.out);
-  {
-    std::error_code error;
-    std::filesystem::create_directories(out, error);
-    if (error || !std::filesystem::is_directory(out))
-      throw write_error(out, "cannot create the output directory", error ? error.value() : ENOTDIR);
-  }
+  // Created and written once before any training (make_directory), not found unwritable when the runs are done.
+  const std::filesystem::path out = make_directory(options.out);
   const std::vector<method_variant> methods = compared_methods(options);  // dance first
   std::vector<std::vector<run_record>> runs(methods.size());
   progress bar{.bar = run_progress(!options.quiet, options.seeds * static_cast<int>(methods.size()) * options.iters),
@@ -861,6 +857,7 @@ void add_compare_command(CLI::App& app) {
   demo_runs::add_remote_reward_options(compare, options->remote_reward, options->remote_scorer);
 #endif
   compare->callback([options, seed] {
+    const stop_signals stop;  // SIGINT / SIGTERM: one line and exit 128 + signal within a rollout step
     options->seed_given = seed->count() > 0;
     run_compare(*options);
   });

@@ -31,6 +31,7 @@
 #include "cli/runs/method_runs.hpp"
 #include "cli/runs/run_support.hpp"
 #include "cli/runs/shipped_model.hpp"
+#include "cli/runs/signals.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -219,7 +220,8 @@ void run_demo(demo_options options) {
   (void)parse_prompt_rows(prompt_rows(options));  // a bad list fails here, before any work
   require(options.remote_scorer.empty() || !options.remote_reward.empty(), "--remote-scorer = ", options.remote_scorer,
           ": needs --remote-reward");
-  if (options.quick) options.eval_samples = 1;
+  // --quick's 1 held-out sample per prompt is a default, as its 2 iterations are: an explicit --eval-samples is kept.
+  if (options.quick && !options.eval_samples_given) options.eval_samples = 1;
   const int eval_every = options.eval_every > 0 ? options.eval_every : std::max(1, iterations / 4);
   if (options.methods.empty()) options.methods.assign(method_names.begin(), method_names.end());
   std::int64_t nodes = 0;                          // of the largest tree of the methods run
@@ -300,7 +302,9 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--out", options->out, "Directory for report.md and its PNG files (created)")
       ->type_name("DIR")
       ->capture_default_str();
-  demo->add_flag("--quick", options->quick, "2 iterations per method and 1 held-out sample per prompt (CI)");
+  demo->add_flag("--quick", options->quick,
+                 "2 iterations per method and 1 held-out sample per prompt (CI); an explicit --iters or --eval-samples "
+                 "is kept");
   demo->add_flag("--video", options->video,
                  "The video model models/moving-shapes-tiny (Wan2.1 architecture, 8 frames of 16 x 16) with the video "
                  "rewards; writes before_after.gif too");
@@ -319,10 +323,11 @@ void add_demo_command(CLI::App& app) {
       ->type_name("P")
       ->capture_default_str();
   add_integer(demo, "--steps", options->steps, "Denoising steps", 1, max_steps)->type_name("N")->capture_default_str();
-  add_integer(demo, "--eval-samples", options->eval_samples, "Held-out samples per prompt", 1,
-              std::numeric_limits<int>::max())
-      ->type_name("K")
-      ->capture_default_str();
+  CLI::Option* eval_samples =
+      add_integer(demo, "--eval-samples", options->eval_samples,
+                  "Held-out samples per prompt (1 with --quick, unless given)", 1, std::numeric_limits<int>::max())
+          ->type_name("K")
+          ->capture_default_str();
   add_number(demo, "--lr", options->lr, "AdamW learning rate of the LoRA factors", 1e-12, 1)
       ->type_name("LR")
       ->capture_default_str();
@@ -344,7 +349,11 @@ void add_demo_command(CLI::App& app) {
                 "branch-deppru, branch-mix (default: all, in that order)");
   demo->add_flag("--quiet", options->quiet, "No progress bar");
   demo_runs::add_remote_reward_options(demo, options->remote_reward, options->remote_scorer);
-  demo->callback([options] { run_demo(*options); });
+  demo->callback([options, eval_samples] {
+    options->eval_samples_given = eval_samples->count() > 0;
+    const stop_signals stop;  // SIGINT / SIGTERM: one line and exit 128 + signal within a rollout step
+    run_demo(*options);
+  });
 }
 
 }  // namespace branchgrpo::cli

@@ -21,6 +21,7 @@
 #include "branchgrpo/torch/lora_export.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "cli/commands.hpp"
+#include "cli/runs/signals.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -76,7 +77,7 @@ std::map<std::string, torch::Tensor> run_base_weights(const run_config& config) 
     if (!m.dir.empty())
       load_wan_weights(*video, load_video_model(config.input_path(m.dir)).weights, wan_layout::official);
     else if (!m.weights.empty())
-      load_wan_weights(*video, detail::load_weights_file(config));
+      branchgrpo::detail::load_run_weights(*video, config);
     model = video;
   } else {
     if (m.dir.empty()) torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));
@@ -84,7 +85,7 @@ std::map<std::string, torch::Tensor> run_base_weights(const run_config& config) 
     if (!m.dir.empty())
       load_flux_weights(*image, load_shapes_model(config.input_path(m.dir)).weights);
     else if (!m.weights.empty())
-      load_flux_weights(*image, detail::load_weights_file(config));
+      branchgrpo::detail::load_run_weights(*image, config);
     model = image;
   }
   std::map<std::string, torch::Tensor> out;
@@ -152,7 +153,7 @@ void export_lora(const export_lora_options& options) {
   const double alpha = stored.lora.alpha;
   metadata.insert({{"branchgrpo.family", std::string(lora_family_name(*family))},
                    {"branchgrpo.rank", std::to_string(rank)},
-                   {"branchgrpo.alpha", detail::run_number_text(alpha)}});
+                   {"branchgrpo.alpha", branchgrpo::detail::run_number_text(alpha)}});
   const torch::Dtype stored_dtype = adapters.begin()->second.down.scalar_type();
   metadata.emplace("branchgrpo.dtype", dtype_text(dtype.value_or(stored_dtype)));
 
@@ -165,8 +166,8 @@ void export_lora(const export_lora_options& options) {
     metadata.emplace("format", "branchgrpo-merged");
     save_safetensors(options.output, merged, metadata);
     std::cout << "wrote " << options.output << ": the " << lora_family_name(*family) << " transformer with "
-              << adapters.size() << " LoRA layers merged (rank " << rank << ", alpha " << detail::run_number_text(alpha)
-              << ")\n";
+              << adapters.size() << " LoRA layers merged (rank " << rank << ", alpha "
+              << branchgrpo::detail::run_number_text(alpha) << ")\n";
     return;
   }
   const auto tensors = export_lora_tensors(adapters, *family, *format, alpha, dtype);
@@ -174,7 +175,8 @@ void export_lora(const export_lora_options& options) {
   save_safetensors(options.output, tensors, metadata);
   std::cout << "wrote " << options.output << ": " << adapters.size() << " LoRA layers of the "
             << lora_family_name(*family) << " transformer as " << lora_export_format_name(*format) << " ("
-            << tensors.size() << " tensors, rank " << rank << ", alpha " << detail::run_number_text(alpha) << ")\n";
+            << tensors.size() << " tensors, rank " << rank << ", alpha " << branchgrpo::detail::run_number_text(alpha)
+            << ")\n";
 }
 
 // Every usage error of the command starts with its name: "export-lora: --format kohya: Wan models export as ...".
@@ -206,7 +208,10 @@ void add_export_lora_command(CLI::App& app) {
                    "paths relative to the working directory)")
       ->type_name("FILE");
   command->add_option("--output", options->output, "The .safetensors file to write")->required()->type_name("FILE");
-  command->callback([options] { run_export_lora(*options); });
+  command->callback([options] {
+    const stop_signals stop;  // SIGINT / SIGTERM: one line and exit 128 + signal at the next layer
+    run_export_lora(*options);
+  });
 }
 
 }  // namespace branchgrpo::cli

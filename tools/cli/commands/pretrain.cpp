@@ -37,6 +37,7 @@
 #include "cli/options/memory_budget.hpp"
 #include "cli/options/number_options.hpp"
 #include "cli/output/output_file.hpp"
+#include "cli/runs/signals.hpp"
 
 namespace branchgrpo::cli {
 namespace {
@@ -275,6 +276,7 @@ double train_flow_matching(const pretrain_options& o, std::vector<torch::Tensor>
   double window_loss = 0, last_loss = 0;
   int window = 0;
   for (int step = 0; step < o.steps; ++step) {
+    check_stop("pretraining");  // per step, before its update (core/stop.hpp): nothing half-done is written
     const data_batch batch = batch_of(step);
     const step_noise noise = draw_noise(o, step, sample_shape);
     const torch::Tensor t = noise.t.view(per_row);
@@ -556,11 +558,7 @@ void run_pretrain(const pretrain_options& o) {
     check_memory(o, parameter_estimate(*image), bytes_per_image(*image), shapes_prompt_count);
   }
   if (o.threads > 0) torch::set_num_threads(o.threads);
-  const std::filesystem::path dir(o.out);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir))
-    throw write_error(dir, "cannot create the output directory", error ? error.value() : ENOTDIR);
+  const std::filesystem::path dir = make_directory(o.out);  // before the run: one line when it cannot be written
   if (video)
     run_pretrain_video(o, dir, *video);
   else
@@ -624,7 +622,10 @@ void add_pretrain_command(CLI::App& app) {
   pretrain->add_flag("--quiet", options->quiet, "No progress lines");
   pretrain->add_flag("--video", options->video,
                      "Train a tiny Wan2.1-architecture transformer on the moving-shapes clips (8 x 16 x 16) instead");
-  pretrain->callback([options] { run_pretrain(*options); });
+  pretrain->callback([options] {
+    const stop_signals stop;  // SIGINT / SIGTERM: one line and exit 128 + signal at the next step
+    run_pretrain(*options);
+  });
 }
 
 }  // namespace branchgrpo::cli

@@ -283,16 +283,49 @@ void train_on(const train_options& options, run_config config, Comm& communicato
   };
   double seconds = 0;
   int timed = 0;
-  const stop_signals stop;
+  int saved = run->iteration();  // the iterations the newest checkpoint holds (a resumed run's; 0: none)
+  // A stop request during a long loop of iteration i (rollout, decoding, scoring, the held-out evaluation: they
+  // check it between chunks, core/stop.hpp) ends the run within a chunk's time; nothing of iteration i is kept.
+  // One process saves the state after the last finished iteration first, when no checkpoint holds it yet; several
+  // ranks, which may have stopped at different points, save nothing (the newest checkpoint stays as it is).
+  const auto stop_now = [&](const stop_requested& request, const std::string& phase) {
+    std::filesystem::path dir;
+    if (communicator.size() == 1 && run->iteration() > saved) {
+      dir = run->save_checkpoint(communicator);
+      saved = run->iteration();
+    }
+    if (lead) {
+      bar.clear();
+      const std::vector<checkpoint_entry> newest =
+          dir.empty() ? list_checkpoints(checkpoints) : std::vector<checkpoint_entry>{};
+      std::cerr << "train: " << request.what() << ", in " << phase << "; "
+                << (!dir.empty() ? "checkpoint " + dir.string() + " is valid; continue with --resume"
+                    : !newest.empty()
+                        ? "the newest checkpoint is " + newest.front().dir.string() + "; continue with --resume"
+                        : std::string("no checkpoint was written yet"))
+                << '\n';
+    }
+    std::cerr.flush();
+    std::exit(128 + request.signal());
+  };
   while (!run->done()) {
     const int i = run->iteration();
-    if (run->evaluates_after(i)) evaluate();
     const bool last = i + 1 == config.run.iterations;
     const bool grid = config.run.grid_every > 0 && ((i + 1) % config.run.grid_every == 0 || last);
-    const iteration_stats stats =
-        with_torch_context(config.source + ": iteration " + std::to_string(i) + " (" + model_keys +
-                               ", rollout.max_batch = " + std::to_string(config.rollout.max_batch) + ")",
-                           [&] { return run->step(communicator, grid && lead); });
+    try {
+      if (run->evaluates_after(i)) evaluate();
+    } catch (const stop_requested& request) {
+      stop_now(request, "the held-out evaluation before iteration " + std::to_string(i));
+    }
+    std::optional<iteration_stats> step;
+    try {
+      step = with_torch_context(config.source + ": iteration " + std::to_string(i) + " (" + model_keys +
+                                    ", rollout.max_batch = " + std::to_string(config.rollout.max_batch) + ")",
+                                [&] { return run->step(communicator, grid && lead); });
+    } catch (const stop_requested& request) {
+      stop_now(request, "iteration " + std::to_string(i) + " (not kept)");
+    }
+    const iteration_stats& stats = *step;
     seconds += stats.seconds;
     ++timed;
     // Every rank's measured training-state bytes and peak resident set, for the metrics row (docs/distributed.md).
@@ -319,13 +352,14 @@ void train_on(const train_options& options, run_config config, Comm& communicato
       check_standard_output();
       if (grid) write_leaf_grid(checkpoint_path(grids, i + 1).replace_extension(".png"), *run, i + 1);
     });
-    const int signal = largest_on_any_rank(communicator, stop.received());
+    const int signal = largest_on_any_rank(communicator, stop_signal());
     const bool checkpoint = (config.run.checkpoint_every > 0 && (i + 1) % config.run.checkpoint_every == 0) || last;
     if (checkpoint || signal != 0) {
       // Debug check that the replicas did not drift (cheap: the trainable tensors), then rank 0 writes.
       check_replicas_agree(communicator, std::span<const torch::Tensor>(run->policy().parameters()));
       std::filesystem::path dir;  // every rank: a sharded run's ranks write their shards
       on_every_rank(communicator, [&] { dir = run->save_checkpoint(communicator); });
+      saved = i + 1;
       if (signal != 0) {
         // The iteration that was running when the signal came is finished and saved: say so, exit 128 + signal.
         if (lead) {
@@ -342,7 +376,16 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     bar.update(i + 1, std::to_string(i + 1) + "/" + std::to_string(config.run.iterations), stats.reward_mean,
                seconds / timed);
   }
-  if (run->evaluates_after(config.run.iterations)) evaluate();
+  try {
+    if (run->evaluates_after(config.run.iterations)) evaluate();
+  } catch (const stop_requested& request) {  // the run is done and saved: only its last evaluation is missing
+    bar.clear();
+    if (lead)
+      std::cerr << "train: " << request.what() << ", in the held-out evaluation after the last iteration; checkpoint "
+                << checkpoint_path(checkpoints, config.run.iterations).string() << " is valid\n";
+    std::cerr.flush();
+    std::exit(128 + request.signal());
+  }
   bar.clear();
   if (lead && !options.json)
     std::cout << "wrote " << (out / "metrics.jsonl").string() << ", " << (out / "metrics.csv").string() << ", "
@@ -417,6 +460,8 @@ void run_train(const train_options& options) {
       train_on(options, config, *group, device);
     } catch (const invalid_input& error) {
       fail("rank ", group->rank(), ": ", error.what());
+    } catch (const system_failure& error) {  // a server or the file system failed on this rank: exit 1
+      fail_system("rank ", group->rank(), ": ", error.what());
     }
     return;
   }
@@ -503,7 +548,11 @@ void add_train_command(CLI::App& app) {
              "Multi-process runs: seconds before a rank that died or hangs ends the others (docs/distributed.md)", 1,
              86400)
       ->capture_default_str();
-  train->callback([options] { run_train(*options); });
+  train->callback([options] {
+    // SIGINT / SIGTERM from the start: one line and exit 128 + signal within a chunk of work (see train_on).
+    const stop_signals stop;
+    run_train(*options);
+  });
 }
 
 void add_sample_command(CLI::App& app) {
@@ -525,7 +574,10 @@ void add_sample_command(CLI::App& app) {
   sample->add_option("--out", options->out, "The PNG to write")->type_name("FILE")->capture_default_str();
   sample->add_flag("--no-ema", options->no_ema,
                    "Sample the trained weights, not their EMA (the default when optimizer.ema_decay > 0)");
-  sample->callback([options] { run_sample(*options); });
+  sample->callback([options] {
+    const stop_signals stop;  // SIGINT / SIGTERM: one line and exit 128 + signal within an ODE step
+    run_sample(*options);
+  });
 }
 
 }  // namespace branchgrpo::cli

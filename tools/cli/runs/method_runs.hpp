@@ -105,7 +105,8 @@ struct demo_options {
   int prompts = 2;
   int steps = 20;
   int eval_samples = 8;
-  int eval_every = 0;  // 0 = a quarter of the run
+  bool eval_samples_given = false;  // --eval-samples on the command line: --quick keeps it (else 1)
+  int eval_every = 0;               // 0 = a quarter of the run
   double lr = 2e-3;
   double eta = 0.3;  // dance_sde's noise scale, the methods' (every method uses dance_sde)
   int updates = 4;   // optimizer steps per iteration (the kept edges split into this many groups)

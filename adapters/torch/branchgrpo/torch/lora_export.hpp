@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/flux/lora_export.hpp"
 #include "branchgrpo/torch/wan/lora_export.hpp"
@@ -115,6 +116,7 @@ inline std::map<std::string, torch::Tensor> export_lora_tensors(const std::map<s
     out[key] = tensor.to(dtype.value_or(tensor.scalar_type())).contiguous();
   };
   for (const auto& [layer, adapter] : adapters) {
+    check_stop("the LoRA export");  // per layer (core/stop.hpp)
     const torch::Tensor down = adapter.down, up = adapter.up;
     const double scale = alpha / static_cast<double>(down.size(0));
     const auto folded = [&](const torch::Tensor& rows) {  // scale B in float64, then the stored or asked dtype
@@ -163,8 +165,12 @@ inline std::map<std::string, torch::Tensor> merge_lora_tensors(const std::map<st
                                                                const std::map<std::string, lora_adapter>& adapters,
                                                                double alpha, std::optional<torch::Dtype> dtype) {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, tensor] : base) out[name] = tensor.to(dtype.value_or(tensor.scalar_type())).contiguous();
+  for (const auto& [name, tensor] : base) {
+    check_stop("the LoRA merge");  // per tensor (core/stop.hpp): a full FLUX.1 is 780 of them
+    out[name] = tensor.to(dtype.value_or(tensor.scalar_type())).contiguous();
+  }
   for (const auto& [layer, adapter] : adapters) {
+    check_stop("the LoRA merge");
     const auto found = base.find(layer + ".weight");
     require(found != base.end(), "LoRA layer ", layer, " has no base weight ", layer, ".weight");
     const torch::Tensor& weight = found->second;

@@ -5,15 +5,26 @@
 //   json_http_client http("remote reward", "http://127.0.0.1:8000/", {.timeout = 60});
 //   http.root()                                   "http://127.0.0.1:8000" (trailing slashes dropped)
 //   http.post("/score", body, decode)             decode(answer JSON) -> {"" or why not, value}
+//   http.post("/score", body, decode, {.bytes = 1 << 20, .holds = "64 scores"})   an answer bound of its own
 //
 // Transport: libcurl (Debian libcurl4-openssl-dev). Chosen over cpp-httplib because it is the most widely
 // deployed HTTP client, C ABI (no header-only template mass in every TU that scores), with connect and total
 // timeouts per request and HTTPS through OpenSSL for a server on another node. JSON: nlohmann-json.
 //
-// Failure rule: a failed request (no connection, a timeout, a non-200 status, a body that is not JSON, or one
-// that `decode` refuses) is retried `retries` times after backoff, backoff x 2, ... (both servers keep no state
-// between requests, so a retry is safe); then one invalid_input line naming who asked, the url and what came
-// back, e.g. "remote reward http://127.0.0.1:8000/score: HTTP 500: scorer crashed (after 3 attempts)".
+// Failure rule: a failed request (no connection, a timeout, a non-200 status, an answer over its byte bound, a
+// body that is not JSON, or one that `decode` refuses) is retried `retries` times after backoff, backoff x 2, ...
+// (both servers keep no state between requests, so a retry is safe); then one system_failure line naming who
+// asked, the url and what came back, e.g. "remote reward http://127.0.0.1:8000/score: HTTP 500: scorer crashed
+// (after 3 attempts)" (a failure of a server: exit 1; a check made before a run starts turns it into its
+// invalid_input refusal, exit 2).
+//
+// Bounded answers: every answer is read into memory up to a byte bound, and a longer one (announced by its
+// Content-Length, or streamed, chunked or not) is cut off there: "... /score: the answer is over 1.31 MB, the
+// bound for 64 scores (params.max_answer_bytes) (after 3 attempts)". The caller derives the bound from what the
+// answer must hold (answer_bound); http_patience::max_answer_bytes, when set, replaces it for every request.
+//
+// Stops: while a request waits or a retry backs off, a stop request (core/stop.hpp) ends it within about a second
+// with stop_requested.
 #include <curl/curl.h>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +41,8 @@
 #include <utility>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/memory.hpp"
+#include "branchgrpo/core/stop.hpp"
 
 namespace branchgrpo {
 
@@ -39,7 +52,26 @@ struct http_patience {
   double timeout = 300.0;        ///< seconds for a whole request, answer included
   int retries = 2;               ///< further attempts after a failed request
   double backoff = 1.0;          ///< seconds before the first retry; doubled before each next one
+  /// Most bytes one answer may have; 0: each request's own bound (answer_bound: what the answer must hold).
+  std::int64_t max_answer_bytes = 0;
 };
+
+/// The most an answer may hold, and what that is for the message ("64 scores").
+struct answer_bound {
+  std::int64_t bytes = std::int64_t{1} << 20;
+  std::string holds = "a short answer";
+
+  /// The bound of an answer holding `rows` rows of up to `values` JSON numbers each: 4 KiB per row and value
+  /// (a number is at most 25 characters; the rest is room for names, whitespace and an error's text) above 1 MiB.
+  /// Example: rows(64, 1, "scores") -> {1 MiB + 256 KiB = 1310720, "64 scores"}.
+  static answer_bound rows(std::int64_t rows, std::int64_t values, std::string_view what) {
+    return {.bytes = (std::int64_t{1} << 20) + rows * values * 4096,
+            .holds = std::to_string(rows) + " " + std::string(what)};
+  }
+};
+
+/// http_patience::max_answer_bytes' range: [1 KiB, 1 GiB].
+inline constexpr std::int64_t min_answer_bytes = std::int64_t{1} << 10, max_answer_bytes = std::int64_t{1} << 30;
 
 namespace detail {
 
@@ -68,17 +100,38 @@ struct http_reply {
   std::string error;  // "" when the exchange completed
   long status = 0;
   std::string body;
+  std::int64_t limit = 0;  // the body's byte bound while it is read
+  bool over = false;       // the answer was longer than `limit` (cut off)
 };
+
+// libcurl's write callback: appends to the reply's body up to its bound; past it, stops the transfer.
+extern "C" inline std::size_t append_bounded(char* data, std::size_t size, std::size_t count, void* out) {
+  auto* reply = static_cast<http_reply*>(out);
+  const std::size_t bytes = size * count;
+  if (static_cast<std::int64_t>(reply->body.size() + bytes) > reply->limit) {
+    reply->over = true;
+    return 0;  // CURLE_WRITE_ERROR: the transfer ends here
+  }
+  reply->body.append(data, bytes);
+  return bytes;
+}
+
+// libcurl's progress callback (about once a second while waiting, more often while data flows): a non-zero
+// answer aborts the transfer when a stop was requested.
+extern "C" inline int abort_on_stop(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return stop_signal() != 0 ? 1 : 0;
+}
 
 }  // namespace detail
 
 /// A connection to one server root. Holds one libcurl handle, reused between requests (HTTP keep-alive); not
 /// shared between threads.
 /// Example: json_http_client("vlm judge", "http://127.0.0.1:9", {.connect_timeout = 1, .retries = 0}) posting to
-///   "/v1/chat/completions" with nobody listening -> invalid_input "vlm judge
+///   "/v1/chat/completions" with nobody listening -> system_failure "vlm judge
 ///   http://127.0.0.1:9/v1/chat/completions: Failed to connect to 127.0.0.1 port 9 ... (after 1 attempt)".
-/// @pre root is http:// or https://; timeouts > 0; retries in [0, 100]; backoff in [0, 3600] s (else
-///      invalid_input naming who and the value, e.g. "remote reward timeout must be positive seconds, got 0").
+/// @pre root is http:// or https://; timeouts > 0; retries in [0, 100]; backoff in [0, 3600] s;
+///      max_answer_bytes 0 or in [min_answer_bytes, max_answer_bytes] (else invalid_input naming who and the
+///      value, e.g. "remote reward timeout must be positive seconds, got 0").
 class json_http_client {
  public:
   json_http_client(std::string who, std::string root, http_patience patience)
@@ -93,6 +146,10 @@ class json_http_client {
             patience_.retries);
     require(std::isfinite(patience_.backoff) && patience_.backoff >= 0 && patience_.backoff <= 3600, who_,
             " backoff must be in [0, 3600] seconds, got ", patience_.backoff);
+    require(patience_.max_answer_bytes == 0 ||
+                (patience_.max_answer_bytes >= min_answer_bytes && patience_.max_answer_bytes <= max_answer_bytes),
+            who_, " max_answer_bytes must be in [", min_answer_bytes, ", ", max_answer_bytes, "], got ",
+            patience_.max_answer_bytes);
     while (root_.ends_with('/')) root_.pop_back();
     detail::curl_global();
     curl_.reset(curl_easy_init());
@@ -102,20 +159,26 @@ class json_http_client {
   /// The server's root without trailing slashes.
   [[nodiscard]] const std::string& root() const { return root_; }
 
-  /// GET root + path until decode accepts the answer (see the failure rule).
+  /// GET root + path until decode accepts the answer (see the failure rule), reading at most `bound` bytes of it.
   template <class Decode>
-  auto get(std::string_view path, Decode&& decode) {
+  auto get(std::string_view path, Decode&& decode, const answer_bound& bound = {}) {
     const std::string url = root_ + std::string(path);
     return with_retries(
-        url, [&] { return exchange(url, nullptr); }, decode);
+        url, [&] { return exchange(url, nullptr, bound); }, decode);
   }
 
-  /// POST `body` (JSON text) to root + path until decode accepts the answer (see the failure rule).
+  /// POST `body` (JSON text) to root + path until decode accepts the answer (see the failure rule), reading at most
+  /// `bound` bytes of it.
   template <class Decode>
-  auto post(std::string_view path, const std::string& body, Decode&& decode) {
+  auto post(std::string_view path, const std::string& body, Decode&& decode, const answer_bound& bound = {}) {
     const std::string url = root_ + std::string(path);
     return with_retries(
-        url, [&] { return exchange(url, &body); }, decode);
+        url, [&] { return exchange(url, &body, bound); }, decode);
+  }
+
+  /// The bound in force for a request whose own is `bound`: http_patience::max_answer_bytes when set.
+  [[nodiscard]] std::int64_t answer_limit(const answer_bound& bound) const {
+    return patience_.max_answer_bytes > 0 ? patience_.max_answer_bytes : bound.bytes;
   }
 
  private:
@@ -123,23 +186,24 @@ class json_http_client {
     void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
   };
 
-  // Sends one request (GET without a body, POST with one); never throws for a transport or HTTP failure.
-  detail::http_reply exchange(const std::string& url, const std::string* body) {
+  // Sends one request (GET without a body, POST with one); never throws for a transport or HTTP failure, nor for
+  // an answer over its bound (reply.over); throws stop_requested when a stop ended the wait.
+  detail::http_reply exchange(const std::string& url, const std::string* body, const answer_bound& bound) {
     CURL* h = curl_.get();
     curl_easy_reset(h);
     detail::http_reply reply;
+    reply.limit = answer_limit(bound);
     char message[CURL_ERROR_SIZE] = {};
     curl_easy_setopt(h, CURLOPT_URL, url.c_str());
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, message);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // timeouts without SIGALRM: safe in a multi-threaded trainer
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(patience_.connect_timeout * 1000));
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(patience_.timeout * 1000));
-    curl_easy_setopt(
-        h, CURLOPT_WRITEFUNCTION, +[](char* data, std::size_t size, std::size_t count, void* out) {
-          static_cast<std::string*>(out)->append(data, size * count);
-          return size * count;
-        });
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &reply.body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, detail::append_bounded);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &reply);
+    curl_easy_setopt(h, CURLOPT_MAXFILESIZE_LARGE, static_cast<curl_off_t>(reply.limit));  // an announced length
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, detail::abort_on_stop);
     curl_slist* headers = nullptr;
     if (body != nullptr) {
       headers = curl_slist_append(headers, "Content-Type: application/json");
@@ -150,6 +214,15 @@ class json_http_client {
     }
     const CURLcode code = curl_easy_perform(h);
     curl_slist_free_all(headers);
+    if (code == CURLE_ABORTED_BY_CALLBACK) check_stop("a request to " + url);
+    if (reply.over || code == CURLE_FILESIZE_EXCEEDED) {
+      reply.over = true;
+      reply.error = "the answer is over " + byte_text(static_cast<double>(reply.limit)) + ", the bound for " +
+                    (patience_.max_answer_bytes > 0 ? "every answer" : bound.holds) + " (params.max_answer_bytes)";
+      reply.body.clear();
+      reply.body.shrink_to_fit();
+      return reply;
+    }
     if (code != CURLE_OK) {
       reply.error = message[0] != '\0' ? std::string(message) : std::string(curl_easy_strerror(code));
       return reply;
@@ -181,7 +254,7 @@ class json_http_client {
     double wait = patience_.backoff;
     for (int attempt = 0; attempt <= patience_.retries; ++attempt) {
       if (attempt > 0) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        back_off(wait, url);
         wait *= 2;
       }
       const detail::http_reply reply = send();
@@ -202,8 +275,19 @@ class json_http_client {
       if (why.empty()) return value;
       failure = why;
     }
-    fail(who_, " ", url, ": ", failure, " (after ", patience_.retries + 1,
-         patience_.retries == 0 ? " attempt)" : " attempts)");
+    fail_system(who_, " ", url, ": ", failure, " (after ", patience_.retries + 1,
+                patience_.retries == 0 ? " attempt)" : " attempts)");
+  }
+
+  // Sleeps `seconds` before a retry, in slices of 100 ms, each after a stop check.
+  static void back_off(double seconds, const std::string& url) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (auto now = std::chrono::steady_clock::now(); now < until; now = std::chrono::steady_clock::now()) {
+      check_stop("a retry of " + url);
+      std::this_thread::sleep_for(
+          std::min(std::chrono::duration<double>(until - now), std::chrono::duration<double>(0.1)));
+    }
+    check_stop("a retry of " + url);
   }
 
   std::string who_;

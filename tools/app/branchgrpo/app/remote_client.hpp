@@ -12,7 +12,7 @@
 //
 // Failure rule: a failed request (no connection, a timeout, a non-200 status, a body that is not the protocol's
 // answer: not JSON, a wrong count, a non-number, NaN) is retried `retries` times after backoff, backoff x 2, ...
-// (the server keeps no state, so a retry is safe); then one invalid_input line naming the url and what came back,
+// (the server keeps no state, so a retry is safe); then one system_failure line naming the url and what came back,
 // e.g. "remote reward http://127.0.0.1:8000/score: answer 2 has score "0.5", not a number (after 3 attempts)".
 // The trainer's iteration ends there; the run keeps its last checkpoint and `train --resume` continues.
 #include <nlohmann/json.hpp>
@@ -31,6 +31,7 @@
 
 #include "branchgrpo/app/http_client.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 
 namespace branchgrpo {
 
@@ -44,6 +45,8 @@ struct remote_options {
   int retries = 2;               ///< further attempts after a failed request
   double backoff = 1.0;          ///< seconds before the first retry; doubled before each next one
   std::int64_t batch = 64;       ///< leaves per request at most (whole groups: a larger group goes alone)
+  /// Most bytes of one answer; 0: derived per request from its items (http_client.hpp's answer_bound).
+  std::int64_t max_answer_bytes = 0;
 };
 
 /// One leaf to score: its prompt text and index, its tree (group) and leaf index, and its pixels, either float32
@@ -85,7 +88,8 @@ class remote_client {
               {.connect_timeout = options_.connect_timeout,
                .timeout = options_.timeout,
                .retries = options_.retries,
-               .backoff = options_.backoff}) {
+               .backoff = options_.backoff,
+               .max_answer_bytes = options_.max_answer_bytes}) {
     require(options_.batch >= 1, "remote reward batch must be at least 1, got ", options_.batch);
     require(options_.media == "image" || options_.media == "video", "remote reward media '", options_.media,
             "' is not image or video");
@@ -120,11 +124,11 @@ class remote_client {
   }
 
   /// The scorer this client asks for, checked against /info: it exists (or the server runs exactly one when
-  /// options.scorer is "") and scores options.media.
+  /// options.scorer is "") and scores options.media. Its components size the answers' byte bound.
   /// Example: scorer "hps" on a server of {"shapes_alignment"} -> invalid_input "remote reward
   ///   http://127.0.0.1:8000: no scorer 'hps' (the server runs: shapes_alignment)".
   remote_scorer_info check_scorer() {
-    const std::vector<remote_scorer_info> scorers = info();
+    const std::vector<remote_scorer_info> scorers = as_refusal([&] { return info(); });  // before the run: exit 2
     std::string names;
     for (const auto& s : scorers) names += (names.empty() ? "" : ", ") + s.name;
     const auto it = std::find_if(scorers.begin(), scorers.end(), [&](const remote_scorer_info& s) {
@@ -135,12 +139,15 @@ class remote_client {
             " (the server runs: ", names.empty() ? std::string("none") : names, ")");
     require(std::find(it->media.begin(), it->media.end(), options_.media) != it->media.end(), "remote reward ",
             options_.url, ": scorer '", it->name, "' does not score ", options_.media, "s");
+    components_ = static_cast<std::int64_t>(it->components.size());
     return *it;
   }
 
   /// POST /score for every item, in batches of whole groups (at most options.batch items, a larger group alone).
   /// Example: 4 float32 items of 2 groups, batch 2 -> 2 requests; scores in item order.
   /// @pre items of one group are contiguous; every item carries pixels of its shape or PNG frames.
+  /// Each answer is read up to a byte bound (http_client.hpp): 1 MiB + 4 KiB per item and value (its score and each
+  /// component check_scorer learnt of), or options.max_answer_bytes.
   /// @post scores.size() == items.size(); every score finite; each component one value per item.
   remote_scores score(std::span<const remote_item> items) {
     remote_scores out;
@@ -153,6 +160,7 @@ class remote_client {
         if (last > first && end - first > static_cast<std::size_t>(options_.batch)) break;
         last = end;
       }
+      check_stop("scoring by the remote reward");  // between requests (core/stop.hpp)
       const remote_scores part = score_batch(items.subspan(first, last - first));
       out.scores.insert(out.scores.end(), part.scores.begin(), part.scores.end());
       for (const auto& [name, values] : part.components) {
@@ -206,43 +214,48 @@ class remote_client {
   }
 
   remote_scores score_batch(std::span<const remote_item> items) {
-    return http_.post("/score", request_body(items), [&](const nlohmann::json& answer) {
-      remote_scores out;
-      if (!answer.is_object() || !answer.contains("scores") || !answer["scores"].is_array())
-        return std::make_pair(std::string("the answer has no list 'scores'"), out);
-      const nlohmann::json& scores = answer["scores"];
-      if (scores.size() != items.size())
-        return std::make_pair("the answer has " + std::to_string(scores.size()) + " scores for " +
-                                  std::to_string(items.size()) + " items",
-                              out);
-      for (std::size_t i = 0; i < scores.size(); ++i) {
-        if (!scores[i].is_number())
-          return std::make_pair("answer " + std::to_string(i) + " has score " + scores[i].dump() + ", not a number",
-                                out);
-        const double v = scores[i].get<double>();
-        if (!std::isfinite(v))
-          return std::make_pair("answer " + std::to_string(i) + " has score " + std::to_string(v), out);
-        out.scores.push_back(v);
-      }
-      if (answer.contains("components")) {
-        const nlohmann::json& parts = answer["components"];
-        if (!parts.is_object()) return std::make_pair(std::string("'components' is not an object"), out);
-        for (const auto& [name, values] : parts.items()) {
-          if (!values.is_array() || values.size() != items.size())
-            return std::make_pair("component '" + name + "' has no value per item", out);
-          std::vector<double>& row = out.components[name];
-          for (const nlohmann::json& v : values) {
-            if (!v.is_number() || !std::isfinite(v.get<double>()))
-              return std::make_pair("component '" + name + "' holds " + v.dump(), out);
-            row.push_back(v.get<double>());
+    const answer_bound bound = answer_bound::rows(static_cast<std::int64_t>(items.size()), 1 + components_, "scores");
+    return http_.post(
+        "/score", request_body(items),
+        [&](const nlohmann::json& answer) {
+          remote_scores out;
+          if (!answer.is_object() || !answer.contains("scores") || !answer["scores"].is_array())
+            return std::make_pair(std::string("the answer has no list 'scores'"), out);
+          const nlohmann::json& scores = answer["scores"];
+          if (scores.size() != items.size())
+            return std::make_pair("the answer has " + std::to_string(scores.size()) + " scores for " +
+                                      std::to_string(items.size()) + " items",
+                                  out);
+          for (std::size_t i = 0; i < scores.size(); ++i) {
+            if (!scores[i].is_number())
+              return std::make_pair("answer " + std::to_string(i) + " has score " + scores[i].dump() + ", not a number",
+                                    out);
+            const double v = scores[i].get<double>();
+            if (!std::isfinite(v))
+              return std::make_pair("answer " + std::to_string(i) + " has score " + std::to_string(v), out);
+            out.scores.push_back(v);
           }
-        }
-      }
-      return std::make_pair(std::string(), out);
-    });
+          if (answer.contains("components")) {
+            const nlohmann::json& parts = answer["components"];
+            if (!parts.is_object()) return std::make_pair(std::string("'components' is not an object"), out);
+            for (const auto& [name, values] : parts.items()) {
+              if (!values.is_array() || values.size() != items.size())
+                return std::make_pair("component '" + name + "' has no value per item", out);
+              std::vector<double>& row = out.components[name];
+              for (const nlohmann::json& v : values) {
+                if (!v.is_number() || !std::isfinite(v.get<double>()))
+                  return std::make_pair("component '" + name + "' holds " + v.dump(), out);
+                row.push_back(v.get<double>());
+              }
+            }
+          }
+          return std::make_pair(std::string(), out);
+        },
+        bound);
   }
 
   remote_options options_;
+  std::int64_t components_ = 0;  // the scorer's components, as /info listed them
   json_http_client http_;
 };
 

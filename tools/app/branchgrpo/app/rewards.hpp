@@ -37,6 +37,7 @@
 
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/reward/win_rate.hpp"
 #include "branchgrpo/torch/compat.hpp"
 
@@ -164,13 +165,17 @@ struct shape_features {
   double fill = 0;
 };
 
+/// The smallest image side measure_shape reads (a border ring around one pixel): the smallest image
+/// shape_alignment scores, and the smallest frame moving_shape_alignment does (a run checks it before it starts).
+inline constexpr std::int64_t shape_min_side = 3;
+
 /// shape_features of one image [3, H, W] in [-1, 1] (see shape_features for the formulas).
 /// Example: a 16 x 16 image of background 0.84 with the 6 x 6 square of rows and columns 5..10 at (0.8, -0.8, -0.8)
 ///   -> object, foreground (0.9, 0.1, 0.1), area 36, fill 1.
 /// @pre image [3, H, W] with H, W >= 3, finite.
 inline shape_features measure_shape(const torch::Tensor& image) {
-  require(image.dim() == 3 && image.size(0) == 3 && image.size(1) >= 3 && image.size(2) >= 3,
-          "measure_shape expects [3, H, W] with H, W >= 3, got ", image.sizes());
+  require(image.dim() == 3 && image.size(0) == 3 && image.size(1) >= shape_min_side && image.size(2) >= shape_min_side,
+          "measure_shape expects [3, H, W] with H, W >= ", shape_min_side, ", got ", image.sizes());
   const torch::Tensor v = ((image.detach().to(torch::kCPU, torch::kFloat64) + 1.0) / 2.0).clamp(0.0, 1.0).contiguous();
   const std::int64_t h = v.size(1), w = v.size(2);
   const auto a = v.accessor<double, 3>();
@@ -377,6 +382,7 @@ class weighted_sum {
     rows_.clear();
     parts_.clear();
     for (const named_reward& term : terms_) {
+      check_stop("scoring");  // between rewards (core/stop.hpp); the server rewards also check between requests
       require(term.score || groups != nullptr, "weighted_sum reward '", term.name,
               "' is groupwise: it scores a leaf against its tree's, and this call gave no groups");
       std::vector<double> scores =

@@ -277,6 +277,25 @@ inline void require_guidance_negatives(const run_config& config, const run_model
           " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
 }
 
+/// Throws invalid_input unless the images (a video model's: the clips' frames) that the reward entry `where`
+/// ("rewards[0]", "eval.rewards[1]") named `name` scores are at least min_side x min_side pixels, as far as they are
+/// known before the run: with model.decoder = "pixels" the latents are the images. (FLUX's and Wan's autoencoders
+/// make images 8 times the latent's sides, more than any in-process reward needs; a TorchScript decoder's images
+/// are known only when it runs, and a reward's own check names them then.)
+/// Example: model.latent_height = 2 with [[rewards]] name = "alignment" (images of at least 3 x 3) throws
+///   "run.toml: rewards[0] (alignment) scores images of at least 3 x 3 pixels; model.latent_height = 2 and
+///   model.latent_width = 16 make 2 x 16 (model.decoder = \"pixels\": the latents are the images)".
+inline void check_reward_image_size(const run_config& config, const run_model& model, const std::string& where,
+                                    std::string_view name, std::int64_t min_side) {
+  if (config.model.decoder != "pixels") return;
+  const std::vector<std::int64_t>& dims = model.shape.dims;  // [C, h, w] or [C, F, h, w]
+  const std::int64_t h = dims[dims.size() - 2], w = dims.back();
+  if (h >= min_side && w >= min_side) return;
+  fail(config.source, ": ", where, " (", name, ") scores ", model.is_video() ? "frames" : "images", " of at least ",
+       min_side, " x ", min_side, " pixels; model.latent_height = ", h, " and model.latent_width = ", w, " make ", h,
+       " x ", w, " (model.decoder = \"pixels\": the latents are the images)");
+}
+
 /// Whether model.decoder names a TorchScript decoder (*.pt, *.ptl) rather than an autoencoder's safetensors.
 inline bool is_torchscript_decoder_path(const std::filesystem::path& path) {
   const std::string ext = path.extension().string();

@@ -58,6 +58,7 @@
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/ode_sampler.hpp"
@@ -178,12 +179,19 @@ inline double bounded_param(reward_params& p, const std::string& key, double fal
   return v;
 }
 
-// A server reward's params connect_timeout, timeout, retries and backoff (http_client.hpp), `given` the defaults.
+// A server reward's params connect_timeout, timeout, retries, backoff and max_answer_bytes (http_client.hpp),
+// `given` the defaults. max_answer_bytes is 0 (each answer's own bound) unless set, then in
+// [min_answer_bytes, max_answer_bytes].
 inline http_patience patience_params(reward_params& p, http_patience given) {
+  const bool own_bound = p.number("max_answer_bytes", 0) != 0;  // listed as known either way
   return {.connect_timeout = bounded_param(p, "connect_timeout", given.connect_timeout, 0.001, 3600),
           .timeout = bounded_param(p, "timeout", given.timeout, 0.001, 86400),
           .retries = static_cast<int>(bounded_param(p, "retries", given.retries, 0, 100, /*whole=*/true)),
-          .backoff = bounded_param(p, "backoff", given.backoff, 0, 3600)};
+          .backoff = bounded_param(p, "backoff", given.backoff, 0, 3600),
+          .max_answer_bytes =
+              own_bound ? static_cast<std::int64_t>(bounded_param(p, "max_answer_bytes", 0, double(min_answer_bytes),
+                                                                  double(max_answer_bytes), /*whole=*/true))
+                        : given.max_answer_bytes};
 }
 
 // A server reward's params.url: required, http(s)://.
@@ -210,6 +218,7 @@ inline named_reward remote_term(const run_config& config, reward_params& p, cons
   options.timeout = patience.timeout;
   options.retries = patience.retries;
   options.backoff = patience.backoff;
+  options.max_answer_bytes = patience.max_answer_bytes;
   options.batch =
       static_cast<std::int64_t>(bounded_param(p, "batch", static_cast<double>(options.batch), 1, 1e6, /*whole=*/true));
   remote_reward reward(std::move(options), model.prompts);
@@ -283,6 +292,7 @@ inline weighted_sum make_video_reward(const run_config& config, const run_model&
           fail(config.source, ": ", p.where(), ".name = 'alignment': prompt ", n, ": ", error.what());
         }
       }
+      check_reward_image_size(config, model, p.where(), entry.name, shape_min_side);
       term.score = a;
     } else if (entry.name == "remote") {
       term = remote_term(config, p, model, label, entry.weight);
@@ -369,6 +379,7 @@ inline weighted_sum make_run_reward(const run_config& config, const run_model& m
           fail(config.source, ": ", p.where(), ".name = 'alignment': prompt ", n, ": ", error.what());
         }
       }
+      detail::check_reward_image_size(config, model, p.where(), entry.name, shape_min_side);
       term.score = a;
     } else if (entry.name == "remote") {
       term = detail::remote_term(config, p, model, label, entry.weight);
@@ -982,9 +993,11 @@ class training_run {
     if (!model_.decode) return latents.to(torch::kCPU, torch::kFloat32);
     std::vector<torch::Tensor> chunks;
     const std::int64_t rows = latents.size(0), chunk = config_.rollout.decode_batch;
-    for (std::int64_t at = 0; at < rows; at += chunk)
+    for (std::int64_t at = 0; at < rows; at += chunk) {
+      check_stop("decoding");  // between chunks (core/stop.hpp)
       chunks.push_back(
           model_.decode(latents.narrow(0, at, std::min(chunk, rows - at))).to(torch::kCPU, torch::kFloat32));
+    }
     return chunks.empty() ? model_.decode(latents).to(torch::kCPU, torch::kFloat32) : torch::cat(chunks, 0);
   }
 

@@ -246,7 +246,7 @@ struct moving_shape_alignment {
     for (const double width : {colour_width, fill_width, travel})
       require(std::isfinite(width) && width > 0, "moving_shape_alignment widths and travel must be positive, got ",
               width);
-    const torch::Tensor clips = detail::reward_clips(leaves, rows_prompts, "moving_shape_alignment", 1, 3);
+    const torch::Tensor clips = detail::reward_clips(leaves, rows_prompts, "moving_shape_alignment", 1, shape_min_side);
     std::vector<moving_shape_target> targets;
     for (const std::string& prompt : prompts) targets.push_back(parse_moving_shapes_prompt(prompt));
     std::vector<double> out(rows_prompts.size());

@@ -15,6 +15,7 @@
 #include "branchgrpo/app/rewards.hpp"
 #include "branchgrpo/app/vlm_judge_client.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/stop.hpp"
 #include "branchgrpo/torch/compat.hpp"
 
 namespace branchgrpo {
@@ -49,6 +50,7 @@ class vlm_judge_reward {
       const std::int64_t p = rows_prompts[r];
       const auto row = static_cast<std::int64_t>(r);
       if (!detail::row_finite(images, row)) continue;
+      check_stop("scoring by the vlm judge");  // between requests (core/stop.hpp)
       const rgb_image image{.width = static_cast<int>(images.size(3)),
                             .height = static_cast<int>(images.size(2)),
                             .pixels = image_to_rgb8(images[row])};

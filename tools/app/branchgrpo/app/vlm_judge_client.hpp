@@ -164,13 +164,15 @@ class vlm_judge_client {
   /// Example: model "other/model" on a server of {"test/judge-vl"} -> invalid_input "vlm judge
   ///   http://127.0.0.1:8000: no model 'other/model' (the server serves: test/judge-vl)".
   void check_model() {
-    const std::vector<std::string> served = http_.get("/v1/models", [](const nlohmann::json& answer) {
-      std::vector<std::string> ids;
-      if (!answer.is_object() || !answer.contains("data") || !answer["data"].is_array())
-        return std::make_pair(std::string("the answer has no list 'data'"), ids);
-      for (const nlohmann::json& m : answer["data"])
-        if (m.is_object() && m.contains("id") && m["id"].is_string()) ids.push_back(m["id"].get<std::string>());
-      return std::make_pair(std::string(), ids);
+    const std::vector<std::string> served = as_refusal([&] {  // before the run: a refusal, exit 2
+      return http_.get("/v1/models", [](const nlohmann::json& answer) {
+        std::vector<std::string> ids;
+        if (!answer.is_object() || !answer.contains("data") || !answer["data"].is_array())
+          return std::make_pair(std::string("the answer has no list 'data'"), ids);
+        for (const nlohmann::json& m : answer["data"])
+          if (m.is_object() && m.contains("id") && m["id"].is_string()) ids.push_back(m["id"].get<std::string>());
+        return std::make_pair(std::string(), ids);
+      });
     });
     std::string names;
     for (const std::string& id : served) names += (names.empty() ? "" : ", ") + id;
@@ -196,9 +198,11 @@ class vlm_judge_client {
 
   /// P(yes) / (P(yes) + P(no)) of the judge's first answer token for this image and prompt (vlm_yes_probability).
   /// @post in [0, 1]; a failure (transport, HTTP, not JSON, no logprobs, neither yes nor no) after the retries is
-  ///       one invalid_input line "vlm judge <url>/v1/chat/completions: <what came back> (after N attempts)".
+  ///       one system_failure line "vlm judge <url>/v1/chat/completions: <what came back> (after N attempts)"; an
+  ///       answer is read up to 1 MiB + 4 KiB per top_logprobs entry (or options.patience.max_answer_bytes).
   double score(std::string_view prompt, std::span<const std::uint8_t> png) {
-    return http_.post(vlm_judge_path, request_body(prompt, png), vlm_yes_probability);
+    return http_.post(vlm_judge_path, request_body(prompt, png), vlm_yes_probability,
+                      answer_bound::rows(options_.top_logprobs, 1, "top_logprobs"));
   }
 
  private:
