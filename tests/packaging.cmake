@@ -211,6 +211,9 @@ list(JOIN package_files "|" package_files)
 set(package_prefix ${CMAKE_CURRENT_BINARY_DIR}/package/prefix)
 set(package_check ${CMAKE_CURRENT_SOURCE_DIR}/package/check_consumers.cmake)
 set(package_consumer_args -DCXX_COMPILER=${CMAKE_CXX_COMPILER} "-DGENERATOR=${CMAKE_GENERATOR}" -DCONFIG=$<CONFIG>)
+if(BRANCHGRPO_CCACHE_PROGRAM AND "${CMAKE_CXX_COMPILER_LAUNCHER}" MATCHES "ccache")
+  list(APPEND package_consumer_args -DCCACHE=${BRANCHGRPO_CCACHE_PROGRAM} -DCCACHE_BASEDIR=${PROJECT_SOURCE_DIR})
+endif()
 
 add_test(NAME package_install
          COMMAND ${CMAKE_COMMAND} -DMODE=install -DBUILD_DIR=${PROJECT_BINARY_DIR} -DPREFIX=${package_prefix}

@@ -7,7 +7,8 @@
 #                      (consumer/TARGET.cpp), and run it. TORCH=OFF: the build's compile and link lines must not
 #                      mention LibTorch (the target builds without it); TORCH=ON: they must (the check's control).
 #   MODE=subdirectory  build subdirectory/, which add_subdirectory()s SOURCE_DIR
-# Other variables: WORK_DIR, CXX_COMPILER and GENERATOR (consumer, subdirectory), CONFIG (may be empty).
+# Other variables: WORK_DIR, CXX_COMPILER and GENERATOR (consumer, subdirectory), CONFIG (may be empty), CCACHE and
+# CCACHE_BASEDIR (optional: the compiler launcher and its base directory).
 cmake_minimum_required(VERSION 3.25)
 
 set(required MODE WORK_DIR)
@@ -85,6 +86,13 @@ endif()
 
 set(build ${WORK_DIR}/build)
 set(configure_args -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${CONFIG})
+# The project's ccache (CMakeLists.txt), when its build has one: the consumers' LibTorch translation units are the
+# same in every clone, so a clean clone's run hits the cache of an earlier one (CCACHE_BASEDIR is its source tree).
+if(CCACHE)
+  list(APPEND configure_args -DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE})
+  set(ENV{CCACHE_BASEDIR} ${CCACHE_BASEDIR})
+  set(ENV{CCACHE_NOHASHDIR} true)
+endif()
 if(MODE STREQUAL "consumer")
   # A torch-free target is consumed with LibTorch made unfindable: find_package(branchgrpo COMPONENTS <target>)
   # must not look for it even though the install holds branchgrpo::torch.
