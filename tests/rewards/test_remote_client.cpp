@@ -144,6 +144,9 @@ TEST_CASE("an answer is read up to its bound: an endless body, chunked or not, c
     CHECK_THAT(message, StartsWith("remote reward " + server.url() + "/score: the answer is over "));
     return message;
   };
+  // http_client.hpp's example: 64 scores -> 1 MiB + 256 KiB.
+  CHECK(bg::answer_bound::rows(64, 1, "scores").bytes == 1310720);
+  CHECK(bg::answer_bound::rows(64, 1, "scores").holds == "64 scores");
   // 2 items of a scorer with no declared components: 1 MiB + 2 x 4 KiB.
   const bg::remote_options once{.timeout = 60, .retries = 0};
   const std::string bound = "the answer is over 1.06 MB, the bound for 2 scores (params.max_answer_bytes)";

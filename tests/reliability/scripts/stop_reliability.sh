@@ -19,31 +19,9 @@ fail() {
   exit 1
 }
 
-# config NAME [EXTRA TOML] -> $work/NAME.toml writing to $work/NAME
-config() {
-  cat > "$work/$1.toml" << EOF
-[model]
-dir = "$model"
-[data]
-prompts_per_iteration = 1
-[topology]
-split_steps = [0, 2]
-branching = [2]
-[rollout]
-steps = 4
-[optimizer]
-lr = 1e-3
-[lora]
-rank = 2
-alpha = 2.0
-[run]
-iterations = 4
-checkpoint_every = 1
-grid_every = 0
-output_dir = "$work/$1"
-${2:-}
-EOF
-}
+source "$(dirname "${BASH_SOURCE[0]}")/shapes_run_config.sh"
+# config NAME [EXTRA TOML] -> $work/NAME.toml: 4 iterations writing to $work/NAME, a checkpoint after each
+config() { shapes_run_config "$work/$1.toml" "$model" "$work/$1" 4 1 1e-3 "${2:-}"; }
 
 # stopped_within SECONDS SIGNAL_AT PID: sends SIGTERM to PID after SIGNAL_AT seconds and waits for it; fails unless
 # it ends within SECONDS of the signal with exit 143. Sets $elapsed.

@@ -22,33 +22,11 @@ set -u
 mode=$1 tool=$2 model=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" || exit 1
 fail() { echo "FAIL ($mode): $*" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/shapes_run_config.sh"
 
 # [every=N] config NAME ITERATIONS [LR [OUT]] -> $work/NAME.toml writing to $work/OUT (default out),
 # checkpoint_every = N (default 1)
-config() {
-  cat > "$work/$1.toml" <<EOF
-[model]
-dir = "$model"
-[data]
-prompts_per_iteration = 1
-[topology]
-split_steps = [0, 2]
-branching = [2]
-[rollout]
-steps = 4
-[optimizer]
-lr = ${3:-1e-3}
-[lora]
-rank = 2
-alpha = 2.0
-[run]
-iterations = $2
-checkpoint_every = ${every:-1}
-keep_checkpoints = 3
-grid_every = 0
-output_dir = "$work/${4:-out}"
-EOF
-}
+config() { shapes_run_config "$work/$1.toml" "$model" "$work/${4:-out}" "$2" "${every:-1}" "${3:-1e-3}"; }
 lines() { wc -l < "$1" | tr -d ' '; }
 
 case $mode in
