@@ -5,7 +5,7 @@
 # MODE:
 #   eval      SIGTERM 3 s into `train` whose held-out evaluation draws 4 x 4096 samples (about 95 s): exit 143
 #             within 10 s, one line naming the evaluation and that no checkpoint was written yet
-#   scoring   SIGTERM while a reward server takes 60 s to answer: exit 143 within 10 s, one line naming the request
+#   scoring   SIGTERM 8 s in, while a reward server takes 60 s to answer: exit 143 within 10 s, one line naming the request
 #   server    a reward server answering HTTP 500 from its second request: exit 1 (a failure during the run), one
 #             line naming the url; a server that is not there when the run starts: exit 2 (a refusal)
 #   compare   SIGTERM 2 s into `compare` (the toy, 20 seeds x 200 iterations): exit 143 within 10 s, one line
@@ -90,7 +90,7 @@ scoring)
 name = \"remote\"
 params = { url = \"$url\", timeout = 120, retries = 0 }"
   "$tool" train --config "$work/run.toml" --quiet > /dev/null 2> "$work/err" &
-  stopped_within 10 4 $!
+  stopped_within 10 8 $!  # 8 s: past loading and the rollout, into the 60 s wait
   kill "$server"
   one_line "^train: stopped by SIGTERM during (a request to $url/score|scoring by the remote reward), in iteration 0 \
 \(not kept\); no checkpoint was written yet$"
