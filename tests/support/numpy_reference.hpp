@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "source_tree.hpp"
+
 namespace branchgrpo::testing {
 
 /// Writes `config_text` and `tensors` into a fresh temporary directory named after `tag`, runs
@@ -39,8 +41,7 @@ inline torch::Tensor run_numpy_reference(const std::string& script, const std::s
       manifest << "\n";
     }
   }
-  // This header is tests/support/numpy_reference.hpp; the scripts are in tests/reference/.
-  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "reference" / script;
+  const auto path = source_root() / "tests" / "reference" / script;
   const std::string command = "python3 -B " + path.string() + " " + dir.string();  // -B: no __pycache__ in the tree
   if (std::system(command.c_str()) != 0) throw std::runtime_error("'" + command + "' failed");
   std::int64_t count = 1;

@@ -28,14 +28,11 @@
 
 using namespace branchgrpo;
 using branchgrpo::testing::error_of;
+using branchgrpo::testing::source_root;
 
 static_assert(Reward<torchscript_reward, torch_backend>);
 
 namespace {
-
-std::filesystem::path source_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
 
 std::filesystem::path fresh_dir(const std::string& tag) {
   const auto dir = std::filesystem::temp_directory_path() / ("branchgrpo_ae_" + tag);

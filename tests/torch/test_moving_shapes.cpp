@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "branchgrpo/torch/wan/denoiser.hpp"
 #include "error_text.hpp"
 #include "reward_server_process.hpp"
+#include "source_tree.hpp"
 
 using namespace branchgrpo;
 using branchgrpo::testing::error_of;
@@ -220,10 +220,7 @@ TEST_CASE("video runs: the memory estimate's doc example, wan-tiny from model.co
 }
 
 TEST_CASE("the shipped video model loads and its ODE samples align with their prompts", "[moving_shapes]") {
-  // models/ of this source tree (tests/torch/test_moving_shapes.cpp -> ../../models).
-  const std::filesystem::path dir =
-      std::filesystem::path(std::source_location::current().file_name()).parent_path().parent_path().parent_path() /
-      "models" / "moving-shapes-tiny";
+  const std::filesystem::path dir = branchgrpo::testing::models_dir() / "moving-shapes-tiny";
   REQUIRE(is_video_model_dir(dir));
   const video_model model = load_video_model(dir);
   CHECK(model.config == moving_shapes_wan_config());
@@ -247,9 +244,7 @@ TEST_CASE("the shipped video model loads and its ODE samples align with their pr
 
 TEST_CASE("Wan under classifier-free guidance on the shipped model: guided velocity by hand, ratio 1, samples",
           "[moving_shapes][guidance]") {
-  const std::filesystem::path root =
-      std::filesystem::path(std::source_location::current().file_name()).parent_path().parent_path().parent_path();
-  const std::filesystem::path model_dir = root / "models" / "moving-shapes-tiny";
+  const std::filesystem::path model_dir = branchgrpo::testing::models_dir() / "moving-shapes-tiny";
   const auto dir = std::filesystem::temp_directory_path() / "branchgrpo_test_moving_shapes_cfg";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);

@@ -10,6 +10,7 @@
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
 #include "branchgrpo/training/concepts.hpp"
 #include "error_text.hpp"
+#include "source_tree.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
 #undef CHECK
@@ -22,13 +23,13 @@
 #include <map>
 #include <numbers>
 #include <set>
-#include <source_location>
 #include <string>
 #include <variant>
 #include <vector>
 
 using namespace branchgrpo;
 using branchgrpo::testing::error_of;
+using branchgrpo::testing::models_dir;
 using Catch::Matchers::Contains;
 
 static_assert(Reward<jpeg_compressibility, torch_backend>);
@@ -45,12 +46,6 @@ std::filesystem::path scratch(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / "branchgrpo_test_shapes";
   std::filesystem::create_directories(dir);
   return dir / name;
-}
-
-// models/ of this source tree (tests/torch/test_shapes.cpp -> ../../models).
-std::filesystem::path models_dir() {
-  return std::filesystem::path(std::source_location::current().file_name()).parent_path().parent_path().parent_path() /
-         "models";
 }
 
 // A 16 x 16 image of grey `background` with an axis-aligned rectangle rows [r0, r1) x columns [c0, c1) of `rgb`
