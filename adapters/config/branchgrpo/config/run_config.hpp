@@ -568,20 +568,11 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
       fail(source, ": ", where, ": ", error.what());
     }
   }
-  // A decoupled objective trains no transition: the loss options that act on a transition's ratio are refused here,
-  // in the trainer's words, rather than at the first iteration.
-  if (config.recipe.objective.name() != ppo_ratio::name) {
-    const std::string objective = "objective.kind = \"" + std::string(config.recipe.objective.name()) + "\"";
-    if (config.loss.kl_beta > 0)
-      fail(source, ": loss.kl_beta = ", config.loss.kl_beta, " with ", objective,
-           ": the KL term is defined on transition log-probs (objective ppo only)");
-    if (config.loss.ratio_norm)
-      fail(source, ": loss.ratio_norm = true with ", objective,
-           ": RatioNorm normalizes a transition's importance ratio, and this objective has none (objective ppo only)");
-    if (config.loss.step_weight != step_weighting::none)
-      fail(source, ": loss.step_weight = \"", step_weighting_name(config.loss.step_weight), "\" with ", objective,
-           ": per-step weights weigh denoising transitions, and this objective trains none (objective ppo only)");
-  }
+  // An objective that trains no transition refuses the loss options that act on one: here, rather than at the
+  // first iteration, by the trainer's one rule in the config's words.
+  const std::string conflict =
+      transition_option_conflict(config.recipe.objective, config.loss, option_spelling::config);
+  if (!conflict.empty()) fail(source, ": ", conflict);
   if (config.loss.kl_beta > 0 && !config.lora.enabled)
     fail(source, ": loss.kl_beta = ", config.loss.kl_beta,
          ": needs lora.enabled = true (the frozen base without the adapters is the KL reference)");

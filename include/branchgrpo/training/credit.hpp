@@ -1,0 +1,127 @@
+#pragma once
+// Stages 2 and 3's data: which trees of a rollout train (keep_finite_trees, score_leaves) and the credit of the
+// kept trees (edge_credit, filled by assign_credit in training/trainer.hpp).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/pruning/concept.hpp"
+#include "branchgrpo/rollout/engine.hpp"
+#include "branchgrpo/training/concepts.hpp"
+
+namespace branchgrpo {
+
+namespace detail {
+
+/// The forest restricted to `kept` trees (in order), with the rollout's log-probs copied.
+inline rollout_tree select_trees(const rollout_tree& tree, std::span<const std::int32_t> kept) {
+  std::vector<tree_info> infos;
+  for (std::int32_t t : kept) infos.push_back(tree.info(t));
+  rollout_tree subset(tree.plan(), std::move(infos));
+  const std::int32_t per_tree = tree.nodes_per_tree();
+  auto log_probs = subset.mutable_log_probs();
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    std::copy_n(tree.log_probs().begin() + kept[i] * per_tree, per_tree,
+                log_probs.begin() + static_cast<std::ptrdiff_t>(i) * per_tree);
+  return subset;
+}
+
+}  // namespace detail
+
+/// The leaf rewards of a rollout with the non-finite-reward policy applied: a tree with any non-finite leaf reward
+/// is dropped from the update, its finite leaves too (a half-scored tree would bias its own baseline).
+struct scored_leaves {
+  std::vector<double> scores;                  ///< every leaf's reward, tree.leaves() order
+  std::vector<std::int32_t> kept_trees;        ///< the trees whose leaf rewards are all finite, in order
+  std::vector<double> kept_scores;             ///< those trees' leaf rewards, tree.leaves() order
+  double mean = 0, std = 0, min = 0, max = 0;  ///< over kept_scores (population std); NaN when none was kept
+  /// A ComponentReward's parts: rows over every leaf (components) and over the kept trees' leaves
+  /// (kept_components), in the reward's order; empty for a reward that reports none.
+  std::vector<reward_component> components = {};
+  std::vector<reward_component> kept_components = {};
+};
+
+/// Stage 2 of an iteration, on rewards already computed: which trees train, and the statistics of their rewards.
+/// Example: 2 trees of 2 leaves, scores {0.1, 0.5, NaN, 0.3} -> kept_trees {0}, kept_scores {0.1, 0.5},
+///   mean 0.3, std 0.2, min 0.1, max 0.5.
+///   With components {"a", weight 1, {0.1, 0.2, 0.3, 0.4}} -> kept_components {"a", 1, {0.1, 0.2}}.
+/// @pre scores.size() == tree.leaf_count(), and so every component's rows (else invalid_input naming both).
+/// @post kept_scores.size() == kept_trees.size() * tree.leaves_per_tree(), and so every kept component's rows;
+///       every kept score finite.
+inline scored_leaves keep_finite_trees(const rollout_tree& tree, std::vector<double> scores,
+                                       std::vector<reward_component> components = {}) {
+  require(scores.size() == static_cast<std::size_t>(tree.leaf_count()), "reward returned ", scores.size(),
+          " scores for ", tree.leaf_count(), " leaves");
+  for (const reward_component& part : components)
+    require(part.rows.size() == scores.size(), "reward part '", part.name, "' returned ", part.rows.size(),
+            " scores for ", tree.leaf_count(), " leaves");
+  scored_leaves out{.scores = std::move(scores), .kept_trees = {}, .kept_scores = {}};
+  out.components = std::move(components);
+  for (const reward_component& part : out.components)
+    out.kept_components.push_back({.name = part.name, .weight = part.weight, .rows = {}});
+  const std::int32_t leaves_per_tree = tree.leaves_per_tree();
+  for (std::int32_t t = 0; t < tree.tree_count(); ++t) {
+    const auto offset = static_cast<std::ptrdiff_t>(t) * leaves_per_tree;
+    const auto first = out.scores.begin() + offset;
+    if (std::all_of(first, first + leaves_per_tree, [](double r) { return std::isfinite(r); })) {
+      out.kept_trees.push_back(t);
+      out.kept_scores.insert(out.kept_scores.end(), first, first + leaves_per_tree);
+      for (std::size_t c = 0; c < out.components.size(); ++c) {
+        const auto part = out.components[c].rows.begin() + offset;
+        out.kept_components[c].rows.insert(out.kept_components[c].rows.end(), part, part + leaves_per_tree);
+      }
+    }
+  }
+  if (out.kept_scores.empty()) {
+    out.mean = out.std = out.min = out.max = std::numeric_limits<double>::quiet_NaN();
+    return out;
+  }
+  const auto [low, high] = std::minmax_element(out.kept_scores.begin(), out.kept_scores.end());
+  double sum = 0, squares = 0;
+  for (double r : out.kept_scores) sum += r;
+  out.mean = sum / static_cast<double>(out.kept_scores.size());
+  for (double r : out.kept_scores) squares += (r - out.mean) * (r - out.mean);
+  out.std = std::sqrt(squares / static_cast<double>(out.kept_scores.size()));
+  out.min = *low;
+  out.max = *high;
+  return out;
+}
+
+/// Stage 2: scores the rollout's leaves (their final latents, each with its tree's prompt; a groupwise reward also
+/// sees which tree each leaf is of) and applies keep_finite_trees, with the parts of a ComponentReward.
+/// @pre the reward returns one score per leaf (else invalid_input).
+template <Backend B, Reward<B> Score>
+scored_leaves score_leaves(B& backend, Score& reward, const rollout_result<B>& result) {
+  const rollout_tree& tree = result.tree;
+  std::vector<std::int64_t> leaf_prompts;
+  leaf_prompts.reserve(static_cast<std::size_t>(tree.leaf_count()));
+  for (std::int32_t leaf : tree.leaves()) leaf_prompts.push_back(tree.info(tree.tree(leaf)).prompt);
+  std::vector<std::uint32_t> keys;
+  for (std::int32_t t = 0; t < tree.tree_count(); ++t) keys.push_back(tree.info(t).key);
+  const leaf_groups groups{.leaves_per_tree = tree.leaves_per_tree(), .keys = keys};
+  std::vector<double> scores = score_rows<B>(reward, leaf_latents(backend, result), leaf_prompts, groups);
+  std::vector<reward_component> components;
+  if constexpr (ComponentReward<Score>) {
+    const std::span<const reward_component> parts = reward.last_component_rows();
+    components.assign(parts.begin(), parts.end());
+  }
+  return keep_finite_trees(tree, std::move(scores), std::move(components));
+}
+
+/// Credit assignment of the kept trees: the fused reward and the advantage of every node, the pruner's mask, and
+/// the trained edges with their advantages, ordered for the update.
+struct edge_credit {
+  rollout_tree kept;                        ///< the forest of the kept trees (log-probs copied)
+  std::vector<double> fused = {};           ///< per node of `kept`
+  std::vector<double> advantages = {};      ///< per node of `kept` (the edge into it)
+  edge_mask mask = {};                      ///< per node of `kept`: 1 = the pruner keeps the edge
+  std::vector<std::int32_t> trained = {};   ///< nodes of the full forest whose (SDE, kept) edges train, by step
+  std::vector<double> edge_advantage = {};  ///< per node of the full forest: a trained edge's advantage, else 0
+};
+
+}  // namespace branchgrpo
