@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 
 #include "branchgrpo/core/policy_list.hpp"
@@ -36,13 +37,26 @@ using objective_policies = policy_list<"objective", ppo_ratio, advantage_weighte
 /// Example: any_objective{diffusion_nft{.beta = 0.5}}.name() == "nft".
 using any_objective = any_policy<objective_policies>;
 
-/// An objective of the update: a listed policy that says whether it trains transitions (whether the loss options
-/// kl_beta, ratio_norm and step_weight apply to it), or any_objective. Its update(policy, update_input,
-/// communicator) is checked where train_iteration calls it, with the backend's types.
+/// One objective: a listed policy that says whether it trains transitions (whether the loss options kl_beta,
+/// ratio_norm and step_weight apply to it). Its update(policy, update_input, communicator) is checked where
+/// train_iteration calls it, with the backend's types.
 template <class O>
-concept Objective = std::same_as<O, any_objective> ||(ListedPolicy<O>&& requires {
+concept ObjectivePolicy = ListedPolicy<O> && requires {
   { O::trains_transitions } -> std::convertible_to<bool>;
-});
+};
+
+namespace detail {
+template <class O>
+struct is_objective_choice : std::false_type {};
+template <class List, class... Policies>
+struct is_objective_choice<any_policy<List, std::variant<Policies...>>>
+    : std::bool_constant<(ObjectivePolicy<Policies> && ...)> {};
+}  // namespace detail
+
+/// An objective of the update: one objective, or one chosen at run time from a list of them (any_objective, or
+/// any_policy over a user's extended_policy_list<objective_policies, ...>).
+template <class O>
+concept Objective = ObjectivePolicy<O> || detail::is_objective_choice<O>::value;
 
 /// How transition_option_conflict names what it refuses: as C++ options ("ratio_norm = on with objective nft") or
 /// as a run config's keys ("loss.ratio_norm = true with objective.kind = \"nft\"").
@@ -56,7 +70,7 @@ enum class option_spelling { cpp, config };
 ///   (ppo_ratio{}, anything) -> "".
 template <Objective O>
 std::string transition_option_conflict(const O& objective, const ppo_options& loss, option_spelling spelling) {
-  if constexpr (std::same_as<O, any_objective>) {
+  if constexpr (!ObjectivePolicy<O>) {
     return std::visit([&](const auto& held) { return transition_option_conflict(held, loss, spelling); },
                       objective.policy);
   } else {

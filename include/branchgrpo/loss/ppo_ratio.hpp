@@ -66,24 +66,7 @@ class ppo_edges_update {
  private:
   // The edges of one chunk (one step) as a batch, with the rollout's transition coefficients.
   [[nodiscard]] edge_batch<tensor> edges_of(const row_chunk& chunk) const {
-    const rollout_tree& full = in_.result.tree;
-    const std::span<const std::int32_t> nodes = trained_.subspan(chunk.begin, chunk.size());
-    edge_batch<tensor> edges;
-    edges.step = full.step(full.parent(nodes.front()));
-    edges.sigma = in_.schedule.sigma(edges.step);
-    edges.coeffs = step_coefficients(in_.stepper, in_.schedule, edges.step, full.plan().layer(edges.step));
-    std::vector<std::int64_t> parent_rows, child_rows;
-    for (const std::int32_t n : nodes) {
-      parent_rows.push_back(full.row_at_step(full.parent(n)));
-      child_rows.push_back(full.row_at_step(n));
-      edges.std.push_back(in_.result.edge_std[static_cast<std::size_t>(n)]);
-      edges.trees.push_back(full.info(full.tree(n)).key);
-      edges.prompts.push_back(full.info(full.tree(n)).prompt);
-    }
-    const auto& latents = in_.result.latents;
-    edges.x = in_.backend.gather_rows(latents[static_cast<std::size_t>(edges.step)], parent_rows);
-    edges.next = in_.backend.gather_rows(latents[static_cast<std::size_t>(edges.step) + 1], child_rows);
-    return edges;
+    return transition_batch(in_, trained_.subspan(chunk.begin, chunk.size()));
   }
 
   // The policy's transition mean of every row of a batch, without gradient.

@@ -351,7 +351,7 @@ iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method
                                 const sigma_schedule& schedule, const latent_shape& shape,
                                 std::span<const std::int64_t> prompts, int iteration, const training_options& options,
                                 Comm& communicator) {
-  if constexpr (std::same_as<O, any_objective>)
+  if constexpr (!ObjectivePolicy<O>)  // chosen at run time: the held objective's update
     return std::visit(
         [&](const auto& held) {
           return detail::train_iteration_with(backend, policy, reward, recipe, held, schedule, shape, prompts,
