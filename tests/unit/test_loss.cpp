@@ -24,8 +24,12 @@ TEST_CASE("ppo_options: defaults and validation") {
   CHECK(defaults.advantage_clip == 5.0);
   CHECK(defaults.kl_beta == 0.0);
   CHECK_NOTHROW(validate(defaults));
-  CHECK_NOTHROW(validate(ppo_options{.advantage_clip = std::numeric_limits<double>::infinity()}));
-  CHECK_THROWS_WITH(validate(ppo_options{.clip_range = 0}), "ppo clip_range 0 is not in (0, 1)");
+  // One rule set with the run config's [loss] (ppo_options::parameters()): advantage_clip in [1e-3, 1e3].
+  CHECK_THROWS_WITH(validate(ppo_options{.advantage_clip = std::numeric_limits<double>::infinity()}),
+                    "loss.advantage_clip = inf: must be in [0.001, 1000]");
+  CHECK_NOTHROW(validate(ppo_options{.advantage_clip = 1e3}));
+  CHECK_THROWS_WITH(validate(ppo_options{.clip_range = 0}), "loss.clip_range = 0.0: must be in (0, 1)");
+  CHECK_THROWS_WITH(validate(ppo_options{.kl_beta = 1e4}), "loss.kl_beta = 10000.0: must be in [0, 1000]");
   CHECK_THROWS_AS(validate(ppo_options{.clip_range = -1e-3}), invalid_input);
   CHECK_THROWS_AS(validate(ppo_options{.clip_range = 1.0}), invalid_input);
   CHECK_THROWS_AS(validate(ppo_options{.clip_range = not_a_number}), invalid_input);
@@ -159,7 +163,7 @@ TEST_CASE("ppo_options: ratio_norm and step_weight are off by default and valida
   CHECK(defaults.step_weight == step_weighting::none);
   CHECK_NOTHROW(validate(ppo_options{.ratio_norm = true, .step_weight = step_weighting::noise_std}));
   CHECK_THROWS_WITH(validate(ppo_options{.step_weight = step_weighting{7}}),
-                    "ppo step_weight 7 is not none, inverse_dt, noise_std or equal_steps");
+                    "loss.step_weight = 7: must be none, inverse_dt, noise_std or equal_steps");
   CHECK(step_weighting_name(step_weighting::inverse_dt) == "inverse_dt");
   CHECK(parse_step_weighting("noise_std") == step_weighting::noise_std);
   CHECK(parse_step_weighting("none") == step_weighting::none);

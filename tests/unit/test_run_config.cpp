@@ -789,3 +789,45 @@ TEST_CASE("[optimizer] sharding: the modes, the bucket size, their one-line erro
   CHECK(error_of("[optimizer]\nbucket_mb = 0\n") == "run.toml: optimizer.bucket_mb = 0: must be in (0, 65536]");
   CHECK(error_of("[optimizer]\nsharding = 2\n").rfind("run.toml: optimizer.sharding = 2: ", 0) == 0);
 }
+
+TEST_CASE("sections are described once: the same rules for a config and for C++, resume keys from the flags") {
+  // A section built in C++ is checked by the rules its TOML is read with (core/parameters.hpp).
+  CHECK_THROWS_WITH(bg::validate_parameters(bg::model_section{.dtype = "half"}, "model"),
+                    "model.dtype = \"half\": must be float32, bfloat16 or float16");
+  CHECK(error_of("[model]\ndtype = \"half\"\n") ==
+        "run.toml: model.dtype = 'half': must be float32, bfloat16 or float16");
+  CHECK_THROWS_WITH(bg::validate_parameters(bg::lora_section{.targets = {"attn"}}, "lora"),
+                    "lora.targets = [\"attn\"]: unknown target \"attn\" (attention, mlp, modulation or embedding)");
+  CHECK_THROWS_WITH(bg::validate(bg::ppo_options{.advantage_clip = 0}),
+                    "loss.advantage_clip = 0.0: must be in [0.001, 1000]");
+  CHECK(error_of("[loss]\nadvantage_clip = 0\n") == "run.toml: loss.advantage_clip = 0: must be in [0.001, 1000]");
+  // What resume may change is what the descriptions flag: these 17 keys (config_text.hpp's file comment).
+  const std::vector<std::string> resumable = {"model.dir",
+                                              "model.weights",
+                                              "model.decoder",
+                                              "model.device",
+                                              "model.gradient_checkpointing",
+                                              "data.embeddings",
+                                              "rollout.max_batch",
+                                              "rollout.decode_batch",
+                                              "run.iterations",
+                                              "run.output_dir",
+                                              "run.grid_every",
+                                              "run.checkpoint_every",
+                                              "run.keep_checkpoints",
+                                              "eval.embeddings",
+                                              "eval.every",
+                                              "optimizer.sharding",
+                                              "optimizer.bucket_mb"};
+  CHECK(bg::config_text_detail::resumable() == resumable);
+  for (const std::string& key : resumable) CHECK(bg::resume_may_change(key));
+  CHECK(!bg::resume_may_change("model.dtype"));
+  CHECK(!bg::resume_may_change("lora.rank"));
+  // A key written only where its description says so: model.weights beside model.dir never, eval.* only when on.
+  const std::string text = bg::config_text(bg::run_config{}, false);
+  CHECK(text.find("model.weights") == std::string::npos);
+  CHECK(text.find("eval.") == std::string::npos);
+  bg::run_config without_dir;
+  without_dir.model.dir = "";
+  CHECK(bg::config_text(without_dir, false).find("model.weights = \"\"\n") != std::string::npos);
+}

@@ -194,6 +194,36 @@ struct each_at_least {
   std::string text() const { return "each " + at_least{low}.text(); }
 };
 
+/// A finite number in (low, high]: "must be in (0, 100]"; `note` follows the range in the message.
+/// Example: above_up_to{.low = 0, .high = 100}.why(0.0) == "must be in (0, 100]".
+struct above_up_to {
+  double low = 0;
+  double high = 0;
+  std::string_view note = {};
+  std::string why(double value) const {
+    return value > low && value <= high ? "" : "must be in " + text() + (note.empty() ? "" : " " + std::string(note));
+  }
+  std::string text() const { return "(" + number_bound_text(low) + ", " + number_bound_text(high) + "]"; }
+};
+
+/// A string that is one of `names`. Example: one_of_names{.names = dtypes}.why("half") == "must be float32,
+///   bfloat16 or float16" with dtypes = {"float32", "bfloat16", "float16"}.
+struct one_of_names {
+  std::span<const std::string_view> names;
+  std::string why(const std::string& value) const {
+    for (const std::string_view name : names)
+      if (name == value) return {};
+    return "must be " + text();
+  }
+  std::string text() const { return name_list(names); }
+};
+
+/// A non-empty string.
+struct not_empty {
+  std::string why(const std::string& value) const { return value.empty() ? "must not be empty" : ""; }
+  std::string text() const { return "not empty"; }
+};
+
 }  // namespace rules
 
 /// One described parameter of Owner: the member `member` of type Value, called `name`, obeying `rule`.
@@ -205,6 +235,27 @@ struct parameter_of {
   Value Owner::*member;
   std::string_view meaning;
   Rule rule;
+  /// `train --resume` accepts a change of this key: it changes speed, memory, a path or the run's bookkeeping, not
+  /// the experiment (config/config_text.hpp).
+  bool may_change_on_resume = false;
+  /// Whether a canonical text writes the key for this owner; nullptr: always. A key added after runs were
+  /// checkpointed is written only when set, so that their texts read as before and they resume.
+  bool (*written)(const Owner&) = nullptr;
+
+  /// This parameter, marked as one that resume may change.
+  [[nodiscard]] constexpr parameter_of resumable() const {
+    parameter_of out = *this;
+    out.may_change_on_resume = true;
+    return out;
+  }
+  /// This parameter, written to a canonical text only where `when(owner)` holds.
+  [[nodiscard]] constexpr parameter_of written_if(bool (*when)(const Owner&)) const {
+    parameter_of out = *this;
+    out.written = when;
+    return out;
+  }
+  /// Whether a canonical text writes it for `owner`.
+  [[nodiscard]] bool is_written(const Owner& owner) const { return written == nullptr || written(owner); }
 
   /// "" when `value` obeys the rule (and, for an enumeration, is one of its named values), else the reason.
   [[nodiscard]] std::string why(const Value& value) const {
@@ -235,7 +286,7 @@ struct parameter_of {
 template <class Owner, class Value, class Rule = rules::any>
 constexpr parameter_of<Owner, Value, Rule> parameter(std::string_view name, Value Owner::*member,
                                                      std::string_view meaning, Rule rule = {}) {
-  return {name, member, meaning, rule};
+  return {.name = name, .member = member, .meaning = meaning, .rule = rule};
 }
 
 /// Types whose parameters are described: `T::parameters()` returns a tuple of parameter_of<T, ...>.

@@ -9,20 +9,24 @@
 #include <cstddef>
 #include <numbers>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/loss/step_weights.hpp"
 
 namespace branchgrpo {
 
-/// PPO options of the policy update.
+/// PPO options of the policy update, a run config's [loss]: each option described once in parameters(), its range
+/// checked by validate() on every path (train_iteration, the run config's reader, compare).
 /// clip_range: the paper's 1e-3 (the official code's default is 1e-4); advantage_clip: |A| <= 5 as in
 /// the code; kl_beta: 0 in BranchGRPO (Flow-GRPO uses 0.01 - 0.04 against the base model).
 /// ratio_norm: GRPO-Guard's RatioNorm of the importance ratio (loss/ratio_guard.hpp); step_weight: a per-step
 /// weight of the loss (loss/step_weights.hpp: GRPO-Guard's inverse_dt, TempFlow-GRPO's noise_std, equal_steps).
-/// Both off by default: the loss is then exactly the PPO loss above.
+/// Both off by default: the loss is then exactly the PPO loss above. A canonical text writes them only when on,
+/// so that the text of a run from before they existed reads as it did (its checkpoints resume).
 struct ppo_options {
   double clip_range = 1e-3;
   double advantage_clip = 5.0;
@@ -30,22 +34,29 @@ struct ppo_options {
   bool ratio_norm = false;
   step_weighting step_weight = step_weighting::none;
   friend bool operator==(const ppo_options&, const ppo_options&) = default;
+  static constexpr auto parameters() {
+    using self = ppo_options;
+    return std::tuple{
+        parameter("clip_range", &self::clip_range, "PPO ratio clip epsilon", rules::open_unit_interval{}),
+        parameter("advantage_clip", &self::advantage_clip, "advantages clipped to [-c, c]",
+                  rules::in_range{.low = 1e-3, .high = 1e3}),
+        parameter("kl_beta", &self::kl_beta, "weight of the KL to the reference model",
+                  rules::in_range{.low = 0, .high = 1e3}),
+        parameter("ratio_norm", &self::ratio_norm, "GRPO-Guard's RatioNorm of the importance ratio")
+            .written_if(+[](const self& o) { return o.ratio_norm; }),
+        parameter("step_weight", &self::step_weight, "per-step weight of the loss").written_if(+[](const self& o) {
+          return o.step_weight != step_weighting::none;
+        })};
+  }
 };
 
-/// Throws invalid_input naming the first bad option.
-/// Example: validate(ppo_options{.clip_range = 0}) throws "ppo clip_range 0 is not in (0, 1)".
+/// Throws invalid_input naming the first option outside its range (ppo_options::parameters()).
+/// Example: validate(ppo_options{.clip_range = 0}) throws "loss.clip_range = 0.0: must be in (0, 1)".
 /// Example: validate(ppo_options{.step_weight = step_weighting{7}}) throws
-///   "ppo step_weight 7 is not none, inverse_dt, noise_std or equal_steps".
-/// @post 0 < clip_range < 1, advantage_clip > 0 (may be +inf: no clipping), 0 <= kl_beta < +inf, step_weight one
-///       of the enumerators.
-inline void validate(const ppo_options& options) {
-  require(options.clip_range > 0.0 && options.clip_range < 1.0, "ppo clip_range ", options.clip_range,
-          " is not in (0, 1)");
-  require(options.advantage_clip > 0.0, "ppo advantage_clip ", options.advantage_clip, " is not positive");
-  require(options.kl_beta >= 0.0 && std::isfinite(options.kl_beta), "ppo kl_beta ", options.kl_beta,
-          " is not finite and >= 0");
-  step_weighting_name(options.step_weight);
-}
+///   "loss.step_weight = 7: must be none, inverse_dt, noise_std or equal_steps".
+/// @post 0 < clip_range < 1, advantage_clip in [1e-3, 1e3], kl_beta in [0, 1e3], step_weight one of the
+///       enumerators.
+inline void validate(const ppo_options& options) { validate_parameters(options, "loss"); }
 
 namespace detail {
 

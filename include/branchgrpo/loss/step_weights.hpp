@@ -7,6 +7,7 @@
 //   equal_steps  w_t = (E / S) / E_t: E trained edges over S   new here: every trained step weighs as much as in
 //                steps, E_t of them at step t                  DanceGRPO's chains, however many nodes the tree has
 //                there
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 
 namespace branchgrpo {
@@ -23,6 +25,12 @@ enum class step_weighting { none, inverse_dt, noise_std, equal_steps };
 
 /// The names configs use, in enum order.
 inline constexpr std::string_view step_weighting_names[] = {"none", "inverse_dt", "noise_std", "equal_steps"};
+inline constexpr std::array<enum_choice<step_weighting>, 4> step_weighting_choices = {
+    {{"none", step_weighting::none},
+     {"inverse_dt", step_weighting::inverse_dt},
+     {"noise_std", step_weighting::noise_std},
+     {"equal_steps", step_weighting::equal_steps}}};
+constexpr const auto& enum_choices(step_weighting) { return step_weighting_choices; }
 
 /// Example: step_weighting_name(step_weighting::inverse_dt) == "inverse_dt".
 /// @pre mode is one of the enumerators (else invalid_input naming its number).

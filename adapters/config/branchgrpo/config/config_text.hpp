@@ -102,14 +102,28 @@ std::string toml_value(const V& value) {
   }
 }
 
-// "key = value" for each described parameter of `policy`, keys prefixed with `prefix`.
-template <class Policy>
-void add_parameters(std::string& out, std::string_view prefix, const Policy& policy) {
+// "key = value" for each described parameter of `owner` that its description writes (parameter_of::written),
+// keys prefixed with `prefix`: a policy's parameters, or a section's.
+template <class Owner>
+void add_parameters(std::string& out, std::string_view prefix, const Owner& owner) {
   std::apply(
       [&](const auto&... p) {
-        ((out += std::string(prefix) + std::string(p.name) + " = " + toml_value(policy.*(p.member)) + "\n"), ...);
+        ((p.is_written(owner)
+              ? void(out += std::string(prefix) + std::string(p.name) + " = " + toml_value(owner.*(p.member)) + "\n")
+              : void()),
+         ...);
       },
-      parameters_of<Policy>());
+      parameters_of<Owner>());
+}
+
+// "<prefix><name>" of each described parameter of Owner that resume may change (parameter_of::resumable).
+template <class Owner>
+void add_resumable(std::vector<std::string>& out, std::string_view prefix) {
+  std::apply(
+      [&](const auto&... p) {
+        ((p.may_change_on_resume ? out.push_back(std::string(prefix) + std::string(p.name)) : void()), ...);
+      },
+      Owner::parameters());
 }
 
 // "<prefix><kind_key> = "<name>"" and the held policy's parameters.
@@ -164,13 +178,24 @@ inline std::string input_identity(const std::filesystem::path& path) {
   }
 }
 
-// The keys resume may change (see the file comment).
-inline constexpr std::array<std::string_view, 17> resumable = {
-    "run.iterations",     "run.grid_every",    "run.checkpoint_every", "run.keep_checkpoints",
-    "run.output_dir",     "rollout.max_batch", "rollout.decode_batch", "model.gradient_checkpointing",
-    "model.device",       "model.dir",         "model.weights",        "model.decoder",
-    "data.embeddings",    "eval.embeddings",   "eval.every",           "optimizer.sharding",
-    "optimizer.bucket_mb"};
+// The keys resume may change (see the file comment): the sections' resumable parameters, and the sharding keys
+// (read by read_optimizer beside optimizer_options: which rank keeps which share of the optimizer state).
+inline const std::vector<std::string>& resumable() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    add_resumable<model_section>(out, "model.");
+    add_resumable<data_section>(out, "data.");
+    add_resumable<rollout_section>(out, "rollout.");
+    add_resumable<ppo_options>(out, "loss.");
+    add_resumable<optimizer_options>(out, "optimizer.");
+    add_resumable<lora_section>(out, "lora.");
+    add_resumable<run_section>(out, "run.");
+    add_resumable<eval_section>(out, "eval.");
+    out.insert(out.end(), {"optimizer.sharding", "optimizer.bucket_mb"});
+    return out;
+  }();
+  return keys;
+}
 
 }  // namespace config_text_detail
 
@@ -213,31 +238,10 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
   const auto line = [&](std::string_view key, const std::string& value) {
     out += std::string(key) + " = " + value + "\n";
   };
-  const model_section& m = config.model;
-  line("model.dir", toml_string(m.dir));
-  line("model.config", toml_string(m.config));
-  if (m.dir.empty()) line("model.weights", toml_string(m.weights));  // refused beside model.dir (always "" there)
-  line("model.decoder", toml_string(m.decoder));
-  line("model.dtype", toml_string(m.dtype));
-  line("model.device", toml_string(m.device));
-  line("model.guidance", toml_value(m.guidance));
-  line("model.guidance_scale", toml_value(m.guidance_scale));
-  line("model.negative_prompt", toml_string(m.negative_prompt));
-  line("model.master_weights", toml_value(m.master_weights));
-  line("model.autocast", toml_value(m.autocast));
-  line("model.tf32", toml_value(m.tf32));
-  line("model.latent_height", toml_value(m.latent_height));
-  line("model.latent_width", toml_value(m.latent_width));
-  line("model.latent_frames", toml_value(m.latent_frames));
-  line("model.gradient_checkpointing", toml_value(m.gradient_checkpointing));
-  line("data.embeddings", toml_string(config.data.embeddings));
-  line("data.prompts_per_iteration", toml_value(config.data.prompts_per_iteration));
-  line("data.shuffle", toml_value(config.data.shuffle));
+  add_parameters(out, "model.", config.model);
+  add_parameters(out, "data.", config.data);
   add_policy(out, "topology.", "kind", config.recipe.topology);
-  line("rollout.steps", toml_value(config.rollout.steps));
-  line("rollout.shift", toml_value(config.rollout.shift));
-  line("rollout.max_batch", toml_value(config.rollout.max_batch));
-  line("rollout.decode_batch", toml_value(config.rollout.decode_batch));
+  add_parameters(out, "rollout.", config.rollout);
   add_policy(out, "rollout.", "stepper", config.recipe.stepper);
   add_policy(out, "correlator.", "kind", config.recipe.correlator);
   add_policy(out, "fusion.", "kind", config.recipe.fusion);
@@ -250,14 +254,7 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
     for (std::size_t i = 0; i < pruners.size(); ++i) list += (i ? ", " : "") + inline_policy(pruners[i]);
     line("pruning.pruners", list + "]");
   }
-  line("loss.clip_range", toml_value(config.loss.clip_range));
-  line("loss.advantage_clip", toml_value(config.loss.advantage_clip));
-  line("loss.kl_beta", toml_value(config.loss.kl_beta));
-  // RatioNorm and the step weight only when on, so that the text of a run without them reads as it did before the
-  // keys existed (its checkpoints resume).
-  if (config.loss.ratio_norm) line("loss.ratio_norm", toml_value(true));
-  if (config.loss.step_weight != step_weighting::none)
-    line("loss.step_weight", toml_string(step_weighting_name(config.loss.step_weight)));
+  add_parameters(out, "loss.", config.loss);  // ratio_norm and step_weight only when on (ppo_options)
   // The objective only when it is not PPO, so that the text of a PPO run reads as it did before the key existed (its
   // checkpoints resume).
   if (config.recipe.objective.name() != ppo_ratio::name) add_policy(out, "objective.", "kind", config.recipe.objective);
@@ -268,10 +265,7 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
     line("optimizer.sharding", toml_string(std::string(sharding_name(config.sharding.mode))));
     line("optimizer.bucket_mb", toml_value(config.sharding.bucket_megabytes));
   }
-  line("lora.enabled", toml_value(config.lora.enabled));
-  line("lora.rank", toml_value(config.lora.rank));
-  line("lora.alpha", toml_value(config.lora.alpha));
-  line("lora.targets", toml_value(config.lora.targets));
+  add_parameters(out, "lora.", config.lora);
   const auto reward_list = [&](const std::vector<reward_entry>& rewards) {
     std::string list = "[";
     for (std::size_t i = 0; i < rewards.size(); ++i) {
@@ -288,24 +282,10 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
     return list + "]";
   };
   line("rewards", reward_list(config.rewards));
-  line("run.iterations", toml_value(config.run.iterations));
-  line("run.seed", toml_value(config.run.seed));
-  line("run.output_dir", toml_string(config.run.output_dir));
-  line("run.grid_every", toml_value(config.run.grid_every));
-  line("run.checkpoint_every", toml_value(config.run.checkpoint_every));
-  line("run.keep_checkpoints", toml_value(config.run.keep_checkpoints));
-  line("run.updates_per_iteration", toml_value(config.run.updates_per_iteration));
-  // [eval] only when on, so that the text of a run without it reads as it did before the section existed (its
-  // checkpoints resume).
-  if (const eval_section& e = config.eval; e.enabled()) {
-    line("eval.embeddings", toml_string(e.embeddings));
-    line("eval.every", toml_value(e.every));
-    line("eval.samples", toml_value(e.samples));
-    line("eval.steps", toml_value(e.steps));
-    line("eval.seed", toml_value(e.seed));
-    line("eval.ema", toml_value(e.ema));
-    if (!e.rewards.empty()) line("eval.rewards", reward_list(e.rewards));  // none: the run's [[rewards]]
-  }
+  add_parameters(out, "run.", config.run);
+  add_parameters(out, "eval.", config.eval);  // only when on (eval_section)
+  if (config.eval.enabled() && !config.eval.rewards.empty())
+    line("eval.rewards", reward_list(config.eval.rewards));  // none: the run's [[rewards]]
   if (inputs)
     for (const auto& [key, path] : config_inputs(config))
       out += "# input " + key + " = " + toml_string(input_identity(path)) + "\n";
@@ -315,7 +295,7 @@ inline std::string config_text(const run_config& config, bool inputs = true) {
 /// Whether resume accepts a change of `key` (see the file comment). Example: resume_may_change("run.iterations")
 /// is true, resume_may_change("optimizer.lr") false, resume_may_change("input model.dir/model.safetensors") false.
 inline bool resume_may_change(std::string_view key) {
-  const auto& keys = config_text_detail::resumable;
+  const auto& keys = config_text_detail::resumable();
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 

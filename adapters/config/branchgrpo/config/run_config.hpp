@@ -122,6 +122,42 @@ inline run_recipe method_recipe(std::string_view name) {
 }
 
 // ---- The schema ---------------------------------------------------------------------------------------------
+// Each section is described once, in its parameters(): the reader (read_parameters), the canonical text
+// (config/config_text.hpp), what resume may change (parameter(...).resumable()) and the checks of a section built
+// in C++ (validate_parameters) all come from it. What relates several keys is checked after them, in read_*.
+
+namespace config_rules {
+
+inline constexpr std::array<std::string_view, 7> model_configs = {
+    "", "dev", "schnell", "tiny", "wan-t2v-1.3b", "wan-t2v-14b", "wan-tiny"};
+inline constexpr std::array<std::string_view, 3> dtypes = {"float32", "bfloat16", "float16"};
+inline constexpr std::array<std::string_view, 4> lora_targets = {"attention", "mlp", "modulation", "embedding"};
+
+/// cpu, cuda or cuda:N. Example: device{}.why("cuda:1") == ""; device{}.why("gpu") == "must be cpu, cuda or cuda:N".
+struct device {
+  std::string why(const std::string& v) const {
+    const bool ok =
+        v == "cpu" || v == "cuda" ||
+        (v.rfind("cuda:", 0) == 0 && v.size() > 5 && v.find_first_not_of("0123456789", 5) == std::string::npos);
+    return ok ? "" : "must be cpu, cuda or cuda:N";
+  }
+  std::string text() const { return "cpu, cuda or cuda:N"; }
+};
+
+/// A non-empty list of lora_targets. Example: targets{}.why({"attn"}) == "unknown target \"attn\" (attention,
+/// mlp, modulation or embedding)".
+struct targets {
+  std::string why(const std::vector<std::string>& v) const {
+    if (v.empty()) return "must name at least one of attention, mlp, modulation, embedding";
+    for (const std::string& t : v)
+      if (std::find(lora_targets.begin(), lora_targets.end(), t) == lora_targets.end())
+        return "unknown target \"" + t + "\" (attention, mlp, modulation or embedding)";
+    return {};
+  }
+  std::string text() const { return "non-empty, of attention, mlp, modulation, embedding"; }
+};
+
+}  // namespace config_rules
 
 /// [model]: which transformer, from where, on what. Either `dir` (a model directory: model.safetensors with its
 /// FLUX or Wan config in the metadata, prompts.safetensors) or `config` with `weights`: the FLUX shapes dev,
@@ -148,6 +184,36 @@ struct model_section {
   std::int64_t latent_frames = 0;  ///< video models: 0 = the model directory's (8 for moving-shapes-tiny)
   bool gradient_checkpointing = false;
   friend bool operator==(const model_section&, const model_section&) = default;
+  static constexpr auto parameters() {
+    using self = model_section;
+    using namespace config_rules;
+    const auto latent_size = rules::in_range{.low = 0, .high = 4096};  // 4096 latent rows: 32768 pixels
+    return std::tuple{
+        parameter("dir", &self::dir, "model directory (model.safetensors, prompts.safetensors)").resumable(),
+        parameter("config", &self::config, "transformer shape of `weights` without `dir`",
+                  rules::one_of_names{.names = model_configs}),
+        parameter("weights", &self::weights, "checkpoint for `config`").resumable().written_if(+[](const self& m) {
+          return m.dir.empty();
+        }),  // refused beside dir (always "" there)
+        parameter("decoder", &self::decoder, "pixels or a decoder file", rules::not_empty{}).resumable(),
+        parameter("dtype", &self::dtype, "storage dtype", rules::one_of_names{.names = dtypes}),
+        parameter("device", &self::device, "cpu, cuda or cuda:N", config_rules::device{}).resumable(),
+        parameter("guidance", &self::guidance, "FLUX.1-dev's embedded guidance",
+                  rules::in_range{.low = 0, .high = 100}),
+        parameter("guidance_scale", &self::guidance_scale, "classifier-free guidance scale",
+                  rules::above_up_to{.low = 0, .high = 100, .note = "(1 = no classifier-free guidance)"}),
+        parameter("negative_prompt", &self::negative_prompt, "one negative prompt of the file for every prompt"),
+        parameter("master_weights", &self::master_weights, "float32 master copies of low-precision weights"),
+        parameter("autocast", &self::autocast, "CUDA: the forward under autocast in dtype"),
+        parameter("tf32", &self::tf32, "CUDA: TF32 tensor cores for float32"),
+        parameter("latent_height", &self::latent_height, "latent rows; 0 = the model directory's", latent_size),
+        parameter("latent_width", &self::latent_width, "latent columns; 0 = the model directory's", latent_size),
+        // Wan's VAE makes 4 + 1 latent frames of a 17-frame clip, 21 of 81: 1024 is far beyond any released length.
+        parameter("latent_frames", &self::latent_frames, "video latent frames; 0 = the model directory's",
+                  rules::in_range{.low = 0, .high = 1024}),
+        parameter("gradient_checkpointing", &self::gradient_checkpointing, "recompute blocks in the backward")
+            .resumable()};
+  }
 };
 
 /// [data]: the prompt embeddings, how many prompts (trees) each iteration trains and in which order.
@@ -156,6 +222,13 @@ struct data_section {
   int prompts_per_iteration = 2;
   bool shuffle = false;  ///< a new order each epoch keyed by run.seed (prompt_schedule); false: file order
   friend bool operator==(const data_section&, const data_section&) = default;
+  static constexpr auto parameters() {
+    using self = data_section;
+    return std::tuple{
+        parameter("embeddings", &self::embeddings, "prompt embeddings file or shard directory").resumable(),
+        parameter("prompts_per_iteration", &self::prompts_per_iteration, "trees per iteration", rules::at_least{1}),
+        parameter("shuffle", &self::shuffle, "a new prompt order each epoch")};
+  }
 };
 
 /// [rollout] (the stepper and its eta / noise_level live in the recipe).
@@ -165,6 +238,14 @@ struct rollout_section {
   std::int64_t max_batch = 64;
   std::int64_t decode_batch = 16;  ///< leaves decoded (and scored) per call: bounds the decoder's memory
   friend bool operator==(const rollout_section&, const rollout_section&) = default;
+  static constexpr auto parameters() {
+    using self = rollout_section;
+    return std::tuple{
+        parameter("steps", &self::steps, "denoising steps", rules::at_least{1}),
+        parameter("shift", &self::shift, "time shift of the sigma schedule", rules::in_range{.low = 1e-3, .high = 1e3}),
+        parameter("max_batch", &self::max_batch, "rows per transformer call", rules::at_least{1}).resumable(),
+        parameter("decode_batch", &self::decode_batch, "leaves per decoder call", rules::at_least{1}).resumable()};
+  }
 };
 
 /// [lora]
@@ -174,6 +255,13 @@ struct lora_section {
   double alpha = 16;
   std::vector<std::string> targets = {"attention", "mlp"};  ///< of attention, mlp, modulation, embedding
   friend bool operator==(const lora_section&, const lora_section&) = default;
+  static constexpr auto parameters() {
+    using self = lora_section;
+    return std::tuple{parameter("enabled", &self::enabled, "train LoRA adapters (base frozen)"),
+                      parameter("rank", &self::rank, "adapter rank", rules::at_least{1}),
+                      parameter("alpha", &self::alpha, "scale alpha / rank", rules::in_range{.low = 1e-6, .high = 1e6}),
+                      parameter("targets", &self::targets, "layer roles with adapters", config_rules::targets{})};
+  }
 };
 
 /// One [[rewards]] entry: a reward by name, its weight in the sum, and its own parameters (numbers, strings or
@@ -196,6 +284,22 @@ struct run_section {
   int keep_checkpoints = 2;       ///< complete checkpoints kept (the newest)
   int updates_per_iteration = 1;  ///< optimizer steps per iteration (training_options)
   friend bool operator==(const run_section&, const run_section&) = default;
+  static constexpr auto parameters() {
+    using self = run_section;
+    return std::tuple{
+        parameter("iterations", &self::iterations, "training iterations", rules::at_least{1}).resumable(),
+        parameter("seed", &self::seed, "the run's seed"),
+        parameter("output_dir", &self::output_dir, "where the run writes", rules::not_empty{}).resumable(),
+        parameter("grid_every", &self::grid_every, "iterations between grids; 0 = none", rules::at_least{0})
+            .resumable(),
+        parameter("checkpoint_every", &self::checkpoint_every, "iterations between checkpoints; 0 = the final only",
+                  rules::at_least{0})
+            .resumable(),
+        parameter("keep_checkpoints", &self::keep_checkpoints, "complete checkpoints kept", rules::at_least{1})
+            .resumable(),
+        parameter("updates_per_iteration", &self::updates_per_iteration, "optimizer steps per iteration",
+                  rules::at_least{1})};
+  }
 };
 
 /// [eval]: held-out evaluation inside `train` (docs/config.md "[eval]"). On when `embeddings` names a prompt file
@@ -215,6 +319,26 @@ struct eval_section {
 
   [[nodiscard]] bool enabled() const { return !embeddings.empty(); }
   friend bool operator==(const eval_section&, const eval_section&) = default;
+  // The section is written to a canonical text only when on, so that the text of a run without it reads as it did
+  // before the section existed (its checkpoints resume); eval.rewards is read and written beside these.
+  static constexpr auto parameters() {
+    using self = eval_section;
+    constexpr auto on = +[](const self& e) { return e.enabled(); };
+    return std::tuple{
+        parameter("embeddings", &self::embeddings, "held-out prompt embeddings; \"\" = no evaluation")
+            .resumable()
+            .written_if(on),
+        parameter("every", &self::every, "iterations between evaluations", rules::at_least{1})
+            .resumable()
+            .written_if(on),
+        // Every sample is a whole ODE solve kept until the grid is drawn: bounded as `sample --samples` is.
+        parameter("samples", &self::samples, "samples per held-out prompt", rules::in_range{.low = 1, .high = 4096})
+            .written_if(on),
+        parameter("steps", &self::steps, "ODE steps; 0 = rollout.steps", rules::in_range{.low = 0, .high = 10000})
+            .written_if(on),
+        parameter("seed", &self::seed, "the evaluation noises' seed").written_if(on),
+        parameter("ema", &self::ema, "the EMA's weights when the run keeps one").written_if(on)};
+  }
 };
 
 /// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment", "torchscript", "remote"
@@ -275,47 +399,18 @@ using config::read_parameters;
 using config::read_policy;
 using config::table_reader;
 
-// Checks for read(): "" when fine, else the reason (the words of core/parameters.hpp's rules).
-inline auto at_least(double low) {
-  return [low](auto value) { return rules::at_least{low}.why(value); };
-}
+// A check for read(): "" when fine, else the reason (the words of core/parameters.hpp's rules).
 inline auto in_range(double low, double high) {
   return [low, high](auto value) { return rules::in_range{.low = low, .high = high}.why(value); };
 }
 
 inline void read_model(table_reader r, model_section& m) {
-  r.read("dir", m.dir);
-  r.read("config", m.config, one_of({"", "dev", "schnell", "tiny", "wan-t2v-1.3b", "wan-t2v-14b", "wan-tiny"}));
-  r.read("weights", m.weights);
-  r.read("decoder", m.decoder, [](const std::string& v) { return v.empty() ? "must not be empty" : ""; });
-  r.read("dtype", m.dtype, one_of({"float32", "bfloat16", "float16"}));
-  r.read("device", m.device, [](const std::string& v) {
-    const bool ok =
-        v == "cpu" || v == "cuda" ||
-        (v.rfind("cuda:", 0) == 0 && v.size() > 5 && v.find_first_not_of("0123456789", 5) == std::string::npos);
-    return ok ? "" : "must be cpu, cuda or cuda:N";
-  });
-  r.read("guidance", m.guidance, in_range(0, 100));  // FLUX.1-dev's embedded guidance is 3.5
+  read_parameters(r, m);
   // Wan2.1's pipelines sample with classifier-free guidance at 5 (its sample_guide_scale); FLUX.1-dev's guidance
   // is distilled into `guidance`, and the shipped shapes models were pretrained without an unconditional branch.
-  if (m.config.starts_with("wan-t2v-")) m.guidance_scale = 5.0;
-  r.read("guidance_scale", m.guidance_scale,
-         [](double v) { return v > 0 && v <= 100 ? "" : "must be in (0, 100] (1 = no classifier-free guidance)"; });
-  r.read("negative_prompt", m.negative_prompt);
+  if (m.config.starts_with("wan-t2v-") && !r.has("guidance_scale")) m.guidance_scale = 5.0;
   if (!m.negative_prompt.empty() && m.guidance_scale == 1.0)
     r.bad("negative_prompt", "needs classifier-free guidance: model.guidance_scale is 1 (off)");
-  r.read("master_weights", m.master_weights);
-  r.read("autocast", m.autocast);
-  r.read("tf32", m.tf32);
-  // 4096 latent rows are 32768 pixels: far beyond FLUX's resolutions, and a typo like 1000000 is refused here
-  // instead of as an allocation failure.
-  const auto latent_size = [](std::int64_t v) { return v < 0 || v > 4096 ? "must be in [0, 4096]" : ""; };
-  r.read("latent_height", m.latent_height, latent_size);
-  r.read("latent_width", m.latent_width, latent_size);
-  // Wan's VAE makes 4 + 1 latent frames of a 17-frame clip, 21 of 81: 1024 is far beyond any released length.
-  r.read("latent_frames", m.latent_frames,
-         [](std::int64_t v) { return v < 0 || v > 1024 ? "must be in [0, 1024]" : ""; });
-  r.read("gradient_checkpointing", m.gradient_checkpointing);
   if (m.dtype == "float16" && m.device == "cpu")  // checked here, not as a kernel error in the first iteration
     fail(r.file(),
          ": model.dtype = \"float16\", model.device = \"cpu\": float16 needs a CUDA device (LibTorch's CPU "
@@ -341,9 +436,7 @@ inline void read_model(table_reader r, model_section& m) {
 }
 
 inline void read_data(table_reader r, data_section& d, const model_section& m) {
-  r.read("embeddings", d.embeddings);
-  r.read("prompts_per_iteration", d.prompts_per_iteration, at_least(1));
-  r.read("shuffle", d.shuffle);
+  read_parameters(r, d);
   if (m.dir.empty() && d.embeddings.empty())
     fail(r.file(), ": data.embeddings = \"\": needed when there is no model.dir");
   r.finish();
@@ -355,10 +448,7 @@ inline void read_topology(table_reader r, any_topology& topology) {
 }
 
 inline void read_rollout(table_reader r, rollout_section& rollout, any_stepper& stepper) {
-  r.read("steps", rollout.steps, at_least(1));
-  r.read("shift", rollout.shift, in_range(1e-3, 1e3));  // FLUX 3, Wan 5 to 12
-  r.read("max_batch", rollout.max_batch, at_least(1));
-  r.read("decode_batch", rollout.decode_batch, at_least(1));
+  read_parameters(r, rollout);
   read_policy(r, "stepper", stepper);
   r.finish();
 }
@@ -385,14 +475,7 @@ inline void read_pruning(table_reader r, any_pruner& pruner) {
 }
 
 inline void read_loss(table_reader r, ppo_options& loss) {
-  r.read("clip_range", loss.clip_range, [](double v) { return v > 0 && v < 1 ? "" : "must be in (0, 1)"; });
-  r.read("advantage_clip", loss.advantage_clip, in_range(1e-3, 1e3));  // DanceGRPO clips at 5
-  r.read("kl_beta", loss.kl_beta, in_range(0, 1e3));
-  r.read("ratio_norm", loss.ratio_norm);  // GRPO-Guard's RatioNorm
-  std::string step_weight(step_weighting_name(loss.step_weight));
-  if (r.read("step_weight", step_weight,
-             one_of(std::vector<std::string_view>(std::begin(step_weighting_names), std::end(step_weighting_names)))))
-    loss.step_weight = parse_step_weighting(step_weight);
+  read_parameters(r, loss);
   r.finish();
 }
 
@@ -413,16 +496,7 @@ inline void read_optimizer(table_reader r, optimizer_options& o, sharding_option
 }
 
 inline void read_lora(table_reader r, lora_section& l) {
-  r.read("enabled", l.enabled);
-  r.read("rank", l.rank, at_least(1));
-  r.read("alpha", l.alpha, in_range(1e-6, 1e6));
-  r.read("targets", l.targets, [](const std::vector<std::string>& v) {
-    if (v.empty()) return std::string("must name at least one of attention, mlp, modulation, embedding");
-    for (const std::string& t : v)
-      if (t != "attention" && t != "mlp" && t != "modulation" && t != "embedding")
-        return "unknown target \"" + t + "\" (attention, mlp, modulation or embedding)";
-    return std::string();
-  });
+  read_parameters(r, l);
   r.finish();
 }
 
@@ -465,24 +539,12 @@ inline reward_entry read_reward(table_reader r) {
 }
 
 inline void read_run(table_reader r, run_section& run) {
-  r.read("iterations", run.iterations, at_least(1));
-  r.read("seed", run.seed);
-  r.read("output_dir", run.output_dir, [](const std::string& v) { return v.empty() ? "must not be empty" : ""; });
-  r.read("grid_every", run.grid_every, at_least(0));
-  r.read("checkpoint_every", run.checkpoint_every, at_least(0));
-  r.read("keep_checkpoints", run.keep_checkpoints, at_least(1));
-  r.read("updates_per_iteration", run.updates_per_iteration, at_least(1));
+  read_parameters(r, run);
   r.finish();
 }
 
 inline void read_eval(table_reader r, eval_section& e) {
-  r.read("embeddings", e.embeddings);
-  r.read("every", e.every, at_least(1));
-  // Every sample is a whole ODE solve kept until the grid is drawn: bounded as `sample --samples` is.
-  r.read("samples", e.samples, in_range(1, 4096));
-  r.read("steps", e.steps, in_range(0, 10000));
-  r.read("seed", e.seed);
-  r.read("ema", e.ema);
+  read_parameters(r, e);
   if (r.has("rewards")) {
     for (table_reader& entry : r.tables("rewards")) e.rewards.push_back(read_reward(entry));
     if (e.rewards.empty()) r.bad("rewards", "needs at least one [[eval.rewards]] entry, or none for the run's");
