@@ -119,7 +119,26 @@ struct parameter_description {
   std::string default_value;  ///< as a config writes it (value_text)
   std::string constraint;     ///< the rule's text ("> 0", "[0, 1)", an enumeration's names), "" for none
   std::string_view meaning;
+  bool may_change_on_resume = false;  ///< parameter_of::resumable
 };
+
+/// The described parameters of T with their values in `defaults` (T{} by default): a policy's or a run config
+/// section's (config/run_config.hpp). Example: describe_parameters(parent_top_k{}) is {{"k", "1", ">= 1", "..."}}.
+template <class T>
+std::vector<parameter_description> describe_parameters(const T& defaults = T{}) {
+  std::vector<parameter_description> out;
+  std::apply(
+      [&](const auto&... p) {
+        (out.push_back({.name = p.name,
+                        .default_value = value_text(defaults.*(p.member)),
+                        .constraint = p.constraint(),
+                        .meaning = p.meaning,
+                        .may_change_on_resume = p.may_change_on_resume}),
+         ...);
+      },
+      parameters_of<T>());
+  return out;
+}
 
 /// One policy of a list as tables and help texts show it.
 struct policy_description {
@@ -134,18 +153,7 @@ template <PolicyList List>
 std::vector<policy_description> describe_policies() {
   std::vector<policy_description> out;
   for_each_policy<List>([&]<class P>(std::type_identity<P>) {
-    policy_description d{.name = P::name, .summary = P::summary, .parameters = {}};
-    const P defaults{};
-    std::apply(
-        [&](const auto&... p) {
-          (d.parameters.push_back({.name = p.name,
-                                   .default_value = value_text(defaults.*(p.member)),
-                                   .constraint = p.constraint(),
-                                   .meaning = p.meaning}),
-           ...);
-        },
-        parameters_of<P>());
-    out.push_back(std::move(d));
+    out.push_back({.name = P::name, .summary = P::summary, .parameters = describe_parameters<P>()});
   });
   return out;
 }

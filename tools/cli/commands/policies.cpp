@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "branchgrpo/advantage/catalog.hpp"
+#include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/policy_list.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
@@ -59,6 +60,27 @@ void print_markdown(std::ostream& out, const family_description& family) {
   out << '\n';
 }
 
+// One markdown table per run config section described by its parameters() (config/run_config.hpp).
+void print_sections_markdown(std::ostream& out) {
+  for_each_described_section([&]<class Section>(std::type_identity<Section>, std::string_view name) {
+    out << "#### [" << name << "]\n\n"
+        << "| key | default | rule | resume may change | meaning |\n|---|---|---|---|---|\n";
+    for (const parameter_description& p : describe_parameters<Section>())
+      out << "| `" << p.name << "` | `" << p.default_value << "` | " << p.constraint << " | "
+          << (p.may_change_on_resume ? "yes" : "") << " | " << p.meaning << " |\n";
+    out << '\n';
+  });
+}
+
+void print_sections_text(std::ostream& out) {
+  for_each_described_section([&]<class Section>(std::type_identity<Section>, std::string_view name) {
+    out << "[" << name << "]\n";
+    for (const parameter_description& p : describe_parameters<Section>())
+      out << "    " << p.name << " = " << p.default_value << (p.constraint.empty() ? "" : "  (" + p.constraint + ")")
+          << (p.may_change_on_resume ? "  [resume may change]" : "") << "  " << p.meaning << '\n';
+  });
+}
+
 void print_text(std::ostream& out, const family_description& family) {
   out << family.name << " (" << family.config_key << ")\n";
   for (const policy_description& policy : family.policies) {
@@ -76,6 +98,7 @@ void add_policies_command(CLI::App& app) {
   struct options {
     std::string family;
     bool markdown = false;
+    bool sections = false;
   };
   auto o = std::make_shared<options>();
   CLI::App* command =
@@ -83,7 +106,20 @@ void add_policies_command(CLI::App& app) {
   command->add_option("--family", o->family,
                       "Only this family (topology, stepper, correlator, fusion, advantage, pruner)");
   command->add_flag("--markdown", o->markdown, "Markdown tables (docs/config.md)");
+  command->add_flag("--sections", o->sections,
+                    "The run config's sections instead: every key with its default, rule and whether resume may "
+                    "change it");
   command->callback([o] {
+    if (o->sections) {
+      require(o->family.empty(), "--family '", o->family, "' does not go with --sections");
+      std::ostringstream out;
+      if (o->markdown)
+        print_sections_markdown(out);
+      else
+        print_sections_text(out);
+      print_checked(out.str());
+      return;
+    }
     std::vector<family_description> all = families();
     std::ostringstream out;
     std::vector<std::string_view> names;

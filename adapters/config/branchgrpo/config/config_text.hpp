@@ -183,14 +183,9 @@ inline std::string input_identity(const std::filesystem::path& path) {
 inline const std::vector<std::string>& resumable() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> out;
-    add_resumable<model_section>(out, "model.");
-    add_resumable<data_section>(out, "data.");
-    add_resumable<rollout_section>(out, "rollout.");
-    add_resumable<ppo_options>(out, "loss.");
-    add_resumable<optimizer_options>(out, "optimizer.");
-    add_resumable<lora_section>(out, "lora.");
-    add_resumable<run_section>(out, "run.");
-    add_resumable<eval_section>(out, "eval.");
+    for_each_described_section([&]<class Section>(std::type_identity<Section>, std::string_view name) {
+      add_resumable<Section>(out, std::string(name) + ".");
+    });
     out.insert(out.end(), {"optimizer.sharding", "optimizer.bucket_mb"});
     return out;
   }();

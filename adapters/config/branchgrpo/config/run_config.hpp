@@ -346,6 +346,22 @@ struct eval_section {
 inline constexpr std::array<std::string_view, 7> reward_names = {
     "alignment", "jpeg_compressibility", "jpeg_incompressibility", "smoothness", "torchscript", "remote", "vlm_judge"};
 
+/// Calls `body(std::type_identity<Section>{}, "name")` for each section of a run config described by its
+/// parameters(), in the order of the canonical text: model, data, rollout, loss, optimizer, lora, run, eval. The
+/// one list that what resume may change (config_text.hpp) and the docs' key tables (`branchgrpo policies
+/// --sections`) walk. Example: the first call is body(std::type_identity<model_section>{}, "model").
+template <class Body>
+void for_each_described_section(Body&& body) {
+  body(std::type_identity<model_section>{}, "model");
+  body(std::type_identity<data_section>{}, "data");
+  body(std::type_identity<rollout_section>{}, "rollout");
+  body(std::type_identity<ppo_options>{}, "loss");
+  body(std::type_identity<optimizer_options>{}, "optimizer");
+  body(std::type_identity<lora_section>{}, "lora");
+  body(std::type_identity<run_section>{}, "run");
+  body(std::type_identity<eval_section>{}, "eval");
+}
+
 /// A whole run. Defaults: the shipped shapes model, BranchGRPO's dense tree (the branch method), LoRA rank 16.
 struct run_config {
   std::string source = "config";         ///< the file name errors start with
