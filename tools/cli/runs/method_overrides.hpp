@@ -18,9 +18,10 @@
 //   ode_stride    an integer in [1, max_steps]                  every sde_window's schedule steps per ODE call
 //   solver        euler | dpm_solver_2m                         every sde_window's ODE solver
 //
-// Example: read_override(o, "s", "1", "--methods branch:s=1: s") sets o.correlation_s = 1; apply_overrides(o, t,
-// "branch:s=1", "branch") then sets t.correlator's correlated::s to 1, and with "dance" in place of "branch" fails
-// with "--methods dance:s=1: s needs correlated sibling noise, and dance has independent chains".
+// Example: read_override(o, "s", "1", "--methods branch:s=1: s", "branch:s=1") sets o.correlation_s = 1;
+// apply_overrides(o, t, {.label = "branch:s=1", .method = "branch"}) then sets t.correlator's correlated::s to 1,
+// and for dance (label "dance:s=1") fails with "--methods dance:s=1: s needs correlated sibling noise, and dance
+// has independent chains".
 // Torch-free: the toy's runs use it without LibTorch.
 #include <algorithm>
 #include <array>
@@ -247,8 +248,8 @@ inline constexpr auto override_keys() {
 }
 
 /// Reads `value` into the field of the row keyed `key`; false when no row has that key.
-/// Example: read_override(o, "updates", "4", "--methods dance:updates=4: updates") sets o.updates = 4 and
-///   returns true; read_override(o, "eta", "1", ...) returns false and changes nothing.
+/// Example: read_override(o, "updates", "4", "--methods dance:updates=4: updates", "dance:updates=4") sets
+///   o.updates = 4 and returns true; read_override(o, "eta", "1", ...) returns false and changes nothing.
 /// @pre the field is unset (else invalid_input "--methods: 'KEY' is set twice in 'ENTRY'", `entry` being what
 ///      `what` names); the value is in the row's domain (else invalid_input "WHAT = VALUE: must be ..." or the
 ///      number parsers' line).
