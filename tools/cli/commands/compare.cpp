@@ -3,7 +3,9 @@
 // dance's at equal time and the time per iteration, each as a mean over the seeds with its 95 % Student-t interval
 // (docs/cli.md, docs/results.md). Times are kept on two clocks, wall and process CPU, because a shared machine's
 // load moves the first. The toy trains as `toy --compare` does, the shapes model as `demo` does
-// (cli/runs/method_runs.hpp); with the first seed both reproduce those commands' rewards.
+// (cli/runs/method_runs.hpp); with the first seed both reproduce those commands' rewards. One per-seed loop
+// (run_seed) drives both kinds of run (toy_run, shapes_run), and --methods' overrides are one table
+// (cli/runs/method_overrides.hpp) that both apply to their run's recipe and settings.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <time.h>
@@ -73,7 +75,7 @@ constexpr std::uint64_t toy_default_seed = 7;
 constexpr int shapes_default_iters = 16;   // demo's --iters
 constexpr int shapes_max_iters = 100'000;  // demo's --iters limit
 
-// --- One method trained with one seed ----------------------------------------------------------------------------
+// --- One method trained with one seed --------------------------------------------------------------------------------
 
 // The time axis of curves and budgets: wall seconds (the paper's), or CPU seconds of the process (all threads),
 // which a shared machine's other load moves much less.
@@ -156,63 +158,52 @@ struct seed_setup {
   std::vector<std::int64_t> order;
 };
 
-// --- The toy (as `toy --compare`) --------------------------------------------------------------------------------
+// --- One run of one method with one seed: the toy's or the shapes model's --------------------------------------------
+// Both kinds have one shape, the one the per-seed loop (run_seed) drives: step() trains an iteration, iteration()
+// counts those done, done() is true after --iters, evaluate() is the held-out reward now.
 
-run_record train_toy(const method_variant& variant, const fourier_policy<host_backend>& base, double base_reward,
-                     const seed_setup& setup, const compare_options& options, const sigma_schedule& schedule,
-                     progress& bar) {
-  run_record run{.method = variant.label,
-                 .seed = setup.seed,
-                 .stats = {},
-                 .cumulative = {},
-                 .cpu_seconds = {},
-                 .eval_iterations = {0},
-                 .eval_rewards = {base_reward}};
-  fourier_policy<host_backend> policy = base;
-  if (variant.lr) policy.set_optimizer({.lr = *variant.lr});
-  with_variant(variant, [&](auto recipe) {
-    mode_reward<> reward;
-    host_backend backend;
-    const prompt_schedule prompts{.prompt_count = toy_runs::eval_modes, .per_iteration = toy_prompts};
-    const training_options training{.max_batch = 64,
-                                    .seed = setup.seed,
-                                    .updates_per_iteration = variant.updates.value_or(1),
-                                    .total_iterations = options.iters,
-                                    .loss = variant.loss_options({})};
-    for (int i = 0; i < options.iters; ++i) {
-      std::vector<std::int64_t> trained = prompts(i);
-      for (std::int64_t& p : trained) p = setup.order[static_cast<std::size_t>(p)];
-      const double cpu = process_cpu_seconds();
-      const iteration_stats stats =
-          train_iteration(backend, policy, reward, recipe, schedule, toy_latent_shape(), trained, i, training);
-      run.cpu_seconds.push_back(process_cpu_seconds() - cpu);
-      run.stats.push_back(stats);
-      run.cumulative.push_back(run.total_seconds() + stats.seconds);
-      if (evaluates_after(i + 1, options.eval_every, options.iters)) {
-        run.eval_iterations.push_back(i + 1);
-        run.eval_rewards.push_back(toy_runs::evaluate(policy, schedule, setup.seed).reward);
-      }
-      bar.update(run, setup.index, options.seeds, i + 1, stats.reward_mean);
-    }
-  });
-  return run;
-}
-
-// Seed k: the toy's base model (fitted once, with the first seed) evaluated on seed k's held-out roots, then each
-// method from a copy of it.
-template <class Each>
-void run_toy_seed(const seed_setup& setup, const fourier_policy<host_backend>& base, const compare_options& options,
-                  const std::vector<method_variant>& methods, progress& bar, Each&& each) {
-  const sigma_schedule schedule = shifted_linear_schedule(20);
-  fourier_policy<host_backend> copy = base;
-  const double base_reward = toy_runs::evaluate(copy, schedule, setup.seed).reward;
-  for (const method_variant& variant : methods) {
-    each(train_toy(variant, base, base_reward, setup, options, schedule, bar));
-    ++bar.runs_done;
+// The toy (as `toy --compare`): a copy of the base model trained on the variant's recipe with the table's
+// overrides applied (make_variant_run), visiting the prompts in the seed's order.
+class toy_run {
+ public:
+  toy_run(const method_variant& variant, const fourier_policy<host_backend>& base, const seed_setup& setup, int iters)
+      : policy_(base),
+        run_(make_variant_run(variant, base.options().optimizer.lr)),
+        seed_(setup.seed),
+        order_(setup.order),
+        iters_(iters) {
+    adam optimizer = policy_.options().optimizer;
+    optimizer.lr = run_.lr;
+    policy_.set_optimizer(optimizer);
   }
-}
 
-// --- The shapes model (as `demo`) --------------------------------------------------------------------------------
+  iteration_stats step() {
+    std::vector<std::int64_t> trained = prompts_(iteration_);
+    for (std::int64_t& p : trained) p = order_[static_cast<std::size_t>(p)];
+    const training_options training{.max_batch = 64,
+                                    .seed = seed_,
+                                    .updates_per_iteration = run_.updates,
+                                    .total_iterations = iters_,
+                                    .loss = run_.loss};
+    return train_iteration(backend_, policy_, reward_, run_.recipe, schedule_, toy_latent_shape(), trained,
+                           iteration_++, training);
+  }
+  [[nodiscard]] int iteration() const { return iteration_; }
+  [[nodiscard]] bool done() const { return iteration_ >= iters_; }
+  double evaluate() { return toy_runs::evaluate(policy_, schedule_, seed_).reward; }
+
+ private:
+  fourier_policy<host_backend> policy_;
+  variant_run run_;
+  std::uint64_t seed_;
+  std::vector<std::int64_t> order_;
+  int iters_;
+  int iteration_ = 0;
+  sigma_schedule schedule_ = shifted_linear_schedule(20);
+  prompt_schedule prompts_{.prompt_count = toy_runs::eval_modes, .per_iteration = toy_prompts};
+  mode_reward<> reward_;
+  host_backend backend_;
+};
 
 #ifdef BRANCHGRPO_CLI_TORCH
 // The demo's settings with this seed and its prompt order (demo's default rows 1, 5, 6, 11, reordered).
@@ -229,96 +220,83 @@ demo_runs::demo_options shapes_options(const compare_options& options, const see
   return d;
 }
 
-// The demo's configuration of the variant's method, with its overrides applied to the run's recipe and options.
+// The demo's configuration of the variant's method, with the table's overrides applied to its recipe and settings.
 run_config shapes_config(const method_variant& variant, const demo_runs::demo_options& d, int iterations) {
   run_config config = demo_runs::demo_config(d, iterations, variant.method);
   // demo_config writes each method's files under its name; a variant keeps its own.
   if (!variant.plain()) config.run.output_dir = (std::filesystem::path(d.out) / ("variant-" + variant.label)).string();
-  if (variant.scope) {
-    auto* normalizer = std::get_if<depth_wise>(&config.recipe.normalizer.normalizer.policy);
-    require(normalizer != nullptr, "--methods ", variant.label, ": scope needs a depth-wise normalizer, and ",
-            variant.method, " has none");
-    normalizer->scope = *variant.scope;
-  }
-  if (variant.correlation_s) {
-    auto* correlator = std::get_if<correlated>(&config.recipe.correlator.policy);
-    require(correlator != nullptr, "--methods ", variant.label, ": s needs correlated sibling noise, and ",
-            variant.method, " has independent chains");
-    correlator->s = *variant.correlation_s;
-  }
-  if (variant.fusion) {
-    config.recipe.fusion.policy = make_policy<fusion_policies>(*variant.fusion);
-    config.recipe.normalizer.use_fusion(config.recipe.fusion);
-  }
-  if (variant.stepper) config.recipe.stepper.policy = make_policy<stepper_policies>(*variant.stepper);
-  if (variant.ode_stride || variant.solver) {
-    bool windowed = false;
-    for (any_pruner_choice& choice : config.recipe.pruner.pruner.pruners)
-      if (auto* window = std::get_if<sde_window>(&choice.policy)) {
-        if (variant.ode_stride) window->ode_stride = *variant.ode_stride;
-        if (variant.solver) window->solver = *variant.solver;
-        windowed = true;
-      }
-    require(windowed, "--methods ", variant.label,
-            ": ode_stride and solver need an SDE window (branch-mix, "
-            "branch-mix-flash)");
-  }
-  if (variant.intermediate) {
-    const bool decoupled = std::visit(
-        [&](auto& objective) {
-          if constexpr (MatchingObjective<std::decay_t<decltype(objective)>>) {
-            objective.intermediate_nodes = *variant.intermediate;
-            return true;
-          } else {
-            return false;
-          }
-        },
-        config.recipe.objective.policy);
-    require(decoupled, "--methods ", variant.label,
-            ": intermediate needs a decoupled objective (nft, awm, branch-nft, branch-awm)");
-  }
-  if (variant.updates) config.run.updates_per_iteration = *variant.updates;
-  if (variant.lr) config.optimizer.lr = *variant.lr;
-  config.loss = variant.loss_options(config.loss);
+  run_recipe& recipe = config.recipe;
+  apply_overrides(variant,
+                  {recipe.stepper, recipe.correlator, recipe.fusion, recipe.normalizer.normalizer, recipe.pruner,
+                   recipe.objective, config.run.updates_per_iteration, config.optimizer.lr, config.loss},
+                  {.label = variant.label, .method = variant.method});
+  recipe.normalizer.use_fusion(recipe.fusion);  // a per-reward stage fuses with the run's fusion, as in a config
   return config;
 }
 
-template <class Each>
-void run_shapes_seed(const seed_setup& setup, const compare_options& options,
-                     const std::vector<method_variant>& methods, progress& bar, Each&& each) {
-  const demo_runs::demo_options d = shapes_options(options, setup);
-  double base_reward = std::numeric_limits<double>::quiet_NaN();
-  for (const method_variant& variant : methods) {
-    auto trainer = demo_runs::make_run(shapes_config(variant, d, options.iters), d);
-    if (std::isnan(base_reward))  // the base model (LoRA B = 0), also the warm-up before the seed's first timing
-      base_reward = demo_runs::evaluate(*trainer, d).reward;
-    run_record run{.method = variant.label,
-                   .seed = setup.seed,
-                   .stats = {},
-                   .cumulative = {},
-                   .cpu_seconds = {},
-                   .eval_iterations = {0},
-                   .eval_rewards = {base_reward}};
-    while (!trainer->done()) {
-      const double cpu = process_cpu_seconds();
-      const iteration_stats stats = trainer->step();
-      run.cpu_seconds.push_back(process_cpu_seconds() - cpu);
-      run.stats.push_back(stats);
-      run.cumulative.push_back(run.total_seconds() + stats.seconds);
-      const int done = trainer->iteration();
-      if (evaluates_after(done, options.eval_every, options.iters)) {
-        run.eval_iterations.push_back(done);
-        run.eval_rewards.push_back(demo_runs::evaluate(*trainer, d).reward);
-      }
-      bar.update(run, setup.index, options.seeds, done, stats.reward_mean);
+// The shapes model (as `demo`): the demo's trainer on shapes_config.
+class shapes_run {
+ public:
+  shapes_run(const method_variant& variant, const demo_runs::demo_options& d, int iters)
+      : d_(d), trainer_(demo_runs::make_run(shapes_config(variant, d, iters), d)) {}
+
+  iteration_stats step() { return trainer_->step(); }
+  [[nodiscard]] int iteration() const { return trainer_->iteration(); }
+  [[nodiscard]] bool done() const { return trainer_->done(); }
+  double evaluate() { return demo_runs::evaluate(*trainer_, d_).reward; }
+
+ private:
+  const demo_runs::demo_options& d_;
+  std::unique_ptr<training_run> trainer_;
+};
+#endif
+
+// --- The per-seed loop -----------------------------------------------------------------------------------------------
+
+// One run trained to the end and recorded: per iteration its statistics and times, and the held-out reward after
+// every eval_every iterations and the last, from `base_reward` at iteration 0.
+template <class Run>
+run_record record_run(Run& run, const method_variant& variant, const seed_setup& setup, double base_reward,
+                      const compare_options& options, progress& bar) {
+  run_record record{.method = variant.label,
+                    .seed = setup.seed,
+                    .stats = {},
+                    .cumulative = {},
+                    .cpu_seconds = {},
+                    .eval_iterations = {0},
+                    .eval_rewards = {base_reward}};
+  while (!run.done()) {
+    const double cpu = process_cpu_seconds();
+    const iteration_stats stats = run.step();
+    record.cpu_seconds.push_back(process_cpu_seconds() - cpu);
+    record.stats.push_back(stats);
+    record.cumulative.push_back(record.total_seconds() + stats.seconds);
+    const int done = run.iteration();
+    if (evaluates_after(done, options.eval_every, options.iters)) {
+      record.eval_iterations.push_back(done);
+      record.eval_rewards.push_back(run.evaluate());
     }
-    each(std::move(run));
+    bar.update(record, setup.index, options.seeds, done, stats.reward_mean);
+  }
+  return record;
+}
+
+// Seed k: each method's run, made by start(variant) (a toy_run or a shapes_run), trained and passed to each(record)
+// in turn. Every run starts from the same base model, whose held-out reward is read once, from the first run before
+// it trains (for the shapes model also the warm-up before the seed's first timing).
+template <class Start, class Each>
+void run_seed(const seed_setup& setup, const compare_options& options, const std::vector<method_variant>& methods,
+              progress& bar, Start&& start, Each&& each) {
+  std::optional<double> base_reward;
+  for (const method_variant& variant : methods) {
+    auto run = start(variant);
+    if (!base_reward) base_reward = run.evaluate();
+    each(record_run(run, variant, setup, *base_reward, options, bar));
     ++bar.runs_done;
   }
 }
-#endif
 
-// --- Statistics over the seeds -----------------------------------------------------------------------------------
+// --- Statistics over the seeds ---------------------------------------------------------------------------------------
 
 // The t interval, or NaN everywhere when a value is not finite (a run whose reward became NaN): the summary still
 // prints, and the JSON holds null.
@@ -370,74 +348,78 @@ struct method_summary {
 
 constexpr std::array<clock_kind, 2> clocks = {clock_kind::wall, clock_kind::cpu};
 
+// The summary of one method's runs, one per seed (runs[k]: seed k), against dance's runs of the same seeds.
+// budgets[c]: the budget on clock c.
+method_summary summarize_method(const std::vector<run_record>& runs, const std::vector<run_record>& dance,
+                                const std::array<double, 2>& budgets) {
+  method_summary s;
+  s.name = runs.front().method;
+  std::vector<double> base, final_reward, gain, vs_dance, per_iter, ratio, cpu, cpu_ratio;
+  std::array<std::vector<double>, 2> at_budget, train_at_budget, equal_time, total;
+  double iterations = 0;
+  const auto cpu_per_iter = [](const run_record& run) {
+    double sum = 0;
+    for (const double c : run.cpu_seconds) sum += c;
+    return sum / static_cast<double>(run.cpu_seconds.size());
+  };
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const run_record& r = runs[k];
+    base.push_back(r.base());
+    final_reward.push_back(r.final_reward());
+    gain.push_back(r.final_reward() - r.base());
+    vs_dance.push_back(gain.back() - (dance[k].final_reward() - dance[k].base()));
+    for (std::size_t c = 0; c < clocks.size(); ++c) {
+      const double end = r.times(clocks[c]).back();
+      // At equal time: this run's final reward against dance's (same seed) when this run ended.
+      equal_time[c].push_back(r.final_reward() - heldout_at(dance[k], end, clocks[c]));
+      at_budget[c].push_back(heldout_at(r, budgets[c], clocks[c]));
+      train_at_budget[c].push_back(train_reward_at(r, budgets[c], clocks[c]));
+      total[c].push_back(end);
+    }
+    const auto n = static_cast<double>(r.stats.size());
+    per_iter.push_back(r.total_seconds() / n);
+    ratio.push_back(per_iter.back() / (dance[k].total_seconds() / static_cast<double>(dance[k].stats.size())));
+    cpu.push_back(cpu_per_iter(r));
+    cpu_ratio.push_back(cpu.back() / cpu_per_iter(dance[k]));
+    for (const iteration_stats& it : r.stats) {
+      s.evaluations += static_cast<double>(it.rollout_evaluations);
+      s.update_evaluations += static_cast<double>(it.update_evaluations);
+      s.edges += static_cast<double>(it.edges);
+      s.edges_trained += static_cast<double>(it.edges_trained);
+      s.trees_dropped += it.trees_dropped;
+    }
+    iterations += n;
+  }
+  s.base = interval_of(base);
+  s.final_reward = interval_of(final_reward);
+  s.gain = interval_of(gain);
+  s.gain_vs_dance = interval_of(vs_dance);
+  for (std::size_t c = 0; c < clocks.size(); ++c) {
+    s.at_budget[c] = interval_of(at_budget[c]);
+    s.train_at_budget[c] = interval_of(train_at_budget[c]);
+    s.equal_time[c] = interval_of(equal_time[c]);
+    s.total_seconds[c] = sample_mean(total[c]);
+  }
+  s.seconds_per_iter = interval_of(per_iter);
+  s.time_ratio = interval_of(ratio);
+  s.cpu_seconds_per_iter = interval_of(cpu);
+  s.cpu_time_ratio = interval_of(cpu_ratio);
+  s.evaluations /= iterations;
+  s.update_evaluations /= iterations;
+  s.edges /= iterations;
+  s.edges_trained /= iterations;
+  return s;
+}
+
 // runs[m][k]: method m, seed k. Method 0 is dance. budgets[c]: the budget on clock c.
 std::vector<method_summary> summarize(const std::vector<std::vector<run_record>>& runs,
                                       const std::array<double, 2>& budgets) {
   std::vector<method_summary> out;
-  const std::vector<run_record>& dance = runs.front();
-  for (const std::vector<run_record>& method : runs) {
-    method_summary s;
-    s.name = method.front().method;
-    std::vector<double> base, final_reward, gain, vs_dance, per_iter, ratio, cpu, cpu_ratio;
-    std::array<std::vector<double>, 2> at_budget, train_at_budget, equal_time, total;
-    double iterations = 0;
-    for (std::size_t k = 0; k < method.size(); ++k) {
-      const run_record& r = method[k];
-      base.push_back(r.base());
-      final_reward.push_back(r.final_reward());
-      gain.push_back(r.final_reward() - r.base());
-      vs_dance.push_back(gain.back() - (dance[k].final_reward() - dance[k].base()));
-      for (std::size_t c = 0; c < clocks.size(); ++c) {
-        const double end = r.times(clocks[c]).back();
-        // At equal time: this run's final reward against dance's (same seed) when this run ended.
-        equal_time[c].push_back(r.final_reward() - heldout_at(dance[k], end, clocks[c]));
-        at_budget[c].push_back(heldout_at(r, budgets[c], clocks[c]));
-        train_at_budget[c].push_back(train_reward_at(r, budgets[c], clocks[c]));
-        total[c].push_back(end);
-      }
-      const auto n = static_cast<double>(r.stats.size());
-      per_iter.push_back(r.total_seconds() / n);
-      ratio.push_back(per_iter.back() / (dance[k].total_seconds() / static_cast<double>(dance[k].stats.size())));
-      const auto cpu_per_iter = [](const run_record& run) {
-        double sum = 0;
-        for (const double c : run.cpu_seconds) sum += c;
-        return sum / static_cast<double>(run.cpu_seconds.size());
-      };
-      cpu.push_back(cpu_per_iter(r));
-      cpu_ratio.push_back(cpu.back() / cpu_per_iter(dance[k]));
-      for (const iteration_stats& it : r.stats) {
-        s.evaluations += static_cast<double>(it.rollout_evaluations);
-        s.update_evaluations += static_cast<double>(it.update_evaluations);
-        s.edges += static_cast<double>(it.edges);
-        s.edges_trained += static_cast<double>(it.edges_trained);
-        s.trees_dropped += it.trees_dropped;
-      }
-      iterations += n;
-    }
-    s.base = interval_of(base);
-    s.final_reward = interval_of(final_reward);
-    s.gain = interval_of(gain);
-    s.gain_vs_dance = interval_of(vs_dance);
-    for (std::size_t c = 0; c < clocks.size(); ++c) {
-      s.at_budget[c] = interval_of(at_budget[c]);
-      s.train_at_budget[c] = interval_of(train_at_budget[c]);
-      s.equal_time[c] = interval_of(equal_time[c]);
-      s.total_seconds[c] = sample_mean(total[c]);
-    }
-    s.seconds_per_iter = interval_of(per_iter);
-    s.time_ratio = interval_of(ratio);
-    s.cpu_seconds_per_iter = interval_of(cpu);
-    s.cpu_time_ratio = interval_of(cpu_ratio);
-    s.evaluations /= iterations;
-    s.update_evaluations /= iterations;
-    s.edges /= iterations;
-    s.edges_trained /= iterations;
-    out.push_back(std::move(s));
-  }
+  for (const std::vector<run_record>& method : runs) out.push_back(summarize_method(method, runs.front(), budgets));
   return out;
 }
 
-// --- Files -------------------------------------------------------------------------------------------------------
+// --- Files -----------------------------------------------------------------------------------------------------------
 
 std::string csv_number(double value) {
   if (!std::isfinite(value)) return "nan";
@@ -584,7 +566,7 @@ void write_plot(const std::filesystem::path& path, const std::vector<std::vector
   write_png(path.string(), render(chart));
 }
 
-// --- Output -----------------------------------------------------------------------------------------------------
+// --- Output ----------------------------------------------------------------------------------------------------------
 
 nlohmann::json summary_json(const std::vector<method_summary>& summaries, const compare_options& options,
                             const std::array<double, 2>& budgets) {
@@ -687,7 +669,7 @@ void print_table(const std::vector<method_summary>& summaries, const compare_opt
       << "(- dance at equal time: final reward - dance's held-out reward at the time the run ended, per seed)\n\n";
 }
 
-// --- The command --------------------------------------------------------------------------------------------------
+// --- The command -----------------------------------------------------------------------------------------------------
 
 // Bytes a run keeps per iteration (its statistics, its time, a possible evaluation): small, but the product of
 // --seeds and --iters is not.
@@ -705,7 +687,7 @@ std::vector<method_variant> compared_methods(const compare_options& options) {
     for (const std::string_view name : default_compared_methods) out.push_back(parse_method_variant(name));
   for (const std::string& entry : options.methods) {
     method_variant variant = parse_method_variant(entry);
-    with_variant(variant, [](const auto&) {});  // refuses an override the method cannot take, before any run
+    (void)make_variant_run(variant, 1.0);  // refuses an override the method cannot take, before any run
     for (const method_variant& earlier : out)
       require(earlier.label != variant.label, "--methods: '", entry, "' is listed twice");
     out.push_back(std::move(variant));
@@ -753,11 +735,10 @@ void validate(compare_options& options) {
                "the record of every iteration");
 }
 
-void run_compare(compare_options options) {
-  validate(options);
-  // Created and written once before any training (make_directory), not found unwritable when the runs are done.
-  const std::filesystem::path out = make_directory(options.out);
-  const std::vector<method_variant> methods = compared_methods(options);  // dance first
+// Every seed's run of every method: runs[m][k] is method m with seed k. Seed k starts with method k mod M, so no
+// method always runs first (or right after the base evaluation).
+std::vector<std::vector<run_record>> run_all_seeds(const compare_options& options,
+                                                   const std::vector<method_variant>& methods) {
   std::vector<std::vector<run_record>> runs(methods.size());
   progress bar{.bar = run_progress(!options.quiet, options.seeds * static_cast<int>(methods.size()) * options.iters),
                .runs_done = 0,
@@ -769,7 +750,6 @@ void run_compare(compare_options options) {
     const std::uint64_t seed = options.seed + static_cast<std::uint64_t>(k);
     const seed_setup setup{
         .index = k, .seed = seed, .order = prompt_order(toy ? toy_runs::eval_modes : 4, seed, k == 0)};
-    // Seed k starts with method k mod M, so no method always runs first (or right after the base evaluation).
     std::vector<method_variant> rotated;
     for (std::size_t j = 0; j < methods.size(); ++j)
       rotated.push_back(methods[(j + static_cast<std::size_t>(k)) % methods.size()]);
@@ -779,13 +759,27 @@ void run_compare(compare_options options) {
           methods.begin());
       runs[m].push_back(std::move(run));
     };
-    if (toy) run_toy_seed(setup, *toy_base, options, rotated, bar, keep);
+    if (toy)
+      run_seed(
+          setup, options, rotated, bar,
+          [&](const method_variant& v) { return toy_run(v, *toy_base, setup, options.iters); }, keep);
 #ifdef BRANCHGRPO_CLI_TORCH
-    else
-      run_shapes_seed(setup, options, rotated, bar, keep);
+    else {
+      const demo_runs::demo_options d = shapes_options(options, setup);
+      run_seed(
+          setup, options, rotated, bar, [&](const method_variant& v) { return shapes_run(v, d, options.iters); }, keep);
+    }
 #endif
   }
   bar.bar.clear();
+  return runs;
+}
+
+void run_compare(compare_options options) {
+  validate(options);
+  // Created and written once before any training (make_directory), not found unwritable when the runs are done.
+  const std::filesystem::path out = make_directory(options.out);
+  const std::vector<std::vector<run_record>> runs = run_all_seeds(options, compared_methods(options));  // dance first
 
   // The budget on each clock: dance's mean (over the seeds) training time for its first budget_iters iterations.
   std::array<double, 2> budgets{};

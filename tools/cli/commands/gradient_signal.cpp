@@ -134,36 +134,35 @@ method_signal measure(const method_variant& variant, const fourier_policy<host_b
                       const signal_options& options) {
   method_signal out{.label = variant.label, .band = {}, .all = {}};
   gradient_recorder recorder{.policy = base};
-  if (variant.lr) recorder.policy.set_optimizer({.lr = *variant.lr});  // no effect: nothing steps
+  // The variant's recipe and settings (method_overrides.hpp's table); its lr has no effect: nothing steps.
+  variant_run run = make_variant_run(variant, base.options().optimizer.lr);
   std::array<std::vector<std::vector<double>>, bands.size()> draws;
   std::vector<std::vector<double>> totals;
   std::array<double, bands.size()> advantage_sums{};
   std::array<std::int64_t, bands.size()> edge_counts{};
-  with_variant(variant, [&](auto recipe) {
-    mode_reward<> reward;
-    host_backend backend;
-    const sigma_schedule schedule = shifted_linear_schedule(toy_steps);
-    const prompt_schedule prompts{.prompt_count = toy_runs::eval_modes, .per_iteration = toy_trees};
-    for (int d = 0; d < options.draws; ++d) {
-      recorder.clear();
-      const training_options training{.max_batch = 64,
-                                      .seed = options.seed,
-                                      .updates_per_iteration = variant.updates.value_or(1),
-                                      .total_iterations = options.draws,
-                                      .loss = variant.loss_options({})};
-      const iteration_stats stats =
-          train_iteration(backend, recorder, reward, recipe, schedule, toy_latent_shape(), prompts(0), d, training);
-      std::vector<double> total(recorder.gradients.front().size(), 0.0);
-      for (std::size_t b = 0; b < bands.size(); ++b) {
-        draws[b].push_back(recorder.gradients[b]);
-        for (std::size_t i = 0; i < total.size(); ++i) total[i] += recorder.gradients[b][i];
-        // |w| = |A| / (trained edges) at ratio 1, the first update's.
-        advantage_sums[b] += recorder.weight_sums[b] * static_cast<double>(stats.edges_trained);
-        edge_counts[b] += recorder.edges[b];
-      }
-      totals.push_back(std::move(total));
+  mode_reward<> reward;
+  host_backend backend;
+  const sigma_schedule schedule = shifted_linear_schedule(toy_steps);
+  const prompt_schedule prompts{.prompt_count = toy_runs::eval_modes, .per_iteration = toy_trees};
+  for (int d = 0; d < options.draws; ++d) {
+    recorder.clear();
+    const training_options training{.max_batch = 64,
+                                    .seed = options.seed,
+                                    .updates_per_iteration = run.updates,
+                                    .total_iterations = options.draws,
+                                    .loss = run.loss};
+    const iteration_stats stats =
+        train_iteration(backend, recorder, reward, run.recipe, schedule, toy_latent_shape(), prompts(0), d, training);
+    std::vector<double> total(recorder.gradients.front().size(), 0.0);
+    for (std::size_t b = 0; b < bands.size(); ++b) {
+      draws[b].push_back(recorder.gradients[b]);
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] += recorder.gradients[b][i];
+      // |w| = |A| / (trained edges) at ratio 1, the first update's.
+      advantage_sums[b] += recorder.weight_sums[b] * static_cast<double>(stats.edges_trained);
+      edge_counts[b] += recorder.edges[b];
     }
-  });
+    totals.push_back(std::move(total));
+  }
   for (std::size_t b = 0; b < bands.size(); ++b) {
     out.band[b] = summarize(draws[b]);
     out.band[b].advantage = edge_counts[b] > 0 ? advantage_sums[b] / static_cast<double>(edge_counts[b]) : 0.0;
