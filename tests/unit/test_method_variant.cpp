@@ -93,6 +93,14 @@ TEST_CASE("method_variant: an override the method cannot take is one line naming
   CHECK_THROWS_WITH(make_variant_run(parse_method_variant("branch:intermediate=1"), 0.1),
                     "--methods branch:intermediate=1: intermediate needs a decoupled objective (nft, awm, "
                     "branch-nft, branch-awm)");
+  // The loss options of a transition beside an objective that trains none: the trainer's one rule, its words.
+  CHECK_THROWS_WITH(parse_method_variant("branch-nft:ratio_norm=on"),
+                    "--methods branch-nft:ratio_norm=on: ratio_norm = on with objective nft: RatioNorm normalizes a "
+                    "transition's importance ratio, and this objective has none (objective ppo only)");
+  CHECK_THROWS_WITH(parse_method_variant("awm:step_weight=noise_std"),
+                    "--methods awm:step_weight=noise_std: step_weight = noise_std with objective awm: per-step "
+                    "weights weigh denoising transitions, and this objective trains none (objective ppo only)");
+  CHECK_NOTHROW(parse_method_variant("branch:ratio_norm=on:step_weight=noise_std"));
 }
 
 TEST_CASE("method_variant: the table applies to any view of a run's components and settings", "[method_variant]") {

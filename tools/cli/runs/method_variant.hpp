@@ -82,13 +82,14 @@ inline method_variant parse_method_variant(std::string_view entry) {
     if (!read_override(out, key, std::string(part.substr(equals + 1)), what, entry))
       fail("--methods: unknown key '", key, "' in '", entry, "' (expected ", name_list(override_keys()), ")");
   }
-  // RatioNorm and the per-step weights act on a transition's ratio, which a decoupled objective has not.
-  const bool decoupled = std::find(decoupled_method_names.begin(), decoupled_method_names.end(), out.method) !=
-                         decoupled_method_names.end();
-  if (decoupled &&
-      (out.ratio_norm.value_or(false) || out.step_weight.value_or(step_weighting::none) != step_weighting::none))
-    fail("--methods ", entry, ": ratio_norm and step_weight act on a transition's importance ratio, and ", out.method,
-         " trains a decoupled objective, which has none");
+  // The loss options that act on a transition, beside an objective that trains none: the trainer's one rule.
+  const any_objective objective = with_method(out.method, [](auto r) { return any_objective{r.objective}; });
+  const std::string conflict =
+      transition_option_conflict(objective,
+                                 ppo_options{.ratio_norm = out.ratio_norm.value_or(false),
+                                             .step_weight = out.step_weight.value_or(step_weighting::none)},
+                                 option_spelling::cpp);
+  require(conflict.empty(), "--methods ", entry, ": ", conflict);
   return out;
 }
 
