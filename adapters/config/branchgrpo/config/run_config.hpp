@@ -37,6 +37,7 @@
 
 #include "branchgrpo/advantage/catalog.hpp"
 #include "branchgrpo/advantage/per_reward.hpp"
+#include "branchgrpo/config/reward_table.hpp"
 #include "branchgrpo/config/toml_reader.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
@@ -176,8 +177,8 @@ struct lora_section {
   friend bool operator==(const lora_section&, const lora_section&) = default;
 };
 
-/// One [[rewards]] entry: a reward by name, its weight in the sum, and its own parameters (numbers, strings or
-/// booleans, checked by the reward when it is built).
+/// One [[rewards]] entry: a reward by name (one of reward_names: reward_table.hpp), its weight in the sum, and its
+/// own parameters (numbers, strings or booleans, checked as reward_table declares them when the reward is built).
 struct reward_entry {
   std::string name;
   double weight = 1.0;
@@ -216,11 +217,6 @@ struct eval_section {
   [[nodiscard]] bool enabled() const { return !embeddings.empty(); }
   friend bool operator==(const eval_section&, const eval_section&) = default;
 };
-
-/// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment", "torchscript", "remote"
-/// and "vlm_judge" score images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
-inline constexpr std::array<std::string_view, 7> reward_names = {
-    "alignment", "jpeg_compressibility", "jpeg_incompressibility", "smoothness", "torchscript", "remote", "vlm_judge"};
 
 /// A whole run. Defaults: the shipped shapes model, BranchGRPO's dense tree (the branch method), LoRA rank 16.
 struct run_config {
