@@ -392,16 +392,21 @@ endif()
 
 # --- `branchgrpo train / sample / demo` (docs/config.md, docs/cli.md) -----------------------------------------------
 # The run configuration (branchgrpo::config) is torch-free but reads TOML with toml++: test_run_config builds only
-# where that target exists.
+# where that target exists; so does test_reward_table (the reward table, adapters/config/.../reward_table.hpp).
 if(TARGET test_run_config)
   target_compile_definitions(test_run_config PRIVATE BRANCHGRPO_EXAMPLES_DIR="${PROJECT_SOURCE_DIR}/examples")
-  if(TARGET branchgrpo::config)
-    target_link_libraries(test_run_config PRIVATE branchgrpo::config)
-  else()
-    set_target_properties(test_run_config PROPERTIES EXCLUDE_FROM_ALL ON)
-    set_tests_properties(test_run_config PROPERTIES DISABLED ON)
-  endif()
 endif()
+foreach(name IN ITEMS test_run_config test_reward_table)
+  if(NOT TARGET ${name})
+    continue()
+  endif()
+  if(TARGET branchgrpo::config)
+    target_link_libraries(${name} PRIVATE branchgrpo::config)
+  else()
+    set_target_properties(${name} PROPERTIES EXCLUDE_FROM_ALL ON)
+    set_tests_properties(${name} PROPERTIES DISABLED ON)
+  endif()
+endforeach()
 
 # `branchgrpo pretrain` (built with branchgrpo::app): a 2-step run writes every file; errors are one line.
 if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)

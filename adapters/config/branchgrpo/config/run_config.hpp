@@ -37,6 +37,7 @@
 
 #include "branchgrpo/advantage/catalog.hpp"
 #include "branchgrpo/advantage/per_reward.hpp"
+#include "branchgrpo/config/reward_table.hpp"
 #include "branchgrpo/config/toml_reader.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/correlator/catalog.hpp"
@@ -264,8 +265,8 @@ struct lora_section {
   }
 };
 
-/// One [[rewards]] entry: a reward by name, its weight in the sum, and its own parameters (numbers, strings or
-/// booleans, checked by the reward when it is built).
+/// One [[rewards]] entry: a reward by name (one of reward_names: reward_table.hpp), its weight in the sum, and its
+/// own parameters (numbers, strings or booleans, checked as reward_table declares them when the reward is built).
 struct reward_entry {
   std::string name;
   double weight = 1.0;
@@ -340,11 +341,6 @@ struct eval_section {
         parameter("ema", &self::ema, "the EMA's weights when the run keeps one").written_if(on)};
   }
 };
-
-/// Reward names a config may use (adapters/torch rewards; see docs/config.md). "alignment", "torchscript", "remote"
-/// and "vlm_judge" score images or videos, as the model makes; the jpeg rewards score images, "smoothness" videos.
-inline constexpr std::array<std::string_view, 7> reward_names = {
-    "alignment", "jpeg_compressibility", "jpeg_incompressibility", "smoothness", "torchscript", "remote", "vlm_judge"};
 
 /// Calls `body(std::type_identity<Section>{}, "name")` for each section of a run config described by its
 /// parameters(), in the order of the canonical text: model, data, rollout, loss, optimizer, lora, run, eval. The
