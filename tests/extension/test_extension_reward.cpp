@@ -1,5 +1,6 @@
-// The reward table's build side (tools/app/branchgrpo/app/reward_builds.hpp): a toy reward added as one
-// reward_table entry and one reward_builder, built, checked and refused through the same path as the shipped ones.
+// docs/extending.md, "A reward": a toy reward added through exactly the page's steps, one reward_table entry
+// (torch-free) and one reward_builder (tools/app/branchgrpo/app/reward_builds.hpp), here in this file as a user's
+// own lists; built, checked and refused through the same path as the shipped ones.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
