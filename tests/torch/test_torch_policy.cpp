@@ -551,3 +551,27 @@ TEST_CASE("policy: float32 master weights keep updates that bfloat16 weights los
   CHECK(torch::equal(mixed.lora_b.detach(), plain_before[1]));
   CHECK(torch::equal(masters.master_parameters()[1], plain_before[1].to(torch::kFloat32)));
 }
+
+static_assert(gradient_modes::GradientMode<gradient_modes::replicated>);
+static_assert(gradient_modes::ShardedGradientMode<gradient_modes::zero1<single_process>, single_process> &&
+              gradient_modes::ShardedGradientMode<gradient_modes::zero2<single_process>, single_process>);
+static_assert(!gradient_modes::ShardedGradientMode<gradient_modes::replicated, single_process>);
+
+TEST_CASE("policy: the gradient mode is chosen once, from options.sharding; one rank steps alike in every mode",
+          "[torch][policy][sharding]") {
+  torch_backend backend{.device = torch::kCPU, .dtype = torch::kFloat64};
+  const auto edges = make_edges(backend, 3);
+  const std::vector<double> w{0.7, -1.3, 0.4};
+  std::vector<torch::Tensor> stepped;
+  for (const sharding_mode mode : {sharding_mode::none, sharding_mode::optimizer, sharding_mode::gradients}) {
+    auto model = tiny_velocity_model::make(4, 8, 2, torch::kFloat64, false, 2);
+    autograd_policy policy(model, backend, {.optimizer = {.lr = 1e-2}, .sharding = {.mode = mode}});
+    CHECK(policy.mode().index() == static_cast<std::size_t>(mode));  // replicated, zero1, zero2
+    CHECK(policy.sharded() == (mode != sharding_mode::none));
+    policy.accumulate(edges, [&](std::span<const double>) { return w; });
+    CHECK(policy.apply_update().rows == 3);
+    if (stepped.empty()) stepped = {model.lora_a.detach().clone(), model.lora_b.detach().clone()};
+    CHECK(torch::equal(model.lora_a, stepped[0]));
+    CHECK(torch::equal(model.lora_b, stepped[1]));
+  }
+}

@@ -47,8 +47,8 @@ inline std::vector<std::pair<std::string, torch::Tensor>> named_pieces(const std
 ///   float32 masters), state {adamw.exp_avg.w, ..., adamw.step.b = {1}, ema.w, ema.b}: what the one-rank
 ///   unsharded policy in the same place returns.
 /// @pre names.size() == policy.parameters().size(); sharded, every rank calls it (a collective).
-template <class Model>
-policy_state policy_state_tensors(autograd_policy<Model>& policy, const std::vector<std::string>& names) {
+template <class Model, class C>
+policy_state policy_state_tensors(autograd_policy<Model, C>& policy, const std::vector<std::string>& names) {
   require(names.size() == policy.parameters().size(), "policy_state_tensors got ", names.size(), " names for ",
           policy.parameters().size(), " trainable tensors");
   const bool ema = policy.options().optimizer.ema_decay > 0;
@@ -99,8 +99,8 @@ policy_state policy_state_tensors(autograd_policy<Model>& policy, const std::vec
 /// policy of any world size and sharding); sharded, each rank keeps its pieces.
 /// @pre every name has its weight; AdamW's state wholly there or wholly absent (check_adamw_state); with an EMA,
 ///      every ema.<name> (else invalid_input naming it). No collective.
-template <class Model>
-void load_policy_state(autograd_policy<Model>& policy, const std::vector<std::string>& names,
+template <class Model, class C>
+void load_policy_state(autograd_policy<Model, C>& policy, const std::vector<std::string>& names,
                        const std::map<std::string, torch::Tensor>& weights,
                        const std::map<std::string, torch::Tensor>& state) {
   require(names.size() == policy.parameters().size(), "load_policy_state got ", names.size(), " names for ",
@@ -168,8 +168,8 @@ inline const torch::optim::AdamWParamState* adamw_state_of(torch::optim::AdamW& 
 /// Example: tensors w [4, 8], b [17] on 2 ranks after 3 updates -> {total 49, shards 2, step 3, tensors
 ///   {w 0 [4, 8], b 32 [17]}}.
 /// @pre policy.sharded(); names.size() == policy.parameters().size() (else invalid_input).
-template <class Model>
-checkpoint_layout policy_layout(autograd_policy<Model>& policy, const std::vector<std::string>& names) {
+template <class Model, class C>
+checkpoint_layout policy_layout(autograd_policy<Model, C>& policy, const std::vector<std::string>& names) {
   require(policy.sharded() && names.size() == policy.parameters().size(), "policy_layout needs a sharded policy and ",
           policy.parameters().size(), " names, got ", names.size());
   checkpoint_layout layout{
@@ -196,8 +196,8 @@ checkpoint_layout policy_layout(autograd_policy<Model>& policy, const std::vecto
 /// and "adamw.exp_avg_sq" (after a step), "ema" (with an EMA), each 1-D of shard().count() elements. No collective.
 /// Example: rank 1 of 2 with the layout of policy_layout's example -> each kind [24] (b's last 24 elements).
 /// @pre policy.sharded(); `layout` is policy_layout(policy, ...) (its step says whether the moments are there).
-template <class Model>
-std::map<std::string, torch::Tensor> policy_shard_tensors(autograd_policy<Model>& policy,
+template <class Model, class C>
+std::map<std::string, torch::Tensor> policy_shard_tensors(autograd_policy<Model, C>& policy,
                                                           const checkpoint_layout& layout) {
   require(policy.sharded(), "policy_shard_tensors needs a sharded policy");
   const torch::TensorOptions options =
@@ -225,8 +225,8 @@ std::map<std::string, torch::Tensor> policy_shard_tensors(autograd_policy<Model>
 /// tensors. A collective: every rank calls it.
 /// @pre range covers exactly this rank's shard, and its layout names the policy's tensors in order with their
 ///      shapes (else invalid_input naming the first that differs); with an EMA, range holds "ema".
-template <class Model>
-void load_policy_shard(autograd_policy<Model>& policy, const std::vector<std::string>& names,
+template <class Model, class C>
+void load_policy_shard(autograd_policy<Model, C>& policy, const std::vector<std::string>& names,
                        const checkpoint_range& range) {
   require(policy.sharded(), "load_policy_shard needs a sharded policy");
   require(range.lo == policy.shard().lo && range.hi == policy.shard().hi, "load_policy_shard got range [", range.lo,

@@ -50,6 +50,7 @@
 #include "branchgrpo/app/remote_reward.hpp"
 #include "branchgrpo/app/reward_builds.hpp"
 #include "branchgrpo/app/rewards.hpp"
+#include "branchgrpo/app/run_group.hpp"
 #include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/run_model.hpp"
 #include "branchgrpo/app/shapes.hpp"
@@ -197,6 +198,8 @@ class run_denoiser {
 
 /// The run's velocity model: its denoiser under classifier-free guidance (model.guidance_scale; 1 = one pass).
 using run_velocity_model = classifier_free_guidance<run_denoiser>;
+/// The run's policy: over its model, for its group (run_group: whatever communicator drives the run).
+using run_policy = autograd_policy<run_velocity_model, run_group>;
 
 /// The tree key of held-out (evaluation / sample) roots: far from the rollout's tree keys 0, 1, ... so that
 /// evaluation never reuses a training draw.
@@ -235,7 +238,8 @@ class training_run {
         reward_(std::move(reward)),
         schedule_(config_.schedule()),
         backend_{.device = run_device(config_), .dtype = run_dtype(config_)},
-        recipe_(config_.recipe) {
+        recipe_(config_.recipe),
+        group_(communicator) {
     require((model_.transformer != nullptr) != model_.is_video(), "training_run needs one transformer");
     require(!model_.prompts.empty() && static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.size(),
             "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.size(), " embedding rows");
@@ -268,7 +272,7 @@ class training_run {
     denoiser_ = std::make_unique<run_velocity_model>(
         std::move(denoiser),
         classifier_free_guidance_options{.scale = config_.model.guidance_scale, .negative_rows = negative_rows});
-    policy_ = std::make_unique<autograd_policy<run_velocity_model>>(
+    policy_ = std::make_unique<run_policy>(
         *denoiser_, backend_,
         autograd_policy_options{
             .optimizer = config_.optimizer,
@@ -276,7 +280,7 @@ class training_run {
             .master_weights = config_.model.master_weights,
             .autocast_dtype = backend_.dtype == torch::kFloat16 ? torch::kFloat16 : torch::kBFloat16,
             .sharding = config_.sharding},
-        communicator);
+        group_);
     if (config_.eval.enabled()) {
       require(!model_.heldout.empty(), config_.source, ": eval.embeddings = \"", config_.eval.embeddings,
               "\": the run model holds no held-out prompts (load it with load_run_model)");
@@ -675,7 +679,7 @@ class training_run {
   [[nodiscard]] const run_config& config() const { return config_; }
   [[nodiscard]] const run_model& model() const { return model_; }
   [[nodiscard]] const sigma_schedule& schedule() const { return schedule_; }
-  [[nodiscard]] autograd_policy<run_velocity_model>& policy() { return *policy_; }
+  [[nodiscard]] run_policy& policy() { return *policy_; }
   [[nodiscard]] std::vector<std::pair<std::string, torch::Tensor>> trainable() {
     return named_trainable(model_.network());
   }
@@ -717,8 +721,8 @@ class training_run {
   // a sharded one as it is: its swap is a collective the other ranks would not join while this rank unwinds, and the
   // run is ending with the failure. No exception leaves the destructor.
   struct ema_swap {
-    autograd_policy<run_velocity_model>* policy;
-    explicit ema_swap(autograd_policy<run_velocity_model>* p) : policy(p) {
+    run_policy* policy;
+    explicit ema_swap(run_policy* p) : policy(p) {
       if (policy) policy->swap_ema();
     }
     void restore() {
@@ -762,7 +766,8 @@ class training_run {
   torch_backend backend_;
   run_recipe recipe_;
   std::unique_ptr<run_velocity_model> denoiser_;
-  std::unique_ptr<autograd_policy<run_velocity_model>> policy_;
+  run_group group_;  // the communicator the policy's collectives go over (it outlives the run)
+  std::unique_ptr<run_policy> policy_;
   int iteration_ = 0;
   std::map<std::string, double> last_components_;
   std::int64_t last_tree_count_ = 0;
