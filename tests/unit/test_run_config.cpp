@@ -794,6 +794,8 @@ TEST_CASE("sections are described once: the same rules for a config and for C++,
   // A section built in C++ is checked by the rules its TOML is read with (core/parameters.hpp).
   CHECK_THROWS_WITH(bg::validate_parameters(bg::model_section{.dtype = "half"}, "model"),
                     "model.dtype = \"half\": must be float32, bfloat16 or float16");
+  CHECK(error_of("[model]\nconfig = \"pro\"\n") ==
+        "run.toml: model.config = 'pro': must be \"\", dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b or wan-tiny");
   CHECK(error_of("[model]\ndtype = \"half\"\n") ==
         "run.toml: model.dtype = 'half': must be float32, bfloat16 or float16");
   CHECK_THROWS_WITH(bg::validate_parameters(bg::lora_section{.targets = {"attn"}}, "lora"),

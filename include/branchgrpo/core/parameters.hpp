@@ -9,6 +9,7 @@
 // A rule is a small struct with `std::string why(const Value&) const` ("" when the value obeys it, else the reason,
 // worded to follow "<key> = <value>: ") and `std::string text() const` (the constraint for tables, "" for none).
 // Enumerations name their values through `enum_choices(E{})`, found by argument-dependent lookup.
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -206,8 +207,9 @@ struct above_up_to {
   std::string text() const { return "(" + number_bound_text(low) + ", " + number_bound_text(high) + "]"; }
 };
 
-/// A string that is one of `names`. Example: one_of_names{.names = dtypes}.why("half") == "must be float32,
-///   bfloat16 or float16" with dtypes = {"float32", "bfloat16", "float16"}.
+/// A string that is one of `names` (the empty name shown as ""). Example: one_of_names{.names = dtypes}.why("half")
+///   == "must be float32, bfloat16 or float16" with dtypes = {"float32", "bfloat16", "float16"}; with names
+///   {"", "dev"}, why("x") == "must be \"\" or dev".
 struct one_of_names {
   std::span<const std::string_view> names;
   std::string why(const std::string& value) const {
@@ -215,7 +217,11 @@ struct one_of_names {
       if (name == value) return {};
     return "must be " + text();
   }
-  std::string text() const { return name_list(names); }
+  std::string text() const {
+    std::vector<std::string_view> shown(names.begin(), names.end());
+    std::replace(shown.begin(), shown.end(), std::string_view(), std::string_view("\"\""));
+    return name_list(shown);
+  }
 };
 
 /// A non-empty string.

@@ -238,8 +238,8 @@ edge_batch<Tensor> matching_batch(const rollout_tree& forest, std::span<const ma
 /// samples (matching_rows), split into updates_per_iteration optimizer steps and chunks of max_batch Gaussian rows
 /// of one step; every chunk's noised samples and targets, and the sampling policy's velocity where the objective
 /// uses it, are made before the first optimizer step; then the objective's accumulate_matching on each chunk.
-/// Example: diffusion_nft on 2 trees of 4 leaves, times_per_sample 1 -> 8 rows, evaluations 8 (v_old) + 16
-///   (two rows per sample) (tests/unit/test_objective.cpp).
+/// Example: 4 trees of 16 leaves, times_per_sample 1, 2 steps -> 64 rows; NFT's evaluations 64 (v_old) + 128 (two
+///   rows a sample), AWM's 64 (lp_old) + 64 (tests/unit/test_objective.cpp, "decoupled methods train ...").
 /// @pre objective valid (validate_parameters); at least one kept tree.
 /// @post the policy took min(updates_per_iteration, rows) optimizer steps; report.rows == rows of all ranks.
 template <MatchingObjective O, Backend B, Policy<B> Model, Stepper S, Communicator Comm>

@@ -842,9 +842,10 @@ void add_compare_command(CLI::App& app) {
       ->type_name("DIR")
       ->capture_default_str();
   add_text_list(compare, "--methods", options->methods,
-                "Methods to compare, comma-separated, each a name with optional :key=value overrides (scope, s, "
-                "fusion, updates, lr; e.g. branch:scope=per_batch); dance is always included, first (default: "
-                "dance, branch, branch-widpru, branch-deppru, branch-mix)");
+                "Methods to compare, comma-separated, each a name with optional :key=value overrides (" +
+                    name_list(override_keys(), ", ") +
+                    "; e.g. branch:scope=per_batch); dance is always included, first (default: dance, branch, "
+                    "branch-widpru, branch-deppru, branch-mix)");
   compare->add_flag("--json", options->json, "One JSON object keyed by method, nothing else");
   compare->add_flag("--quiet", options->quiet, "No progress bar");
 #ifdef BRANCHGRPO_CLI_TORCH
