@@ -11,6 +11,7 @@
 
 #include "branchgrpo/branchgrpo.hpp"
 #include "branchgrpo/toy.hpp"
+#include "toy_iteration.hpp"
 
 using namespace branchgrpo;
 
@@ -78,11 +79,7 @@ static_assert(my_objectives::names.back() == "reinforce");
 template <class Recipe>
 std::vector<double> parameters_after_one_iteration(Recipe recipe, iteration_stats* stats = nullptr) {
   auto policy = make_toy_policy(7);
-  mode_reward<> reward;
-  host_backend backend;
-  const std::vector<std::int64_t> prompts = {0, 1, 2, 3};
-  const iteration_stats done = train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20),
-                                               toy_latent_shape(), prompts, 0, training_options{.seed = 5});
+  const iteration_stats done = testing::one_toy_iteration(recipe, policy);
   if (stats) *stats = done;
   return {policy.parameters().begin(), policy.parameters().end()};
 }

@@ -11,6 +11,7 @@
 
 #include "branchgrpo/branchgrpo.hpp"
 #include "branchgrpo/toy.hpp"
+#include "toy_iteration.hpp"
 
 using namespace branchgrpo;
 
@@ -53,11 +54,7 @@ TEST_CASE("extension: a toy fusion through one list entry is chosen by name and 
   const auto base = branch_method();
   method recipe{base.topology, base.stepper, base.correlator, chosen, base.normalizer, base.pruner, base.objective};
   auto policy = make_toy_policy(7);
-  mode_reward<> reward;
-  host_backend backend;
-  const std::vector<std::int64_t> prompts = {0, 1, 2, 3};
-  const iteration_stats stats = train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20),
-                                                toy_latent_shape(), prompts, 0, training_options{.seed = 5});
+  const iteration_stats stats = testing::one_toy_iteration(recipe, policy);
   CHECK(stats.edges_trained == 218 * 4);
   CHECK(std::isfinite(stats.loss));
 }

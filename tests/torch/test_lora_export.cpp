@@ -111,7 +111,7 @@ TEST_CASE("a fused adapter split by rows with A shared is exact; the scale folds
                       x = torch::randn({5, hidden}, torch::kFloat64);
   const double alpha = 6;
   const torch::Tensor fused = torch::linear(x, w + alpha / rank * torch::matmul(b, a));
-  const auto exported = export_lora_tensors({{"double_blocks.0.img_attn.qkv", {.down = a, .up = b}}}, lora_family::flux,
+  const auto exported = export_lora_tensors({{"double_blocks.0.img_attn.qkv", {.down = a, .up = b}}}, flux_spec,
                                             lora_export_format::diffusers, alpha, std::nullopt);
   REQUIRE(exported.size() == 6);
   const char* names[] = {"to_q", "to_k", "to_v"};
@@ -124,19 +124,19 @@ TEST_CASE("a fused adapter split by rows with A shared is exact; the scale folds
     const torch::Tensor part = torch::linear(x, w.narrow(0, i * hidden, hidden) + torch::matmul(up, down));
     CHECK(torch::allclose(part, fused.narrow(1, i * hidden, hidden), 1e-12, 1e-12));
   }
-  const auto kohya = export_lora_tensors({{"double_blocks.0.img_attn.qkv", {.down = a, .up = b}}}, lora_family::flux,
+  const auto kohya = export_lora_tensors({{"double_blocks.0.img_attn.qkv", {.down = a, .up = b}}}, flux_spec,
                                          lora_export_format::kohya, alpha, torch::kFloat32);
   CHECK(torch::equal(kohya.at("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"), b.to(torch::kFloat32)));
   CHECK(kohya.at("lora_unet_double_blocks_0_img_attn_qkv.alpha").item<double>() == alpha);
   CHECK(kohya.at("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight").scalar_type() == torch::kFloat32);
-  CHECK_THROWS_WITH(check_lora_export_format(lora_family::wan, lora_export_format::kohya),
+  CHECK_THROWS_WITH(check_lora_export_format(wan_spec, lora_export_format::kohya),
                     "--format kohya: Wan models export as diffusers or comfyui");
 }
 
 TEST_CASE("the norm_out swap and the merge") {
   const torch::Tensor a = torch::ones({1, 2}), b = torch::tensor({{1.0f}, {2.0f}, {3.0f}, {4.0f}});
-  const auto exported = export_lora_tensors({{"final_layer.adaLN_modulation.1", {.down = a, .up = b}}},
-                                            lora_family::flux, lora_export_format::diffusers, 1, std::nullopt);
+  const auto exported = export_lora_tensors({{"final_layer.adaLN_modulation.1", {.down = a, .up = b}}}, flux_spec,
+                                            lora_export_format::diffusers, 1, std::nullopt);
   CHECK(torch::equal(exported.at("transformer.norm_out.linear.lora_B.weight").flatten(),
                      torch::tensor({3.0f, 4.0f, 1.0f, 2.0f})));
   // lora.hpp's example: W = [[1, 2]], A = [[1, 1]], B = [[0.5]], alpha 2, rank 1 -> [[2, 3]].
@@ -150,7 +150,7 @@ TEST_CASE("the norm_out swap and the merge") {
 TEST_CASE("a pending stop ends the export and the merge before their first layer") {
   const torch::Tensor a = torch::ones({1, 2}), b = torch::ones({4, 1});
   branchgrpo::request_stop(SIGTERM);
-  CHECK_THROWS_WITH(export_lora_tensors({{"final_layer.adaLN_modulation.1", {.down = a, .up = b}}}, lora_family::flux,
+  CHECK_THROWS_WITH(export_lora_tensors({{"final_layer.adaLN_modulation.1", {.down = a, .up = b}}}, flux_spec,
                                         lora_export_format::diffusers, 1, std::nullopt),
                     "stopped by SIGTERM during the LoRA export");
   CHECK_THROWS_WITH(

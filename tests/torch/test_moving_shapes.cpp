@@ -131,7 +131,7 @@ TEST_CASE("a training run of a Wan model on video latents: rollout, rewards, upd
                           .patch = {1, 4, 4}};
   torch::manual_seed(0);
   run_model model;
-  model.video_transformer = std::make_shared<wan_transformer>(config);
+  model.hold<wan_family>(std::make_shared<wan_transformer>(config));
   model.prompts = {"a red square moving right", "a blue circle moving up"};
   model.embeddings = shapes_word_embeddings(model.prompts, config.text_dim, config.text_dim);
   model.shape = latent_shape{{3, 4, 8, 8}};

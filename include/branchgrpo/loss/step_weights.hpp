@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,7 +25,6 @@ namespace branchgrpo {
 enum class step_weighting { none, inverse_dt, noise_std, equal_steps };
 
 /// The names configs use, in enum order.
-inline constexpr std::string_view step_weighting_names[] = {"none", "inverse_dt", "noise_std", "equal_steps"};
 inline constexpr std::array<enum_choice<step_weighting>, 4> step_weighting_choices = {
     {{"none", step_weighting::none},
      {"inverse_dt", step_weighting::inverse_dt},
@@ -32,21 +32,29 @@ inline constexpr std::array<enum_choice<step_weighting>, 4> step_weighting_choic
      {"equal_steps", step_weighting::equal_steps}}};
 constexpr const auto& enum_choices(step_weighting) { return step_weighting_choices; }
 
+namespace detail {
+/// "none, inverse_dt, noise_std or equal_steps".
+inline std::string step_weighting_list() {
+  std::vector<std::string_view> names;
+  for (const auto& choice : step_weighting_choices) names.push_back(choice.name);
+  return name_list(names);
+}
+}  // namespace detail
+
 /// Example: step_weighting_name(step_weighting::inverse_dt) == "inverse_dt".
 /// @pre mode is one of the enumerators (else invalid_input naming its number).
 inline std::string_view step_weighting_name(step_weighting mode) {
-  const auto index = static_cast<std::size_t>(mode);
-  require(index < std::size(step_weighting_names), "ppo step_weight ", index,
-          " is not none, inverse_dt, noise_std or equal_steps");
-  return step_weighting_names[index];
+  for (const auto& choice : step_weighting_choices)
+    if (choice.value == mode) return choice.name;
+  fail("ppo step_weight ", static_cast<std::size_t>(mode), " is not ", detail::step_weighting_list());
 }
 
 /// Example: parse_step_weighting("noise_std") == step_weighting::noise_std; parse_step_weighting("dt") throws
 ///   "ppo step_weight \"dt\" is not none, inverse_dt, noise_std or equal_steps".
 inline step_weighting parse_step_weighting(std::string_view name) {
-  for (std::size_t i = 0; i < std::size(step_weighting_names); ++i)
-    if (name == step_weighting_names[i]) return static_cast<step_weighting>(i);
-  fail("ppo step_weight \"", name, "\" is not none, inverse_dt, noise_std or equal_steps");
+  for (const auto& choice : step_weighting_choices)
+    if (choice.name == name) return choice.value;
+  fail("ppo step_weight \"", name, "\" is not ", detail::step_weighting_list());
 }
 
 /// GRPO-Guard's gradient reweighting of step t: 1 / dt with dt = sigma_t - sigma_{t+1}. The transition mean moves

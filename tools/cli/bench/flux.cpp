@@ -126,28 +126,23 @@ void run_flux_iteration_bench(const bench_options& options) {
     const latent_shape shape{dims};
     require_rollout_fits(options, nodes, shape, device);
     // One transformer with random weights, shared by every variant; each trains its own adapters (lora_slots).
-    torch::manual_seed(options.seed);
-    const auto start = bench_clock::now();
-    auto transformer = std::make_shared<flux_transformer>(config);
-    transformer->to(device, dtype);
-    transformer->set_gradient_checkpointing(options.gradient_checkpointing);
-    add_lora(*transformer, bench_lora(options));
-    const auto on_device = torch::TensorOptions().device(device);
-    const prompt_embeddings embeddings{
-        .context = torch::randn({options.prompts, options.text_tokens, config.context_in}).to(on_device),
-        .pooled = torch::randn({options.prompts, config.vec_in}).to(on_device)};
-    auto denoiser = std::make_shared<flux_denoiser>(transformer, embeddings);
-    auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), started.variants);
-    synchronize(device);
-    const double setup = seconds_since(start);
+    const auto shared =
+        make_shared_bench_model<flux_transformer>(options, started, config, [&](const auto& transformer) {
+          const auto on_device = torch::TensorOptions().device(device);
+          const prompt_embeddings embeddings{
+              .context = torch::randn({options.prompts, options.text_tokens, config.context_in}).to(on_device),
+              .pooled = torch::randn({options.prompts, config.vec_in}).to(on_device)};
+          return std::make_shared<flux_denoiser>(transformer, embeddings);
+        });
+    const double setup = shared.setup_seconds;
     const double flops = flux_forward_flops(config, image_tokens(shape), options.text_tokens);
     about << "flux: random " << options.flux_config << " weights ("
-          << static_cast<double>(parameter_count(*transformer)) / 1e9 << " B parameters with LoRA rank "
+          << static_cast<double>(parameter_count(*shared.transformer)) / 1e9 << " B parameters with LoRA rank "
           << options.lora_rank << "), latent " << dims[0] << " x " << dims[1] << " x " << dims[2] << " ("
           << image_tokens(shape) << " image + " << options.text_tokens << " text tokens), " << options.device << ' '
           << options.dtype << (options.gradient_checkpointing ? ", gradient checkpointing" : "")
           << "; reward -mean(x^2); " << flops / 1e12 << " TFLOP per forward row; set-up " << setup << " s\n";
-    const auto make_model = [&](std::size_t v) { return flux_bench_model(denoiser, backend, slots, v); };
+    const auto make_model = [&](std::size_t v) { return shared.variant(backend, v); };
     runs = run_harness<torch_backend>(options, make_model, latent_energy_reward{}, shape, options.prompts, hook);
     for (variant_run& run : runs) run.forward_flops = flops;
   }

@@ -7,6 +7,7 @@
 //   lora_slots                                     several variants' LoRA values on one shared transformer
 //   lora_bench_model<Denoiser>                     one variant's Policy<torch_backend>, synchronized per call
 //   bench_lora(options)                            the adapters every bench trains (attention and MLP)
+//   make_shared_bench_model<T>(options, ...)       a random-weights bench's one transformer, denoiser and slots
 //   latent_energy_reward                           -mean(x^2) of the leaf latents (no decoder, no reward model)
 //   peak_memory_hook                               the CUDA caching allocator's peak over each iteration
 //   parameter_count(module)                        the module's parameters with its adapters
@@ -177,6 +178,40 @@ inline lora_options bench_lora(const bench_options& options) {
           .modulation = false,
           .embedding = false,
           .seed = options.seed};
+}
+
+/// What a random-weights bench (flux, wan) builds once and every variant shares: the transformer of `config`
+/// (seeded by --seed, in --dtype on --device, gradient checkpointing as asked, LoRA as bench_lora), its denoiser
+/// (`make_denoiser(transformer)`, which draws the random prompts), the variants' LoRA slots, and the set-up time.
+template <class Transformer, class Denoiser>
+struct shared_bench_model {
+  std::shared_ptr<Transformer> transformer;
+  std::shared_ptr<Denoiser> denoiser;
+  std::shared_ptr<lora_slots> slots;
+  double setup_seconds = 0;
+
+  /// Variant `v`'s Policy<torch_backend> over the shared transformer.
+  [[nodiscard]] lora_bench_model<Denoiser> variant(const torch_backend& backend, std::size_t v) const {
+    return lora_bench_model<Denoiser>(denoiser, backend, slots, v);
+  }
+};
+template <class Transformer, class Config, class MakeDenoiser>
+auto make_shared_bench_model(const bench_options& options, const torch_bench_setup& started, const Config& config,
+                             MakeDenoiser&& make_denoiser) {
+  torch::manual_seed(options.seed);
+  const auto start = bench_clock::now();
+  auto transformer = std::make_shared<Transformer>(config);
+  transformer->to(started.device, started.dtype);
+  transformer->set_gradient_checkpointing(options.gradient_checkpointing);
+  add_lora(*transformer, bench_lora(options));
+  auto denoiser = make_denoiser(transformer);
+  auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), started.variants);
+  synchronize(started.device);
+  return shared_bench_model<Transformer, typename decltype(denoiser)::element_type>{
+      .transformer = std::move(transformer),
+      .denoiser = std::move(denoiser),
+      .slots = std::move(slots),
+      .setup_seconds = seconds_since(start)};
 }
 
 /// -mean(x^2) per leaf latent: a random transformer has no decoder, and a real reward model's cost is not what

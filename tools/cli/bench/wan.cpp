@@ -52,7 +52,6 @@ void run_wan_iteration_bench(const bench_options& options) {
   const torch_bench_setup started = start_torch_bench(options);
   const std::int64_t nodes = started.nodes;
   const torch::Device& device = started.device;
-  const torch::Dtype dtype = started.dtype;
   const torch_backend& backend = started.backend;
   const wan_config config = options.model == "wan" ? wan_config::t2v_1_3b() : wan_bench_tiny_config();
   const std::array<std::int64_t, 4> dims = bench_latent(options, config);
@@ -60,29 +59,23 @@ void run_wan_iteration_bench(const bench_options& options) {
   require_rollout_fits(options, nodes, shape, device);
 
   // One transformer with random weights, shared by every variant; each trains its own adapters (lora_slots).
-  torch::manual_seed(options.seed);
-  const auto start = bench_clock::now();
-  auto transformer = std::make_shared<wan_transformer>(config);
-  transformer->to(device, dtype);
-  transformer->set_gradient_checkpointing(options.gradient_checkpointing);
-  add_lora(*transformer, bench_lora(options));
   // Every prompt padded to text_len by the model: random features of that length, the cost of any prompt.
-  const torch::Tensor text = torch::randn({options.prompts, config.text_len, config.text_dim}).to(device);
-  auto denoiser = std::make_shared<wan_denoiser>(transformer, text);
-  auto slots = std::make_shared<lora_slots>(lora_parameters(*transformer), started.variants);
-  synchronize(device);
-  const double setup = seconds_since(start);
+  const auto shared = make_shared_bench_model<wan_transformer>(options, started, config, [&](const auto& transformer) {
+    const torch::Tensor text = torch::randn({options.prompts, config.text_len, config.text_dim}).to(device);
+    return std::make_shared<wan_denoiser>(transformer, text);
+  });
+  const double setup = shared.setup_seconds;
   const std::int64_t tokens = wan_tokens(config, dims);
   const double flops = wan_forward_flops(config, tokens);
   if (!options.json)
     std::cout << options.model << ": random "
               << (options.model == "wan" ? "Wan2.1-T2V-1.3B-size" : "wan_bench_tiny_config()") << " weights ("
-              << static_cast<double>(parameter_count(*transformer)) / 1e9 << " B parameters with LoRA rank "
+              << static_cast<double>(parameter_count(*shared.transformer)) / 1e9 << " B parameters with LoRA rank "
               << options.lora_rank << "), latent " << latent_text(dims) << " (" << tokens << " video + "
               << config.text_len << " text tokens), " << options.device << ' ' << options.dtype
               << (options.gradient_checkpointing ? ", gradient checkpointing" : "") << "; reward -mean(x^2); "
               << flops / 1e12 << " TFLOP per forward row; set-up " << setup << " s\n";
-  const auto make_model = [&](std::size_t v) { return wan_bench_model(denoiser, backend, slots, v); };
+  const auto make_model = [&](std::size_t v) { return shared.variant(backend, v); };
   std::vector<variant_run> runs = run_harness<torch_backend>(options, make_model, latent_energy_reward{}, shape,
                                                              options.prompts, peak_memory_hook{.device = device});
   for (variant_run& run : runs) run.forward_flops = flops;

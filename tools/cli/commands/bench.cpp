@@ -1,13 +1,20 @@
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/limits.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/model_specs/registry.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/toy.hpp"
 #include "branchgrpo/training/concepts.hpp"
@@ -25,24 +32,41 @@ namespace {
 static_assert(Policy<timed_policy<host_backend, fourier_policy<host_backend>>, host_backend>);
 static_assert(Reward<timed_reward<host_backend, mode_reward<>>, host_backend>);
 
-void run_iteration_bench(const bench_options& options) {
-  // Models: the toy on the host backend here; flux-tiny (the shipped shapes model) and flux (a random FLUX
-  // transformer of a config's size) on LibTorch in bench/flux.cpp; wan-tiny and wan (random Wan transformers) in
-  // bench/wan.cpp.
-  const bool flux = options.model == "flux-tiny" || options.model == "flux";
-  if (flux || options.model == "wan-tiny" || options.model == "wan") {
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX
-    if (flux)
-      run_flux_iteration_bench(options);
-    else
-      run_wan_iteration_bench(options);
+// Each model family's bench (model_spec::bench_models names its --model values): one entry per family of
+// model_spec_table, checked below.
+struct family_bench {
+  std::string_view family;
+  void (*run)(const bench_options&);
+};
+constexpr std::array family_benches = {family_bench{.family = "flux", .run = run_flux_iteration_bench},
+                                       family_bench{.family = "wan", .run = run_wan_iteration_bench}};
+static_assert(
+    family_benches.size() == model_spec_table.size() &&
+        [] {
+          for (std::size_t i = 0; i < family_benches.size(); ++i)
+            if (family_benches[i].family != model_spec_table[i].name) return false;
+          return true;
+        }(),
+    "every model family of model_spec_table needs its bench, in the table's order");
+#endif
+
+void run_iteration_bench(const bench_options& options) {
+  // Models: the toy on the host backend here; each model family's --model values (model_spec::bench_models:
+  // flux-tiny and flux in bench/flux.cpp, wan-tiny and wan in bench/wan.cpp) on LibTorch.
+  std::vector<std::string_view> models = {"toy"};
+  for (std::size_t i = 0; i < model_spec_table.size(); ++i) {
+    const std::span<const std::string_view> names = model_spec_table[i].bench_models;
+    models.insert(models.end(), names.begin(), names.end());
+    if (std::ranges::find(names, options.model) == names.end()) continue;
+#ifdef BRANCHGRPO_CLI_BENCH_FLUX
+    family_benches[i].run(options);
     return;
 #else
     fail("model ", options.model, " needs the LibTorch adapter (not built)");
 #endif
   }
-  require(options.model == "toy", "unknown model '", options.model,
-          "' (expected toy, flux-tiny, flux, wan-tiny or wan)");
+  require(options.model == "toy", "unknown model '", options.model, "' (expected ", name_list(models), ")");
   validate_bench_options(options, toy_bytes_per_node);
   const fourier_policy<host_backend> base = make_toy_policy(options.seed);
   // Each variant trains its own copy of the toy; prompts cycle through its 8 modes, as `branchgrpo toy` does.

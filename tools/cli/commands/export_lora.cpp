@@ -11,12 +11,13 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <variant>
 
+#include "branchgrpo/app/model_families.hpp"
 #include "branchgrpo/app/training_run.hpp"
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/model_specs/registry.hpp"
 #include "branchgrpo/torch/checkpoint.hpp"
 #include "branchgrpo/torch/lora_export.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
@@ -61,36 +62,6 @@ std::map<std::string, torch::Tensor> exported_weights(const checkpoint_contents&
     if (name.starts_with("ema.")) out.emplace(name.substr(4), tensor);
   require(!out.empty(), "--ema: ", path_text(checkpoint),
           " has no EMA weights (no ema.* tensors: the run had optimizer.ema_decay = 0)");
-  return out;
-}
-
-// The run's base transformer weights in our layout (bfl / official names), loaded as load_run_model
-// (training_run.hpp) loads the transformer: model.dir's model.safetensors, or model.config's random initialization
-// from run.seed with model.weights over it; then rounded to model.dtype as the training run held them.
-std::map<std::string, torch::Tensor> run_base_weights(const run_config& config) {
-  const model_section& m = config.model;
-  const run_transformer shape = run_transformer_config(config);
-  std::shared_ptr<torch::nn::Module> model;
-  if (const auto* wan = std::get_if<wan_config>(&shape)) {
-    if (m.dir.empty()) torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));
-    auto video = std::make_shared<wan_transformer>(*wan);
-    if (!m.dir.empty())
-      load_wan_weights(*video, load_video_model(config.input_path(m.dir)).weights, wan_layout::official);
-    else if (!m.weights.empty())
-      branchgrpo::detail::load_run_weights(*video, config);
-    model = video;
-  } else {
-    if (m.dir.empty()) torch::manual_seed(static_cast<std::uint64_t>(config.run.seed));
-    auto image = std::make_shared<flux_transformer>(std::get<flux_config>(shape));
-    if (!m.dir.empty())
-      load_flux_weights(*image, load_shapes_model(config.input_path(m.dir)).weights);
-    else if (!m.weights.empty())
-      branchgrpo::detail::load_run_weights(*image, config);
-    model = image;
-  }
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& item : model->named_parameters())
-    out.emplace(item.key(), item.value().detach().to(run_dtype(config)));
   return out;
 }
 
@@ -141,9 +112,14 @@ void export_lora(const export_lora_options& options) {
     return;
   }
 
-  const std::optional<lora_family> family = lora_family_of(adapters);
-  require(family.has_value(), path_text(options.checkpoint),
-          ": the LoRA layers are neither FLUX (bfl) nor Wan (official) module names");
+  const model_spec* family = lora_family_of(adapters);
+  if (family == nullptr) {
+    std::string families;  // "FLUX (bfl) nor Wan (official)": each family of model_spec_table in its native layout
+    for (const model_spec& spec : model_spec_table)
+      families +=
+          (families.empty() ? "" : " nor ") + std::string(spec.label) + " (" + std::string(spec.layouts[0]) + ")";
+    fail(path_text(options.checkpoint), ": the LoRA layers are neither ", families, " module names");
+  }
   if (format) check_lora_export_format(*family, *format);  // before reading the config: a usage error first
   require(!contents.config_text.empty(), path_text(options.checkpoint),
           " stores no config.toml: its LoRA alpha is unknown");
@@ -151,7 +127,7 @@ void export_lora(const export_lora_options& options) {
   const run_config stored = parse_run_config(contents.config_text, stored_source.string(), ".");
   const std::int64_t rank = adapters.begin()->second.down.size(0);
   const double alpha = stored.lora.alpha;
-  metadata.insert({{"branchgrpo.family", std::string(lora_family_name(*family))},
+  metadata.insert({{"branchgrpo.family", std::string(family->label)},
                    {"branchgrpo.rank", std::to_string(rank)},
                    {"branchgrpo.alpha", branchgrpo::detail::run_number_text(alpha)}});
   const torch::Dtype stored_dtype = adapters.begin()->second.down.scalar_type();
@@ -165,18 +141,17 @@ void export_lora(const export_lora_options& options) {
     const auto merged = merge_lora_tensors(run_base_weights(located), adapters, alpha, dtype);
     metadata.emplace("format", "branchgrpo-merged");
     save_safetensors(options.output, merged, metadata);
-    std::cout << "wrote " << options.output << ": the " << lora_family_name(*family) << " transformer with "
-              << adapters.size() << " LoRA layers merged (rank " << rank << ", alpha "
-              << branchgrpo::detail::run_number_text(alpha) << ")\n";
+    std::cout << "wrote " << options.output << ": the " << family->label << " transformer with " << adapters.size()
+              << " LoRA layers merged (rank " << rank << ", alpha " << branchgrpo::detail::run_number_text(alpha)
+              << ")\n";
     return;
   }
   const auto tensors = export_lora_tensors(adapters, *family, *format, alpha, dtype);
   metadata.emplace("format", "branchgrpo-lora-" + std::string(lora_export_format_name(*format)));
   save_safetensors(options.output, tensors, metadata);
-  std::cout << "wrote " << options.output << ": " << adapters.size() << " LoRA layers of the "
-            << lora_family_name(*family) << " transformer as " << lora_export_format_name(*format) << " ("
-            << tensors.size() << " tensors, rank " << rank << ", alpha " << branchgrpo::detail::run_number_text(alpha)
-            << ")\n";
+  std::cout << "wrote " << options.output << ": " << adapters.size() << " LoRA layers of the " << family->label
+            << " transformer as " << lora_export_format_name(*format) << " (" << tensors.size() << " tensors, rank "
+            << rank << ", alpha " << branchgrpo::detail::run_number_text(alpha) << ")\n";
 }
 
 // Every usage error of the command starts with its name: "export-lora: --format kohya: Wan models export as ...".

@@ -123,10 +123,7 @@ inline bool read_on_off(const std::string& value, const std::string& what) {
 }
 
 inline step_weighting read_step_weight(const std::string& value, const std::string& what) {
-  const auto* known = std::find(std::begin(step_weighting_names), std::end(step_weighting_names), value);
-  require(known != std::end(step_weighting_names), what, " = ", value,
-          ": must be none, inverse_dt, noise_std or equal_steps");
-  return parse_step_weighting(value);
+  return named_choice(step_weighting_choices, value, what, "none, inverse_dt, noise_std or equal_steps");
 }
 
 inline void set_scope(const normalization_scope& value, const override_target& run, const override_owner& owner) {

@@ -23,6 +23,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -46,6 +47,7 @@
 #include "branchgrpo/loss/objective.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/loss/step_weights.hpp"
+#include "branchgrpo/model_specs/registry.hpp"
 #include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
@@ -129,8 +131,8 @@ inline run_recipe method_recipe(std::string_view name) {
 
 namespace config_rules {
 
-inline constexpr std::array<std::string_view, 7> model_configs = {
-    "", "dev", "schnell", "tiny", "wan-t2v-1.3b", "wan-t2v-14b", "wan-tiny"};
+/// model.config's values: "", then every family's named configs (model_specs/registry.hpp).
+inline constexpr const auto& model_configs = model_config_names;
 inline constexpr std::array<std::string_view, 3> dtypes = {"float32", "bfloat16", "float16"};
 inline constexpr std::array<std::string_view, 4> lora_targets = {"attention", "mlp", "modulation", "embedding"};
 
@@ -161,20 +163,21 @@ struct targets {
 }  // namespace config_rules
 
 /// [model]: which transformer, from where, on what. Either `dir` (a model directory: model.safetensors with its
-/// FLUX or Wan config in the metadata, prompts.safetensors) or `config` with `weights`: the FLUX shapes dev,
-/// schnell, tiny or the Wan2.1 text-to-video shapes wan-t2v-1.3b, wan-t2v-14b, wan-tiny (video latents
-/// [C, latent_frames, latent_height, latent_width]).
+/// family's config in the metadata, prompts.safetensors) or `config` with `weights`: one of the named configs of
+/// model_spec_table (model_specs/registry.hpp), e.g. FLUX's dev, schnell, tiny or Wan2.1's wan-t2v-1.3b,
+/// wan-t2v-14b, wan-tiny (a video family's latents are [C, latent_frames, latent_height, latent_width]).
 struct model_section {
   std::string dir = "models/shapes-tiny";
-  std::string config = "";   ///< dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b or wan-tiny; used when dir is ""
-  std::string weights = "";  ///< checkpoint for `config` (FLUX: bfl or diffusers, Wan: official or diffusers names);
-                             ///< "" = random (tiny, wan-tiny)
+  std::string config = "";         ///< one of model_config_names (dev, ..., wan-tiny); used when dir is ""
+  std::string weights = "";        ///< checkpoint for `config` in a layout of its family (model_spec::layouts);
+                                   ///< "" = random (the configs not released: tiny, wan-tiny)
   std::string decoder = "pixels";  ///< "pixels" (latents are RGB in [-1, 1]) or a decoder file
   std::string dtype = "float32";   ///< float32, bfloat16, float16
   std::string device = "cpu";      ///< cpu, cuda, cuda:N
   double guidance = 3.5;           ///< FLUX.1-dev's embedded (distilled) guidance, not classifier-free guidance
   /// Classifier-free guidance: v = v_u + guidance_scale (v_c - v_u) with the embeddings file's negative prompts;
-  /// 1 = off (one conditional pass). Default: 5 for wan-t2v-* configs (Wan2.1's sample_guide_scale), else 1.
+  /// 1 = off (one conditional pass). Default: the named config's guidance_scale (5 for wan-t2v-*, Wan2.1's
+  /// sample_guide_scale), else 1.
   double guidance_scale = 1.0;
   std::string negative_prompt = "";  ///< "" = each prompt's own negative in the file; else one of the file's
   bool master_weights = true;        ///< bfloat16 / float16 models: float32 master copies of the trainable weights
@@ -418,9 +421,15 @@ inline auto in_range(double low, double high) {
 
 inline void read_model(table_reader r, model_section& m) {
   read_parameters(r, m);
-  // Wan2.1's pipelines sample with classifier-free guidance at 5 (its sample_guide_scale); FLUX.1-dev's guidance
-  // is distilled into `guidance`, and the shipped shapes models were pretrained without an unconditional branch.
-  if (m.config.starts_with("wan-t2v-") && !r.has("guidance_scale")) m.guidance_scale = 5.0;
+  // model.config, when given, is one of model_config_names (read_parameters checked it): its family and named
+  // config (model_specs/registry.hpp) say its default guidance, whether it needs a checkpoint and whether it is
+  // a video model.
+  const named_model_config* named = find_named_config(m.config);
+  const model_spec* family = spec_of_config(m.config);
+  // Each named config's default classifier-free guidance: Wan2.1's pipelines sample at 5 (its sample_guide_scale);
+  // FLUX.1-dev's guidance is distilled into `guidance`, and the shipped shapes models were pretrained without an
+  // unconditional branch (1).
+  if (named != nullptr && !r.has("guidance_scale")) m.guidance_scale = named->guidance_scale;
   if (!m.negative_prompt.empty() && m.guidance_scale == 1.0)
     r.bad("negative_prompt", "needs classifier-free guidance: model.guidance_scale is 1 (off)");
   if (m.dtype == "float16" && m.device == "cpu")  // checked here, not as a kernel error in the first iteration
@@ -428,18 +437,17 @@ inline void read_model(table_reader r, model_section& m) {
          ": model.dtype = \"float16\", model.device = \"cpu\": float16 needs a CUDA device (LibTorch's CPU "
          "kernels lack float16 matrix products); use bfloat16 or float32 on the CPU");
   if (m.dir.empty() && m.config.empty())
-    fail(r.file(),
-         ": model.dir = \"\": give a model directory or model.config (dev, schnell, tiny, wan-t2v-1.3b, "
-         "wan-t2v-14b or wan-tiny)");
+    fail(r.file(), ": model.dir = \"\": give a model directory or model.config (",
+         name_list(std::span(model_config_names).subspan(1)), ")");
   if (!m.dir.empty() && r.has("config") && !m.config.empty())
     r.bad("config", "model.config is for weights without a model directory: set model.dir = \"\" to use it");
   if (!m.dir.empty() && r.has("weights")) r.bad("weights", "is used with model.config; model.dir has its own weights");
-  if (!m.config.empty() && m.config != "tiny" && m.config != "wan-tiny" && m.weights.empty())
+  if (!m.config.empty() && (named == nullptr || named->released) && m.weights.empty())
     fail(r.file(), ": model.weights = \"\": model.config = \"", m.config, "\" needs its checkpoint");
   if (m.dir.empty() && (m.latent_height == 0 || m.latent_width == 0))
     fail(r.file(), ": model.latent_height = ", m.latent_height, ", model.latent_width = ", m.latent_width,
          ": both must be set with model.config");
-  const bool video_config = m.config.starts_with("wan-");
+  const bool video_config = family != nullptr && family->video;
   if (m.dir.empty() && video_config && m.latent_frames == 0)
     fail(r.file(), ": model.latent_frames = 0: model.config = \"", m.config, "\" is a video model and needs it");
   if (m.dir.empty() && !video_config && m.latent_frames != 0)

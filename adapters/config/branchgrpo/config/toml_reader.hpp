@@ -229,11 +229,9 @@ class table_reader {
 };
 
 /// A check for read(): the value must be one of `names` ("must be a, b or c").
+/// (rules::one_of_names' check, holding its names.)
 inline auto one_of(std::vector<std::string_view> names) {
-  return [names](const std::string& value) {
-    if (std::find(names.begin(), names.end(), value) != names.end()) return std::string();
-    return "must be " + name_list(names);
-  };
+  return [names](const std::string& value) { return rules::one_of_names{.names = names}.why(value); };
 }
 
 /// Runs `body`; an invalid_input it throws becomes "<file>: <key> = <value>, ...: <its message>", naming

@@ -74,9 +74,9 @@
 #include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/distributed/communicator.hpp"
 #include "branchgrpo/files/input_file.hpp"
-#include "branchgrpo/torch/checkpoint_layout.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/training/checkpoint_layout.hpp"
 
 namespace branchgrpo {
 

@@ -2,9 +2,11 @@
 // A trained LoRA in the key layouts other tools load (`branchgrpo export-lora`, docs/cli.md):
 //
 //   diffusers  "transformer.<diffusers module>.lora_A.weight" / ".lora_B.weight", the scale alpha / rank folded
-//              into B (PEFT loads a file without alphas with lora_alpha = rank, i.e. scale 1). FLUX's fused
-//              projections are split (flux/lora_export.hpp), Wan's modules renamed (wan/lora_export.hpp).
-//   kohya      FLUX only: "lora_unet_<bfl module, dots as _>.lora_down.weight" (A), ".lora_up.weight" (B) and
+//              into B (PEFT loads a file without alphas with lora_alpha = rank, i.e. scale 1). Each family's
+//              model_spec::lora_parts says where a layer goes: FLUX's fused projections are split
+//              (model_specs/flux/lora_keys.hpp), Wan's modules renamed (model_specs/wan/lora_keys.hpp).
+//   kohya      FLUX only (model_spec::lora_formats): "lora_unet_<bfl module, dots as _>.lora_down.weight" (A),
+//   ".lora_up.weight" (B) and
 //              ".alpha" (a scalar; the loader scales by alpha / rank), fused projections kept fused.
 //   comfyui    "diffusion_model.<our module>.lora_A.weight" / ".lora_B.weight" (bfl names for FLUX, official for
 //              Wan: the names ComfyUI's model state uses), the scale folded into B.
@@ -24,17 +26,16 @@
 #include <string_view>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/core/stop.hpp"
+#include "branchgrpo/model_specs/family.hpp"
+#include "branchgrpo/model_specs/registry.hpp"
 #include "branchgrpo/torch/compat.hpp"
-#include "branchgrpo/torch/flux/lora_export.hpp"
-#include "branchgrpo/torch/wan/lora_export.hpp"
 
 namespace branchgrpo {
 
-enum class lora_family { flux, wan };
 enum class lora_export_format { diffusers, kohya, comfyui };
 
-inline std::string_view lora_family_name(lora_family family) { return family == lora_family::flux ? "FLUX" : "Wan"; }
 inline std::string_view lora_export_format_name(lora_export_format format) {
   return format == lora_export_format::diffusers ? "diffusers"
          : format == lora_export_format::kohya   ? "kohya"
@@ -50,11 +51,11 @@ inline lora_export_format parse_lora_export_format(std::string_view name) {
   fail("--format ", echo_text(name), ": unknown format (expected diffusers, kohya or comfyui)");
 }
 
-/// Throws invalid_input when `family` has no `format`: kohya's layout is FLUX's (BFL names).
-/// Example: (wan, kohya) -> "--format kohya: Wan models export as diffusers or comfyui".
-inline void check_lora_export_format(lora_family family, lora_export_format format) {
-  require(!(family == lora_family::wan && format == lora_export_format::kohya), "--format ",
-          lora_export_format_name(format), ": Wan models export as diffusers or comfyui");
+/// Throws invalid_input when `family` does not write `format` (its model_spec::lora_formats).
+/// Example: (wan_spec, kohya) -> "--format kohya: Wan models export as diffusers or comfyui".
+inline void check_lora_export_format(const model_spec& family, lora_export_format format) {
+  require(family.writes(lora_export_format_name(format)), "--format ", lora_export_format_name(format), ": ",
+          family.label, " models export as ", name_list(family.lora_formats));
 }
 
 /// One trained adapter: down = A [rank, in], up = B [out, rank].
@@ -85,30 +86,23 @@ inline std::map<std::string, lora_adapter> lora_adapters_of(const std::map<std::
   return out;
 }
 
-/// The family whose module names `layers` are: FLUX's bfl names or Wan's official ones (nullopt: neither).
-/// Example: {"double_blocks.0.img_attn.qkv"} -> flux; {"blocks.0.self_attn.q"} -> wan; {"unet.up"} -> nullopt.
-inline std::optional<lora_family> lora_family_of(const std::map<std::string, lora_adapter>& layers) {
-  constexpr std::string_view flux_roots[] = {"double_blocks.", "single_blocks.", "img_in",       "txt_in",
-                                             "time_in.",       "vector_in.",     "guidance_in.", "final_layer."};
-  std::int64_t flux = 0, wan = 0;
-  for (const auto& [layer, adapter] : layers) {
-    flux += std::ranges::any_of(flux_roots, [&](std::string_view root) { return layer.starts_with(root); });
-    try {
-      (void)wan_lora_diffusers_name(layer);
-      ++wan;
-    } catch (const invalid_input&) {
-    }
-  }
-  if (flux == wan) return std::nullopt;
-  return flux > wan ? lora_family::flux : lora_family::wan;
+/// The family of model_spec_table more of whose module names `layers` are than any other's (model_spec::lora_layer:
+/// FLUX's bfl names, Wan's official ones); nullptr when none is ahead.
+/// Example: {"double_blocks.0.img_attn.qkv"} -> flux_spec; {"blocks.0.self_attn.q"} -> wan_spec; {"unet.up"} ->
+///   nullptr.
+inline const model_spec* lora_family_of(const std::map<std::string, lora_adapter>& layers) {
+  return leading_family([&](const model_spec& spec) {
+    return std::ranges::count_if(layers, [&](const auto& layer) { return spec.lora_layer(layer.first); });
+  });
 }
 
 /// The adapters in `format`'s keys (see the file comment), each tensor converted to `dtype` (nullopt: as stored).
 /// B is scaled by alpha / rank in float64, then rounded to `dtype` once.
 /// Example: as in the file comment; a Wan adapter blocks.0.ffn.0 -> diffusers transformer.blocks.0.ffn.net.0.proj.*.
-/// @pre check_lora_export_format(family, format); every layer is one of `family`'s (else invalid_input naming it).
+/// @pre check_lora_export_format(family, format); every layer is one of `family`'s (else invalid_input naming it:
+///   family.lora_parts' message).
 inline std::map<std::string, torch::Tensor> export_lora_tensors(const std::map<std::string, lora_adapter>& adapters,
-                                                                lora_family family, lora_export_format format,
+                                                                const model_spec& family, lora_export_format format,
                                                                 double alpha, std::optional<torch::Dtype> dtype) {
   check_lora_export_format(family, format);
   std::map<std::string, torch::Tensor> out;
@@ -122,27 +116,20 @@ inline std::map<std::string, torch::Tensor> export_lora_tensors(const std::map<s
     const auto folded = [&](const torch::Tensor& rows) {  // scale B in float64, then the stored or asked dtype
       return (rows.to(torch::kFloat64) * scale).to(dtype.value_or(up.scalar_type()));
     };
+    // The layer's diffusers parts; also the check that it is one of the family's, whatever the format.
+    const std::vector<lora_key_part> parts = family.lora_parts(layer, up.size(0), down.size(1));
     if (format == lora_export_format::kohya) {
       std::string flat = layer;
       std::replace(flat.begin(), flat.end(), '.', '_');
-      (void)flux_lora_diffusers_parts(layer, up.size(0), down.size(1));  // a FLUX layer, else named
       store("lora_unet_" + flat + ".lora_down.weight", down);
       store("lora_unet_" + flat + ".lora_up.weight", up);
       store("lora_unet_" + flat + ".alpha", torch::tensor(alpha, torch::kFloat32).to(down.scalar_type()));
     } else if (format == lora_export_format::comfyui) {
-      if (family == lora_family::flux)
-        (void)flux_lora_diffusers_parts(layer, up.size(0), down.size(1));
-      else
-        (void)wan_lora_diffusers_name(layer);
       store("diffusion_model." + layer + ".lora_A.weight", down);
       out["diffusion_model." + layer + ".lora_B.weight"] = folded(up).contiguous();
-    } else if (family == lora_family::wan) {
-      const std::string name = "transformer." + wan_lora_diffusers_name(layer);
-      store(name + ".lora_A.weight", down);
-      out[name + ".lora_B.weight"] = folded(up).contiguous();
     } else {
       // A FLUX layer's input width is the model's hidden size for every layer that is split (qkv, linear1).
-      for (const lora_key_part& part : flux_lora_diffusers_parts(layer, up.size(0), down.size(1))) {
+      for (const lora_key_part& part : parts) {
         torch::Tensor rows = up.narrow(0, part.row_offset, part.rows);
         if (part.swap_halves) {
           const auto halves = rows.chunk(2, 0);

@@ -3,9 +3,8 @@
 // anything is loaded or built, so that `branchgrpo train` with topology.branching = [4096] on two split steps
 // (2^24 leaves per tree) says "needs about 1.96 TB" in one line instead of growing until the kernel kills it.
 //
-//   run_transformer_config(config)          the transformer's shape (FLUX or Wan): model.config, or model.dir's
-//                                           metadata; run_flux_config for image-only callers
-//   estimate_run_memory(config, model, L)   bytes per part: weights, training state, rollout latents, activations
+//   estimate_run_memory(config, model, L)   bytes per part: weights, training state, rollout latents, activations,
+//                                           from the family's size (app/model_families.hpp: run_transformer_config)
 //   check_run_memory(config, host, device)  throws invalid_input naming the keys of the largest part: on CUDA
 //                                           the device's parts against its free memory, the host's against RAM
 //
@@ -17,98 +16,19 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
-#include "branchgrpo/app/moving_shapes.hpp"
-#include "branchgrpo/app/shapes.hpp"
+#include "branchgrpo/app/model_families.hpp"
+#include "branchgrpo/app/run_model.hpp"
+#include "branchgrpo/app/transformer_size.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/memory.hpp"
-#include "branchgrpo/model_specs/flux/config.hpp"
-#include "branchgrpo/model_specs/flux/layout.hpp"
-#include "branchgrpo/model_specs/wan/config.hpp"
-#include "branchgrpo/model_specs/wan/layout.hpp"
-#include "branchgrpo/safetensors.hpp"
+#include "branchgrpo/torch/backend.hpp"
 
 namespace branchgrpo {
-
-/// The transformer of a run: a FLUX (image) or Wan2.1 (video) shape.
-using run_transformer = std::variant<flux_config, wan_config>;
-
-/// The Wan shape a model.config names: wan-t2v-1.3b, wan-t2v-14b, or wan-tiny = wan_config::tiny() with out_dim =
-/// in_dim = 4 (tiny() itself predicts 3 channels from 4 for the reference check; sampling needs them equal).
-inline wan_config named_wan_config(const std::string& name) {
-  if (name == "wan-t2v-14b") return wan_config::t2v_14b();
-  if (name == "wan-t2v-1.3b") return wan_config::t2v_1_3b();
-  wan_config tiny = wan_config::tiny();
-  tiny.out_dim = tiny.in_dim;
-  return tiny;
-}
-
-/// The transformer shape of a run: model.config's named shape, or the "branchgrpo.flux_config" /
-/// "branchgrpo.wan_config" metadata of model.dir's model.safetensors (only its header is read; the file is
-/// mapped, not loaded). A file holding both is refused naming it and both keys (require_one_model_family).
-inline run_transformer run_transformer_config(const run_config& config) {
-  const model_section& m = config.model;
-  if (m.dir.empty()) {
-    if (m.config.starts_with("wan-")) return named_wan_config(m.config);
-    return m.config == "dev"       ? flux_config::dev()
-           : m.config == "schnell" ? flux_config::schnell()
-                                   : flux_config::tiny();
-  }
-  const std::filesystem::path path = config.input_path(m.dir) / "model.safetensors";
-  const safetensors_file file(path);
-  require_one_model_family(file.metadata(), path.string());
-  if (const auto wan = file.metadata().find(std::string(wan_config_metadata_key)); wan != file.metadata().end())
-    return parse_wan_config(wan->second, path.string());
-  const auto it = file.metadata().find(std::string(flux_config_metadata_key));
-  require(it != file.metadata().end(), path.string(), ": no __metadata__ key '", flux_config_metadata_key, "' or '",
-          wan_config_metadata_key, "'");
-  return parse_flux_config(it->second, path.string());
-}
-
-/// The FLUX shape of an image run (run_transformer_config without video models).
-inline flux_config run_flux_config(const run_config& config) {
-  const run_transformer model = run_transformer_config(config);
-  require(std::holds_alternative<flux_config>(model), config.source, ": model.",
-          config.model.dir.empty() ? "config" : "dir",
-          " is a Wan (video) model where a FLUX (image) model is expected");
-  return std::get<flux_config>(model);
-}
-
-/// The run's latent shape: [C, h, w] for FLUX (the model's latent channels and model.latent_height /
-/// latent_width, 0: the shapes model's 16), [C, F, h, w] for Wan (in_dim and model.latent_frames, 0: 8).
-inline latent_shape run_latent_shape(const run_config& config, const run_transformer& model) {
-  const std::int64_t h = config.model.latent_height > 0 ? config.model.latent_height : shapes_image_size;
-  const std::int64_t w = config.model.latent_width > 0 ? config.model.latent_width : shapes_image_size;
-  if (const auto* wan = std::get_if<wan_config>(&model)) {
-    const std::int64_t f = config.model.latent_frames > 0 ? config.model.latent_frames : 8;
-    return latent_shape{{wan->in_dim, f, h, w}};
-  }
-  return latent_shape{{std::get<flux_config>(model).latent_channels(), h, w}};
-}
-inline latent_shape run_latent_shape(const run_config& config, const flux_config& flux) {
-  return run_latent_shape(config, run_transformer(flux));
-}
-
-/// Where the run's prompts come from: data.embeddings (a prompt file or a shard directory) when set, else the
-/// model directory's prompts.safetensors.
-/// Example: data.embeddings = "prompts/" in /runs/a.toml -> "/runs/prompts/".
-inline std::filesystem::path run_prompt_path(const run_config& config) {
-  return !config.data.embeddings.empty() ? config.input_path(config.data.embeddings)
-                                         : config.input_path(config.model.dir) / "prompts.safetensors";
-}
-
-/// The text length of the run's prompt embeddings (the context tensor's second dimension, from the header of
-/// data.embeddings (its first shard for a directory) or model.dir's prompts.safetensors); 512 (FLUX's T5 length) when
-/// the file has no such tensor.
-inline std::int64_t run_text_tokens(const run_config& config) {
-  const std::filesystem::path path = run_prompt_path(config);
-  const safetensors_file file(std::filesystem::is_directory(path) ? detail::prompt_shards(path).front() : path);
-  const safetensors_tensor* context = file.find("context");
-  return context != nullptr && context->shape.size() == 3 ? context->shape[1] : 512;
-}
 
 /// A run's memory by part, in bytes (see the file comment). The first four live on the model's device; the
 /// last two on the host whatever the device.
@@ -125,61 +45,21 @@ struct run_memory_estimate {
   [[nodiscard]] double total() const { return device_total() + host_total(); }
 };
 
-namespace detail {
-
-// What the activation estimate needs of a transformer: the tensors (for the parameter and LoRA counts), blocks,
-// width, MLP width, heads, tokens per row and attention keys per token.
-struct transformer_size {
-  std::vector<flux_tensor_spec> tensors;
-  double layers = 0, hidden = 0, mlp = 0, heads = 0, tokens = 0, keys = 0;
-};
-
-inline transformer_size size_of(const run_transformer& model, const latent_shape& shape, std::int64_t text_tokens) {
-  if (const auto* wan = std::get_if<wan_config>(&model)) {
-    const auto cells = [&](std::size_t a) {
-      return static_cast<double>((shape.dims[a + 1] + wan->patch[a] - 1) / wan->patch[a]);
-    };
-    const double tokens = cells(0) * cells(1) * cells(2);
-    return {.tensors = wan_expected_tensors(*wan, wan_layout::official),
-            .layers = static_cast<double>(wan->layers),
-            .hidden = static_cast<double>(wan->dim),
-            .mlp = static_cast<double>(wan->ffn_dim),
-            .heads = static_cast<double>(wan->heads),
-            .tokens = tokens,
-            .keys = tokens + static_cast<double>(wan->text_len)};  // self- and cross-attention
-  }
-  const flux_config& flux = std::get<flux_config>(model);
-  const double tokens = static_cast<double>(shape.dims[1] / 2 * (shape.dims[2] / 2) + text_tokens);
-  return {.tensors = flux_expected_tensors(flux, flux_layout::bfl),
-          .layers = static_cast<double>(flux.depth_double + flux.depth_single),
-          .hidden = static_cast<double>(flux.hidden),
-          .mlp = static_cast<double>(flux.mlp_hidden()),
-          .heads = static_cast<double>(flux.heads),
-          .tokens = tokens,
-          .keys = tokens};
-}
-
-}  // namespace detail
-
 /// Example: the shipped shapes model with the default run (dense tree of 20 steps: 219 nodes, 2 trees of
 ///   [3, 16, 16] latents in float32) -> rollout = 2 * 219 * 768 * 4 bytes = 1.35 MB; the video model's
 ///   [3, 8, 16, 16] latents -> 2 * 219 * 6144 * 4 bytes = 10.8 MB.
 /// With `ranks` > 1 and [optimizer] sharding, each rank's training state: the gradient in full (ZeRO-1, and ZeRO-2 as
 /// built, whose full gradient lives until the reduction after the last backward), AdamW's moments and the EMA divided
 /// by the ranks (docs/distributed.md).
-inline run_memory_estimate estimate_run_memory(const run_config& config, const run_transformer& model,
-                                               std::int64_t text_tokens, int ranks = 1) {
+template <class Families = model_families>
+run_memory_estimate estimate_run_memory(const run_config& config, const typename Families::configs& model,
+                                        std::int64_t text_tokens, int ranks = 1) {
   const double bytes = config.model.dtype == "float32" ? 4 : 2;
-  const latent_shape shape = run_latent_shape(config, model);
-  const detail::transformer_size size = detail::size_of(model, shape, text_tokens);
-  double parameters = 0, lora = 0;
-  for (const flux_tensor_spec& t : size.tensors) {
-    double n = 1;
-    for (const std::int64_t d : t.shape) n *= static_cast<double>(d);
-    parameters += n;
-    if (t.shape.size() == 2)  // every linear layer: an upper bound of the adapted ones
-      lora += static_cast<double>(config.lora.rank) * static_cast<double>(t.shape[0] + t.shape[1]);
-  }
+  const latent_shape shape = run_latent_shape<Families>(config, model);
+  const transformer_size size = Families::visit(
+      model, [&]<class F>(std::type_identity<F>, const auto& c) { return F::size(c, shape, text_tokens); });
+  const double parameters = size.parameters;
+  const double lora = static_cast<double>(config.lora.rank) * size.linear_sides;  // every linear layer: a bound
   run_memory_estimate out;
   out.weights = parameters * bytes;
   const double trainable = config.lora.enabled ? lora : parameters;
@@ -212,17 +92,8 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const r
   }
   const double leaves = static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.leaf_count());
   out.decoded = std::min(static_cast<double>(config.rollout.decode_batch), leaves) * pixels_per_sample * 4;
-  double width = 0;
-  if (const auto* wan = std::get_if<wan_config>(&model))
-    width = static_cast<double>(wan->text_dim);
-  else
-    width = static_cast<double>(std::get<flux_config>(model).context_in + std::get<flux_config>(model).vec_in);
-  out.prompt_rows = passes * rows * static_cast<double>(text_tokens) * width * 4;
+  out.prompt_rows = passes * rows * static_cast<double>(text_tokens) * size.prompt_width * 4;
   return out;
-}
-inline run_memory_estimate estimate_run_memory(const run_config& config, const flux_config& flux,
-                                               std::int64_t text_tokens) {
-  return estimate_run_memory(config, run_transformer(flux), text_tokens);
 }
 
 /// Throws invalid_input when the estimate exceeds the budget, naming the config keys of the largest part. With a
@@ -233,14 +104,15 @@ inline run_memory_estimate estimate_run_memory(const run_config& config, const f
 ///   1.96 TB (data.prompts_per_iteration = 2 trees of 318771201 nodes, set by [topology] and rollout.steps = 20, each
 ///   [3, 16, 16] in model.dtype = float32), activations 2.11 GB (...), ...". On a CUDA device of 80 GB free the same
 ///   run says "... the run needs about 1.96 TB on cuda:0, over its 80 GB free (cudaMemGetInfo): rollout latents ...".
-inline void check_run_memory(const run_config& config, const run_transformer& model, std::int64_t text_tokens,
-                             const memory_budget& host, const std::optional<memory_budget>& device = std::nullopt,
-                             int ranks = 1) {
-  const run_memory_estimate e = estimate_run_memory(config, model, text_tokens, ranks);
+template <class Families = model_families>
+void check_run_memory(const run_config& config, const typename Families::configs& model, std::int64_t text_tokens,
+                      const memory_budget& host, const std::optional<memory_budget>& device = std::nullopt,
+                      int ranks = 1) {
+  const run_memory_estimate e = estimate_run_memory<Families>(config, model, text_tokens, ranks);
   const bool device_fits = device ? e.device_total() <= device->bytes : true;
   const bool host_fits = (device ? e.host_total() : e.total()) <= host.bytes;
   if (device_fits && host_fits) return;
-  const latent_shape shape = run_latent_shape(config, model);
+  const latent_shape shape = run_latent_shape<Families>(config, model);
   std::string dims;
   for (const std::int64_t d : shape.dims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
   const std::string rollout = "rollout latents " + byte_text(e.rollout) +
@@ -289,9 +161,27 @@ inline void check_run_memory(const run_config& config, const run_transformer& mo
 }
 
 /// check_run_memory with the run's transformer and text length, read from the model's headers.
-inline void check_run_memory(const run_config& config, const memory_budget& host,
-                             const std::optional<memory_budget>& device = std::nullopt, int ranks = 1) {
-  check_run_memory(config, run_transformer_config(config), run_text_tokens(config), host, device, ranks);
+template <class Families = model_families>
+void check_run_memory(const run_config& config, const memory_budget& host,
+                      const std::optional<memory_budget>& device = std::nullopt, int ranks = 1) {
+  check_run_memory<Families>(config, run_transformer_config<Families>(config), run_text_tokens(config), host, device,
+                             ranks);
+}
+
+/// The pre-flight memory check (app/run_memory.hpp) before anything is loaded: on a CUDA device its parts against
+/// the device's free memory and the host buffers against `host`; on the CPU everything against `host`. A CUDA
+/// LibTorch built without the CUDA adapter cannot ask the device: the host part is checked and stderr says so.
+/// `ranks`: the processes of the run (each estimates its own share of a sharded training state).
+template <class Families = model_families>
+void check_run_memory_before_loading(const run_config& config, const memory_budget& host, int ranks = 1) {
+  const torch::Device device = run_device(config);
+  const std::optional<memory_budget> on_device = device_memory_budget(device);
+  if (device.is_cuda() && !on_device)
+    std::fprintf(stderr,
+                 "%s: model.device = \"%s\": its free memory is not checked before loading (a build "
+                 "without the CUDA adapter)\n",
+                 config.source.c_str(), config.model.device.c_str());
+  check_run_memory<Families>(config, host, on_device, ranks);
 }
 
 }  // namespace branchgrpo

@@ -1,8 +1,10 @@
 #pragma once
-// What a training run trains and how it is loaded, shared by the two model families' loaders
-// (flux_run_model.hpp, wan_run_model.hpp; training_run.hpp's load_run_model picks one): the run_model, the
-// config's dtype and device, the pre-flight memory check, the prompts of data.embeddings with their negatives,
-// the transformer built in place and the TorchScript decoder.
+// What a training run trains, whatever its model family: the run_model (the transformer as a module, the prompts,
+// the latent shape, the decoder, and the family's denoiser factory, set by run_model::hold<Family>), the
+// run_denoiser every family's denoiser becomes, the config's dtype and device, and the loader parts every family
+// shares (the prompts of data.embeddings with their negatives, a transformer built in place, its checkpoint checked
+// for the family, the TorchScript decoder). The families themselves are app/families/<family>.hpp, listed in
+// app/model_families.hpp (load_run_model picks one).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,22 +20,22 @@
 #include <utility>
 #include <vector>
 
-#include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/files/input_file.hpp"
 #include "branchgrpo/model_specs/family.hpp"
+#include "branchgrpo/model_specs/spec.hpp"
 #include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/safetensors.hpp"
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
-#include "branchgrpo/torch/flux/transformer.hpp"
+#include "branchgrpo/torch/policy.hpp"
 #include "branchgrpo/torch/prompt_table.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
-#include "branchgrpo/torch/wan/transformer.hpp"
 
 namespace branchgrpo {
 
@@ -52,13 +54,54 @@ struct heldout_prompt_set {
   [[nodiscard]] bool empty() const { return prompts.empty(); }
 };
 
-/// What a run trains: the transformer (base weights loaded, no adapters yet) — a FLUX one for images or a Wan one
-/// for videos, exactly one of the two —, the prompt table (for Wan the context is the text the model attends to;
-/// pooled is unused), the latent shape ([C, h, w] or [C, F, h, w]) and the decoder (empty: the latents are the
-/// images, as for the shapes model).
+/// The run's denoiser, whatever its family's: one TorchVelocityModel and Denoiser (velocity, operator(),
+/// trainable_parameters, set_adapters_enabled) for the autograd policy, the rollout and the ODE sampler. It holds the
+/// family's own denoiser (a transformer_denoiser, torch/transformer_denoiser.hpp) and forwards each call to it: the
+/// app's one type erasure of a model, so that training_run and its policy are one type for every family.
+class run_denoiser {
+ public:
+  template <class D>
+  requires(!std::same_as<D, run_denoiser> && TorchVelocityModel<D> &&
+           AdapterSwitch<D>) explicit run_denoiser(D denoiser)
+      : self_(std::make_shared<D>(std::move(denoiser))), calls_(&calls_of<D>) {}
+
+  torch::Tensor velocity(const torch::Tensor& x, const denoise_batch& batch) {
+    return calls_->velocity(self_.get(), x, batch);
+  }
+  torch::Tensor operator()(const torch::Tensor& x, const denoise_batch& batch) {
+    return calls_->denoise(self_.get(), x, batch);
+  }
+  std::vector<torch::Tensor> trainable_parameters() { return calls_->trainable(self_.get()); }
+  void set_adapters_enabled(bool enabled) { calls_->adapters(self_.get(), enabled); }
+
+ private:
+  struct calls {
+    torch::Tensor (*velocity)(void*, const torch::Tensor&, const denoise_batch&);
+    torch::Tensor (*denoise)(void*, const torch::Tensor&, const denoise_batch&);
+    std::vector<torch::Tensor> (*trainable)(void*);
+    void (*adapters)(void*, bool);
+  };
+  template <class D>
+  static constexpr calls calls_of = {
+      .velocity = [](void* d, const torch::Tensor& x,
+                     const denoise_batch& b) { return static_cast<D*>(d)->velocity(x, b); },
+      .denoise = [](void* d, const torch::Tensor& x, const denoise_batch& b) { return (*static_cast<D*>(d))(x, b); },
+      .trainable = [](void* d) { return static_cast<D*>(d)->trainable_parameters(); },
+      .adapters = [](void* d, bool enabled) { static_cast<D*>(d)->set_adapters_enabled(enabled); }};
+
+  std::shared_ptr<void> self_;
+  const calls* calls_;
+};
+
+/// What a run trains: the transformer (base weights loaded, no adapters yet) of one family, the prompt table (for
+/// Wan the context is the text the model attends to; pooled is unused), the latent shape ([C, h, w] or
+/// [C, F, h, w]) and the decoder (empty: the latents are the images, as for the shapes model). A family's loader
+/// fills it and sets the transformer with hold<Family>, which also records how the family makes its denoiser.
 struct run_model {
-  std::shared_ptr<flux_transformer> transformer;
-  std::shared_ptr<wan_transformer> video_transformer;
+  /// The transformer as a module (LoRA, parameters, device moves); set by hold().
+  std::shared_ptr<torch::nn::Module> transformer;
+  /// The family's spec (model_specs/spec.hpp): its name and medium; set by hold().
+  const model_spec* family = nullptr;
   /// The prompts' rows: in memory for a model directory's prompts, read by row from the mapped files of
   /// data.embeddings (a prompt file or a shard directory) otherwise.
   prompt_table embeddings;
@@ -71,12 +114,27 @@ struct run_model {
   std::vector<std::int64_t> negative_index = {};
   /// The held-out prompts of [eval] (empty without it).
   heldout_prompt_set heldout = {};
+  /// The family's denoiser over `table` under the run's [model] options (Family::denoiser); set by hold().
+  std::function<run_denoiser(prompt_table table, const run_config& config)> make_denoiser;
+  /// The transformer's gradient checkpointing on or off; set by hold().
+  std::function<void(bool)> set_gradient_checkpointing;
 
-  [[nodiscard]] bool is_video() const { return video_transformer != nullptr; }
-  /// The transformer as a module (LoRA, parameters, device moves).
-  [[nodiscard]] torch::nn::Module& network() const {
-    return is_video() ? static_cast<torch::nn::Module&>(*video_transformer) : *transformer;
+  /// Holds `model` as this run's transformer of family `Family` (app/families/): the one place that knows its type.
+  /// Example: m.hold<wan_family>(std::make_shared<wan_transformer>(config)) -> m.is_video(), m.network() is it, and
+  ///   m.make_denoiser(table, run) is a wan_denoiser over it.
+  template <class Family>
+  void hold(std::shared_ptr<typename Family::transformer> model) {
+    transformer = model;
+    family = &Family::spec;
+    make_denoiser = [model](prompt_table table, const run_config& config) {
+      return run_denoiser(Family::denoiser(model, std::move(table), config));
+    };
+    set_gradient_checkpointing = [model](bool on) { model->set_gradient_checkpointing(on); };
   }
+
+  /// Whether the family's latents are clips [C, F, h, w] (else images [C, h, w]); false before hold().
+  [[nodiscard]] bool is_video() const { return family != nullptr && family->video; }
+  [[nodiscard]] torch::nn::Module& network() const { return *transformer; }
 };
 
 /// torch dtype and device of the config's model section.
@@ -92,19 +150,22 @@ inline torch::Device run_device(const run_config& config) {
   return device;
 }
 
-/// The pre-flight memory check (app/run_memory.hpp) before anything is loaded: on a CUDA device its parts against
-/// the device's free memory and the host buffers against `host`; on the CPU everything against `host`. A CUDA
-/// LibTorch built without the CUDA adapter cannot ask the device: the host part is checked and stderr says so.
-/// `ranks`: the processes of the run (each estimates its own share of a sharded training state).
-inline void check_run_memory_before_loading(const run_config& config, const memory_budget& host, int ranks = 1) {
-  const torch::Device device = run_device(config);
-  const std::optional<memory_budget> on_device = device_memory_budget(device);
-  if (device.is_cuda() && !on_device)
-    std::fprintf(stderr,
-                 "%s: model.device = \"%s\": its free memory is not checked before loading (a build "
-                 "without the CUDA adapter)\n",
-                 config.source.c_str(), config.model.device.c_str());
-  check_run_memory(config, host, on_device, ranks);
+/// Where the run's prompts come from: data.embeddings (a prompt file or a shard directory) when set, else the
+/// model directory's prompts.safetensors.
+/// Example: data.embeddings = "prompts/" in /runs/a.toml -> "/runs/prompts/".
+inline std::filesystem::path run_prompt_path(const run_config& config) {
+  return !config.data.embeddings.empty() ? config.input_path(config.data.embeddings)
+                                         : config.input_path(config.model.dir) / "prompts.safetensors";
+}
+
+/// The text length of the run's prompt embeddings (the context tensor's second dimension, from the header of
+/// data.embeddings (its first shard for a directory) or model.dir's prompts.safetensors); 512 (FLUX's T5 length) when
+/// the file has no such tensor.
+inline std::int64_t run_text_tokens(const run_config& config) {
+  const std::filesystem::path path = run_prompt_path(config);
+  const safetensors_file file(std::filesystem::is_directory(path) ? detail::prompt_shards(path).front() : path);
+  const safetensors_tensor* context = file.find("context");
+  return context != nullptr && context->shape.size() == 3 ? context->shape[1] : 512;
 }
 
 namespace detail {
@@ -132,9 +193,8 @@ inline void take_negative_prompts(const run_config& config, prompt_dataset& file
 
 /// The text encoder a named config's released weights were trained with ("" for the test and shipped shapes).
 inline std::string expected_encoder(const model_section& m) {
-  if (m.config == "dev" || m.config == "schnell") return "t5+clip";
-  if (m.config.starts_with("wan-t2v-")) return "umt5";
-  return "";
+  const named_model_config* named = find_named_config(m.config);
+  return named == nullptr ? "" : std::string(named->text_encoder);
 }
 
 /// A transformer of `shape` created in model.dtype and moved to model.device before any weights are loaded into
@@ -157,8 +217,8 @@ inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& 
                           {.dtype = run_dtype(config), .allowed_dtypes = model_weight_dtypes, .finite = true});
 }
 
-/// model.weights loaded into `model` (load_weights_file, then load_flux_weights / load_wan_weights: either layout,
-/// detected). Every error is one line naming the key and the file: a checkpoint of the other family is refused from
+/// model.weights loaded into `model` (load_weights_file, then Family::load_weights: any of the family's layouts,
+/// detected). Every error is one line naming the key and the file: a checkpoint of another family is refused from
 /// its header before any tensor is copied, one of this family that does not fit model.config with the problems
 /// listed.
 /// Example: model.config = "tiny" with model.weights = "moving-shapes-tiny/model.safetensors" (Wan's names) throws
@@ -167,32 +227,28 @@ inline std::map<std::string, torch::Tensor> load_weights_file(const run_config& 
 ///   wan-t2v-1.3b or wan-t2v-14b)"; FLUX.1-schnell's weights under model.config = "dev" throw
 ///   "run.toml: model.weights = \"...\": does not fit model.config = \"dev\": FLUX checkpoint (bfl layout) does not
 ///   match the config: missing guidance_in.in_layer.weight, ...".
-template <class Transformer>
-void load_run_weights(Transformer& model, const run_config& config) {
-  constexpr bool flux = std::is_same_v<Transformer, flux_transformer>;
+template <class Family>
+void load_run_weights(typename Family::transformer& model, const run_config& config) {
   const model_section& m = config.model;
   const std::string key = config.source + ": model.weights = \"" + path_text(config.input_path(m.weights)) + "\"";
   {
     const safetensors_checkpoint header(config.input_path(m.weights));  // mapped: names, shapes, dtypes only
     std::vector<std::string_view> names;
     for (const safetensors_tensor& tensor : header.tensors()) names.push_back(tensor.name);
-    const model_family want = flux ? model_family::flux : model_family::wan;
-    if (const std::optional<model_family> found = weights_family(names); found && *found != want) {
+    const model_spec& want = Family::spec;
+    if (const model_spec* found = weights_family(names); found != nullptr && found->name != want.name) {
       const std::size_t count = family_score(names, *found);
-      fail(key, ": holds ", family_label(*found), " weights (",
+      fail(key, ": holds ", found->label, " weights (",
            count == names.size() ? "all " + std::to_string(count)
                                  : std::to_string(count) + " of its " + std::to_string(names.size()),
-           " tensors have ", family_label(*found), " names); model.config = \"", m.config, "\" is a ",
-           family_label(want), " model (give a ", family_label(want), " checkpoint, or a ", family_label(*found),
-           " config: ", flux ? "wan-tiny, wan-t2v-1.3b or wan-t2v-14b" : "tiny, dev or schnell", ")");
+           " tensors have ", found->label, " names); model.config = \"", m.config, "\" is a ", want.label,
+           " model (give a ", want.label, " checkpoint, or a ", found->label,
+           " config: ", config_list(*found, config_order::random_first), ")");
     }
   }
   const std::map<std::string, torch::Tensor> tensors = load_weights_file(config);
   try {
-    if constexpr (flux)
-      load_flux_weights(model, tensors);
-    else
-      load_wan_weights(model, tensors);
+    Family::load_weights(model, tensors);
   } catch (const invalid_input& error) {
     fail(key, ": does not fit model.config = \"", m.config, "\": ", error.what());
   }
@@ -236,8 +292,8 @@ inline void check_heldout_table(const run_config& config, const prompt_table& tr
 
 /// data.embeddings (a prompt file or a shard directory, mapped: open_prompt_dataset; when given, or without
 /// model.dir) into `out`, then eval.embeddings (with [eval]) into out.heldout: each checked against the model's
-/// `shape` (flux_config or wan_config), made for `family` and its encoder, with the negatives the config's
-/// guidance uses. One line naming the file otherwise.
+/// `shape` (the family's config: check_prompt_dataset), made for `family` (its spec's name) and its encoder, with the
+/// negatives the config's guidance uses. One line naming the file otherwise.
 template <class Shape>
 void load_run_prompts(const run_config& config, std::string_view family, const Shape& shape, run_model& out) {
   const auto open = [&](const std::string& key_value) {

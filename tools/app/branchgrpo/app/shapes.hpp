@@ -38,6 +38,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
+#include "branchgrpo/model_specs/registry.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/ode_sampler.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
@@ -346,25 +347,25 @@ inline prompt_embeddings shapes_word_embeddings(std::span<const std::string> pro
 
 // ---- flux_config as metadata text -------------------------------------------------------------------------------
 
-/// The safetensors __metadata__ key holding a model's flux_config.
-inline constexpr std::string_view flux_config_metadata_key = "branchgrpo.flux_config";
+/// The safetensors __metadata__ key holding a model's flux_config (its family's, model_specs/flux/spec.hpp).
+inline constexpr std::string_view flux_config_metadata_key = flux_spec.metadata_key;
 
-/// The safetensors __metadata__ key holding a video model's wan_config (moving_shapes.hpp's format), here beside
-/// the FLUX one so that every reader of a model file can refuse a file holding both.
-inline constexpr std::string_view wan_config_metadata_key = "branchgrpo.wan_config";
+/// The safetensors __metadata__ key holding a video model's wan_config (moving_shapes.hpp's format).
+inline constexpr std::string_view wan_config_metadata_key = wan_spec.metadata_key;
 
-/// Throws invalid_input naming `source` and both keys when `metadata` holds both flux_config_metadata_key and
-/// wan_config_metadata_key: such a file declares two families, and which one a reader took would depend on the
-/// order it looked in.
+/// Throws invalid_input naming `source` and the keys when `metadata` holds the config keys of more than one family
+/// of model_spec_table: such a file declares two families, and which one a reader took would depend on the order it
+/// looked in.
 /// Example: {"branchgrpo.flux_config": ..., "branchgrpo.wan_config": ...}, "m/model.safetensors" -> throws
 ///   "m/model.safetensors: __metadata__ holds both 'branchgrpo.flux_config' and 'branchgrpo.wan_config'; a model
 ///   file declares one family".
-/// @post at most one of the two keys is in `metadata`.
+/// @post at most one family's key is in `metadata`.
 inline void require_one_model_family(const std::map<std::string, std::string>& metadata, std::string_view source) {
-  require(!metadata.contains(std::string(flux_config_metadata_key)) ||
-              !metadata.contains(std::string(wan_config_metadata_key)),
-          source, ": __metadata__ holds both '", flux_config_metadata_key, "' and '", wan_config_metadata_key,
-          "'; a model file declares one family");
+  std::vector<std::string> held;
+  for (const model_spec& spec : model_spec_table)
+    if (metadata.contains(std::string(spec.metadata_key))) held.push_back("'" + std::string(spec.metadata_key) + "'");
+  require(held.size() <= 1, source, ": __metadata__ holds ", held.size() == 2 ? "both " : "", name_list(held, " and "),
+          "; a model file declares one family");
 }
 
 namespace detail {

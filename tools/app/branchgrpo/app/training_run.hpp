@@ -1,8 +1,8 @@
 #pragma once
-// A training run of a FLUX (image) or Wan2.1 (video) transformer from a run_config (config/run_config.hpp): what
-// `branchgrpo train`, `sample` and `demo` drive. Video latents [C, F, H, W] go through the same rollout, trainer
-// and checkpoints as image latents; only the model, its decoder (to frames [rows, F, 3, H, W]) and the rewards
-// differ.
+// A training run of a transformer of any model family (app/model_families.hpp: FLUX for images, Wan2.1 for videos)
+// from a run_config (config/run_config.hpp): what `branchgrpo train`, `sample` and `demo` drive. Video latents
+// [C, F, H, W] go through the same rollout, trainer and checkpoints as image latents; only the model, its decoder
+// (to frames [rows, F, 3, H, W]) and the rewards differ, and the run sees the model only as a run_model.
 //
 //   run_model m = load_run_model(config);              transformer + prompt table + latent shape + decoder
 //   weighted_sum r = make_run_reward(config, m);       the [[rewards]] entries
@@ -42,10 +42,9 @@
 #include <string>
 #include <tuple>
 #include <utility>
-#include <variant>
 #include <vector>
 
-#include "branchgrpo/app/flux_run_model.hpp"
+#include "branchgrpo/app/model_families.hpp"
 #include "branchgrpo/app/moving_shapes.hpp"
 #include "branchgrpo/app/remote_reward.hpp"
 #include "branchgrpo/app/reward_builds.hpp"
@@ -56,7 +55,6 @@
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/app/video_rewards.hpp"
 #include "branchgrpo/app/vlm_judge.hpp"
-#include "branchgrpo/app/wan_run_model.hpp"
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/error.hpp"
@@ -67,32 +65,17 @@
 #include "branchgrpo/torch/backend.hpp"
 #include "branchgrpo/torch/checkpoint.hpp"
 #include "branchgrpo/torch/compat.hpp"
-#include "branchgrpo/torch/flux/autoencoder.hpp"
-#include "branchgrpo/torch/flux/denoiser.hpp"
 #include "branchgrpo/torch/flux/prompt_embeddings.hpp"
-#include "branchgrpo/torch/flux/transformer.hpp"
 #include "branchgrpo/torch/guidance.hpp"
 #include "branchgrpo/torch/lora.hpp"
 #include "branchgrpo/torch/policy.hpp"
 #include "branchgrpo/torch/policy_state.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
 #include "branchgrpo/torch/torchscript.hpp"
-#include "branchgrpo/torch/wan/autoencoder.hpp"
-#include "branchgrpo/torch/wan/denoiser.hpp"
-#include "branchgrpo/torch/wan/transformer.hpp"
 #include "branchgrpo/training/loop.hpp"
 #include "branchgrpo/training/trainer.hpp"
 
 namespace branchgrpo {
-
-/// Loads what [model] and [data] name: a model directory (load_shapes_model, or load_video_model for a Wan one) or a
-/// FLUX / Wan config with its checkpoint, the prompt embeddings, and the decoder ("pixels", a TorchScript file
-/// *.pt / *.ptl, an ae.safetensors-layout FLUX autoencoder or the Wan VAE): flux_run_model.hpp's loader for image
-/// models, wan_run_model.hpp's for video ones. Errors are one line naming the file or the key.
-inline run_model load_run_model(const run_config& config) {
-  if (std::holds_alternative<wan_config>(run_transformer_config(config))) return detail::load_video_run_model(config);
-  return detail::load_image_run_model(config);
-}
 
 /// The [[rewards]] entries as one weighted_sum over images in [-1, 1] (image models):
 ///   alignment               shape_alignment{colour_weight, colour_width, fill_width} over the run's prompts
@@ -172,30 +155,6 @@ inline lora_options run_lora_options(const run_config& config) {
   return options;
 }
 
-/// The run's denoiser: the FLUX or the Wan one, as one TorchVelocityModel (velocity, trainable_parameters,
-/// set_adapters_enabled) and Denoiser for the autograd policy, the rollout and the ODE sampler.
-class run_denoiser {
- public:
-  explicit run_denoiser(flux_denoiser denoiser) : denoiser_(std::move(denoiser)) {}
-  explicit run_denoiser(wan_denoiser denoiser) : denoiser_(std::move(denoiser)) {}
-
-  torch::Tensor velocity(const torch::Tensor& x, const denoise_batch& batch) {
-    return std::visit([&](auto& d) { return d.velocity(x, batch); }, denoiser_);
-  }
-  torch::Tensor operator()(const torch::Tensor& x, const denoise_batch& batch) {
-    return std::visit([&](auto& d) { return d(x, batch); }, denoiser_);
-  }
-  std::vector<torch::Tensor> trainable_parameters() {
-    return std::visit([](auto& d) { return d.trainable_parameters(); }, denoiser_);
-  }
-  void set_adapters_enabled(bool enabled) {
-    std::visit([&](auto& d) { d.set_adapters_enabled(enabled); }, denoiser_);
-  }
-
- private:
-  std::variant<flux_denoiser, wan_denoiser> denoiser_;
-};
-
 /// The run's velocity model: its denoiser under classifier-free guidance (model.guidance_scale; 1 = one pass).
 using run_velocity_model = classifier_free_guidance<run_denoiser>;
 /// The run's policy: over its model, for its group (run_group: whatever communicator drives the run).
@@ -222,7 +181,8 @@ struct heldout_evaluation {
 };
 
 /// One training run (see the file comment).
-/// @pre config validated (parse_run_config); model.transformer has no adapters; the model's prompts index
+/// @pre config validated (parse_run_config); model.transformer (set by run_model::hold) has no adapters; the model's
+/// prompts index
 ///      model.embeddings' rows.
 class training_run {
  public:
@@ -240,14 +200,12 @@ class training_run {
         backend_{.device = run_device(config_), .dtype = run_dtype(config_)},
         recipe_(config_.recipe),
         group_(communicator) {
-    require((model_.transformer != nullptr) != model_.is_video(), "training_run needs one transformer");
+    require(model_.transformer != nullptr && model_.make_denoiser,
+            "training_run needs a transformer (run_model::hold)");
     require(!model_.prompts.empty() && static_cast<std::int64_t>(model_.prompts.size()) == model_.embeddings.size(),
             "training_run: ", model_.prompts.size(), " prompts for ", model_.embeddings.size(), " embedding rows");
     model_.network().to(backend_.device, backend_.dtype);
-    if (model_.is_video())
-      model_.video_transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
-    else
-      model_.transformer->set_gradient_checkpointing(config_.model.gradient_checkpointing);
+    model_.set_gradient_checkpointing(config_.model.gradient_checkpointing);
     if (config_.lora.enabled) add_lora(model_.network(), run_lora_options(config_));
     if (backend_.device.is_cuda()) allow_tf32(config_.model.tf32);
     // The prompt table stays where it is (in memory on the host, or in its mapped files): each call copies only
@@ -265,12 +223,8 @@ class training_run {
     };
     append_negatives(model_.negative_embeddings, model_.negative_index);
     append_negatives(model_.heldout.negative_embeddings, model_.heldout.negative_index);
-    run_denoiser denoiser =
-        model_.is_video()
-            ? run_denoiser(wan_denoiser(model_.video_transformer, table))
-            : run_denoiser(flux_denoiser(model_.transformer, table, {.guidance = config_.model.guidance}));
     denoiser_ = std::make_unique<run_velocity_model>(
-        std::move(denoiser),
+        model_.make_denoiser(std::move(table), config_),
         classifier_free_guidance_options{.scale = config_.model.guidance_scale, .negative_rows = negative_rows});
     policy_ = std::make_unique<run_policy>(
         *denoiser_, backend_,

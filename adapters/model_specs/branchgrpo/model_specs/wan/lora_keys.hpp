@@ -1,13 +1,15 @@
 #pragma once
 // Where a LoRA adapter of our Wan2.1 transformer (official names, torch/wan/transformer.hpp) goes in diffusers'
-// WanTransformer3DModel: the official -> diffusers names of every linear layer (the LoRA part of
-// model_specs/wan/layout.hpp's wan_diffusers_to_official, read the other way). Nothing is fused or reordered in
-// either layout, so every adapter keeps its A and B and only the module path changes.
+// WanTransformer3DModel (torch-free; wan_spec's lora_parts and lora_layer): the official -> diffusers names of every
+// linear layer (the LoRA part of model_specs/wan/layout.hpp's wan_diffusers_to_official, read the other way). Nothing
+// is fused or reordered in either layout, so every adapter keeps its A and B and only the module path changes.
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "branchgrpo/core/error.hpp"
-#include "branchgrpo/torch/flux/lora_export.hpp"  // detail::lora_module_rename, detail::split_block_name
+#include "branchgrpo/model_specs/lora_keys.hpp"
 
 namespace branchgrpo {
 
@@ -44,6 +46,24 @@ inline std::string wan_lora_diffusers_name(std::string_view layer) {
     for (const auto& entry : detail::wan_lora_block)
       if (rest == entry.ours) return "blocks." + index + "." + std::string(entry.diffusers);
   fail("LoRA layer '", layer, "' is not a linear layer of the Wan transformer (official names)");
+}
+
+/// wan_lora_diffusers_name as the one part every rows of B go to (model_spec::lora_parts).
+/// Example: ("blocks.0.ffn.2", 40, 56) -> {blocks.0.ffn.net.2, rows [0, 40)}.
+inline std::vector<lora_key_part> wan_lora_diffusers_parts(std::string_view layer, std::int64_t out_rows,
+                                                           std::int64_t /*in_features*/) {
+  return {{.name = wan_lora_diffusers_name(layer), .row_offset = 0, .rows = out_rows}};
+}
+
+/// Whether `layer` is one of Wan's linear layers (official names). Example: "blocks.0.self_attn.q" -> true.
+inline bool wan_lora_layer(std::string_view layer) {
+  for (const auto& entry : detail::wan_lora_top_level)
+    if (layer == entry.ours) return true;
+  std::string index, rest;
+  if (detail::split_block_name(layer, "blocks.", index, rest))
+    for (const auto& entry : detail::wan_lora_block)
+      if (rest == entry.ours) return true;
+  return false;
 }
 
 }  // namespace branchgrpo

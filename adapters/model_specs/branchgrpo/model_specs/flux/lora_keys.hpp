@@ -1,5 +1,6 @@
 #pragma once
-// Where a LoRA adapter of our FLUX transformer (bfl names, torch/flux/transformer.hpp) goes in diffusers'
+// Where a LoRA adapter of our FLUX transformer (bfl names, torch/flux/transformer.hpp) goes (torch-free; flux_spec's
+// lora_parts and lora_layer) in diffusers'
 // FluxTransformer2DModel: the bfl -> diffusers module names of every linear layer (the LoRA part of
 // model_specs/flux/layout.hpp's flux_diffusers_to_bfl, read the other way), with the rows of the fused projections.
 //
@@ -13,24 +14,11 @@
 #include <vector>
 
 #include "branchgrpo/core/error.hpp"
+#include "branchgrpo/model_specs/lora_keys.hpp"
 
 namespace branchgrpo {
 
-/// One diffusers module fed by (a part of) one bfl linear layer: the rows [row_offset, row_offset + rows) of the
-/// bfl layer's output (of B), or, with swap_halves, all rows with the two halves exchanged.
-struct lora_key_part {
-  std::string name;  ///< diffusers module path, e.g. "transformer_blocks.0.attn.to_q"
-  std::int64_t row_offset = 0;
-  std::int64_t rows = 0;
-  bool swap_halves = false;
-};
-
 namespace detail {
-
-// One module's path in our layout (bfl for FLUX, official for Wan) and in diffusers'.
-struct lora_module_rename {
-  std::string_view ours, diffusers;
-};
 
 // bfl -> diffusers names of the layers outside the blocks.
 inline constexpr lora_module_rename flux_lora_top_level[] = {
@@ -57,19 +45,6 @@ inline constexpr lora_module_rename flux_lora_single_block[] = {
     {"linear2", "proj_out"},
     {"modulation.lin", "norm.linear"},
 };
-
-// "double_blocks.7.img_attn.qkv" with prefix "double_blocks." -> {"7", "img_attn.qkv"}; false when it is not one.
-inline bool split_block_name(std::string_view layer, std::string_view prefix, std::string& index, std::string& rest) {
-  if (!layer.starts_with(prefix)) return false;
-  const std::string_view tail = layer.substr(prefix.size());
-  const auto dot = tail.find('.');
-  if (dot == 0 || dot == std::string_view::npos ||
-      tail.substr(0, dot).find_first_not_of("0123456789") != std::string_view::npos)
-    return false;
-  index = std::string(tail.substr(0, dot));
-  rest = std::string(tail.substr(dot + 1));
-  return true;
-}
 
 }  // namespace detail
 
@@ -116,6 +91,16 @@ inline std::vector<lora_key_part> flux_lora_diffusers_parts(std::string_view lay
       if (rest == entry.ours) return whole(block + std::string(entry.diffusers));
   }
   fail("LoRA layer '", layer, "' is not a linear layer of the FLUX transformer (bfl names)");
+}
+
+/// Whether `layer` is named as one of FLUX's (bfl names: a block or a top-level module), the test export-lora tells
+/// a checkpoint's family by. Example: "double_blocks.0.img_attn.qkv" -> true; "blocks.0.self_attn.q" -> false.
+inline bool flux_lora_layer(std::string_view layer) {
+  constexpr std::string_view roots[] = {"double_blocks.", "single_blocks.", "img_in",       "txt_in",
+                                        "time_in.",       "vector_in.",     "guidance_in.", "final_layer."};
+  for (const std::string_view root : roots)
+    if (layer.starts_with(root)) return true;
+  return false;
 }
 
 }  // namespace branchgrpo
