@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(cmake g++ catch2 librandom123-dev libcli11-dev nlohmann-json3-dev libeigen3-dev libxtensor-dev
-          libbenchmark-dev libopenblas0-pthread python3 python3-numpy python3-pil libtorch-dev libgloo-dev python3-torch
+          libbenchmark-dev libopenblas0-pthread python3 python3-venv python3-numpy python3-pil libtorch-dev libgloo-dev python3-torch
           python3-torchvision clang libtomlplusplus-dev libturbojpeg0-dev libpng-dev libgif-dev libcurl4-openssl-dev
           ccache)
 
@@ -59,4 +59,31 @@ if ! /usr/bin/python3 -c 'import tensorboardX; from tensorboard.backend.event_pr
   echo "setup.sh: installing tensorboard and tensorboardX for /usr/bin/python3"
   "${as_root[@]}" /usr/bin/python3 -m pip install --quiet --root-user-action=ignore --break-system-packages \
     'tensorboard==2.15.2' 'tensorboardX==2.6.2.2' 'protobuf==6.33.6'
+fi
+
+# The project's venv (.venv) for the Python package (docs/python.md): the build tools and test tools pinned in
+# python/requirements.txt, installed when the venv lacks any of them (a no-op otherwise).
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ ! -x "$root/.venv/bin/python" ]]; then
+  echo "setup.sh: creating the project's venv (.venv)"
+  python3 -m venv "$root/.venv"
+fi
+if ! "$root/.venv/bin/python" - "$root/python/requirements.txt" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, pinned = line.split("==")
+    try:
+        if version(name) != pinned:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+then
+  echo "setup.sh: installing python/requirements.txt into .venv"
+  "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/python/requirements.txt"
 fi

@@ -6,4 +6,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
+./scripts/python_package.sh
 ctest --test-dir build --output-on-failure -j2

@@ -1,0 +1,233 @@
+// branchgrpo._core: the C++ engine's plans, trees and methods as a Python extension (nanobind). It adapts only:
+// every rule, name and number comes from the library's own descriptions (parameters(), policy_list, with_method),
+// so that the package and the C++ tool are one engine. No LibTorch: arrays cross as numpy views of the engine's own
+// memory (nb::ndarray owned by the Python object that holds it).
+//
+//   topologies()                     every topology policy: name, summary, parameters with defaults and rules
+//   plan(kind, steps, **params)      a TreePlan: branching and edge kinds per step, node / leaf / evaluation counts
+//   Tree(plan, trees)                the forest's structure: parent, step, kind, sibling rank, leaves as numpy views
+//   methods()                        every name with_method knows; method_plan(name, steps): its tree plan
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/core/parameters.hpp"
+#include "branchgrpo/core/policy_list.hpp"
+#include "branchgrpo/topology/catalog.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/tree/rollout_tree.hpp"
+#include "branchgrpo/tree/tree_plan.hpp"
+
+namespace nb = nanobind;
+namespace bg = branchgrpo;
+
+namespace {
+
+// --- Parameters from Python values, by the policy's own description ---------------------------------------------
+
+// What a parameter of type V takes, for messages: "an integer", "a list of integers".
+template <class V>
+std::string type_text() {
+  if constexpr (std::is_same_v<V, bool>) return "True or False";
+  else if constexpr (std::is_integral_v<V>) return "an integer";
+  else if constexpr (std::is_floating_point_v<V>) return "a number";
+  else if constexpr (std::is_same_v<V, std::string> || bg::NamedEnum<V>) return "a string";
+  else return "a list of " + type_text<typename V::value_type>().substr(type_text<typename V::value_type>().find(' ') + 1) + "s";
+}
+
+// `value` as the parameter's type, or a TypeError naming `where` ("topology.branching = 2: must be a list of
+// integers").
+template <class V>
+V from_python(const nb::handle& value, const std::string& where) {
+  try {
+    if constexpr (std::is_same_v<V, bool>) {
+      if (!nb::isinstance<nb::bool_>(value)) throw nb::cast_error();
+      return nb::cast<bool>(value);
+    } else if constexpr (std::is_integral_v<V>) {
+      if (nb::isinstance<nb::bool_>(value) || !nb::isinstance<nb::int_>(value)) throw nb::cast_error();
+      return nb::cast<V>(value);
+    } else if constexpr (std::is_floating_point_v<V>) {
+      if (nb::isinstance<nb::bool_>(value)) throw nb::cast_error();
+      return nb::cast<V>(value);
+    } else if constexpr (std::is_same_v<V, std::string>) {
+      return nb::cast<std::string>(value);
+    } else if constexpr (bg::NamedEnum<V>) {
+      const std::string name = nb::cast<std::string>(value);
+      for (const auto& choice : enum_choices(V{}))
+        if (choice.name == name) return choice.value;
+      std::vector<std::string_view> names;
+      for (const auto& choice : enum_choices(V{})) names.push_back(choice.name);
+      throw nb::value_error((where + " = '" + name + "': must be " + bg::name_list(names)).c_str());
+    } else {
+      if (!nb::isinstance<nb::list>(value) && !nb::isinstance<nb::tuple>(value)) throw nb::cast_error();
+      V out;
+      for (const nb::handle item : value)
+        out.push_back(from_python<typename V::value_type>(item, where + "[" + std::to_string(out.size()) + "]"));
+      return out;
+    }
+  } catch (const nb::cast_error&) {
+    throw nb::type_error((where + " = " + nb::cast<std::string>(nb::repr(value)) + ": must be " + type_text<V>())
+                             .c_str());
+  }
+}
+
+// Sets every entry of `params` on `policy` by its parameters() and checks each against its rule, naming it
+// ("topology.branching = [0]: ..."); an unknown key lists the policy's.
+template <class P>
+void set_parameters(P& policy, const nb::dict& params, std::string_view section) {
+  for (const auto& [key, value] : params) {
+    const std::string name = nb::cast<std::string>(key);
+    bool found = false;
+    std::vector<std::string_view> known;
+    std::apply(
+        [&](const auto&... p) {
+          (([&] {
+             known.push_back(p.name);
+             if (p.name != name) return;
+             found = true;
+             using V = typename std::decay_t<decltype(p)>::value_type;
+             policy.*(p.member) = from_python<V>(value, std::string(section) + "." + name);
+           }()),
+           ...);
+        },
+        bg::parameters_of<P>());
+    if (!found)
+      throw nb::value_error((std::string(section) + "." + name + ": unknown key (" + std::string(P::name) +
+                             " has: " + bg::name_list(known, ", ") + ")")
+                                .c_str());
+  }
+  bg::validate_parameters(policy, section);
+}
+
+// --- Plans --------------------------------------------------------------------------------------------------------
+
+bg::tree_plan make_plan(const std::string& kind, int steps, const nb::dict& params) {
+  auto topology = bg::make_policy<bg::topology_policies>(kind);
+  std::visit([&](auto& p) { set_parameters(p, params, "topology"); }, topology);
+  return std::visit([&](const auto& p) { return p(steps); }, topology);
+}
+
+std::vector<std::string> kind_names(const bg::tree_plan& plan) {
+  std::vector<std::string> out;
+  for (const bg::edge_kind k : plan.kinds)
+    out.emplace_back(k == bg::edge_kind::sde ? "sde" : k == bg::edge_kind::ode ? "ode" : "skip");
+  return out;
+}
+
+// --- Trees --------------------------------------------------------------------------------------------------------
+
+// A forest of `trees` trees of one plan, its arrays copied once out of rollout_tree and exposed as read-only views.
+struct forest {
+  forest(const bg::tree_plan& plan, std::int32_t trees) : tree(plan, tree_infos(trees)) {
+    const std::int32_t n = tree.node_count();
+    parent.resize(static_cast<std::size_t>(n));
+    step.resize(static_cast<std::size_t>(n));
+    kind.resize(static_cast<std::size_t>(n));
+    sibling.resize(static_cast<std::size_t>(n));
+    for (std::int32_t i = 0; i < n; ++i) {
+      parent[static_cast<std::size_t>(i)] = tree.parent(i);
+      step[static_cast<std::size_t>(i)] = tree.step(i);
+      kind[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(tree.kind(i));
+      sibling[static_cast<std::size_t>(i)] = tree.sibling_rank(i);
+    }
+    leaves.assign(tree.leaves().begin(), tree.leaves().end());
+  }
+  static std::vector<bg::tree_info> tree_infos(std::int32_t trees) {
+    bg::require(trees >= 1, "Tree: trees = ", trees, ": must be at least 1");
+    return std::vector<bg::tree_info>(static_cast<std::size_t>(trees));
+  }
+
+  bg::rollout_tree tree;
+  std::vector<std::int32_t> parent, step, sibling, leaves;
+  std::vector<std::uint8_t> kind;
+};
+
+template <class T>
+nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(nb::handle owner, const std::vector<T>& values) {
+  return nb::ndarray<nb::numpy, const T, nb::ndim<1>>(values.data(), {values.size()}, owner);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "The branchgrpo C++ engine (plans, trees, methods); see the branchgrpo package.";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const bg::invalid_input& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  nb::class_<bg::tree_plan>(m, "TreePlan")
+      .def_ro("steps", &bg::tree_plan::steps)
+      .def_ro("roots", &bg::tree_plan::roots)
+      .def_ro("branching", &bg::tree_plan::branching)
+      .def_prop_ro("kinds", &kind_names)
+      .def_prop_ro("node_count", &bg::tree_plan::node_count)
+      .def_prop_ro("leaf_count", &bg::tree_plan::leaf_count)
+      .def_prop_ro("evaluations", &bg::tree_plan::evaluations)
+      .def_prop_ro("edge_count", &bg::tree_plan::edge_count)
+      .def_prop_ro("branching_steps", &bg::tree_plan::branching_steps)
+      .def("node_count_at_step", &bg::tree_plan::node_count_at_step, nb::arg("step"));
+
+  m.def(
+      "plan", [](const std::string& kind, int steps, const nb::kwargs& params) { return make_plan(kind, steps, params); },
+      nb::arg("kind"), nb::arg("steps"), nb::arg("params"));
+
+  m.def("topologies", [] {
+    nb::list out;
+    for (const bg::policy_description& d : bg::describe_policies<bg::topology_policies>()) {
+      nb::list parameters;
+      for (const auto& p : d.parameters) {
+        nb::dict parameter;
+        parameter["name"] = p.name;
+        parameter["default"] = p.default_value;
+        parameter["rule"] = p.constraint;
+        parameter["meaning"] = p.meaning;
+        parameters.append(parameter);
+      }
+      nb::dict policy;
+      policy["name"] = d.name;
+      policy["summary"] = d.summary;
+      policy["parameters"] = parameters;
+      out.append(policy);
+    }
+    return out;
+  });
+
+  m.def("methods", [] {
+    std::vector<std::string_view> out(bg::method_names.begin(), bg::method_names.end());
+    out.insert(out.end(), bg::flash_method_names.begin(), bg::flash_method_names.end());
+    out.insert(out.end(), bg::decoupled_method_names.begin(), bg::decoupled_method_names.end());
+    return out;
+  });
+  m.def(
+      "method_plan",
+      [](const std::string& name, int steps) {
+        return bg::with_method(name, [&](const auto& recipe) { return bg::tree_plan(recipe.topology(steps)); });
+      },
+      nb::arg("name"), nb::arg("steps"));
+
+  nb::class_<forest>(m, "Tree")
+      .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)
+      .def_prop_ro("node_count", [](const forest& f) { return f.tree.node_count(); })
+      .def_prop_ro("tree_count", [](const forest& f) { return f.tree.tree_count(); })
+      .def_prop_ro("nodes_per_tree", [](const forest& f) { return f.tree.nodes_per_tree(); })
+      .def_prop_ro("evaluations", [](const forest& f) { return f.tree.evaluations(); })
+      .def_prop_ro("edge_count", [](const forest& f) { return f.tree.edge_count(); })
+      .def_prop_ro("parent", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).parent); })
+      .def_prop_ro("step", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).step); })
+      .def_prop_ro("kind", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).kind); })
+      .def_prop_ro("sibling_rank", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).sibling); })
+      .def_prop_ro("leaves", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).leaves); });
+}
