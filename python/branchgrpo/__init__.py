@@ -1,4 +1,4 @@
-"""BranchGRPO's C++ engine from Python: tree plans, trees and methods (docs/python.md).
+"""BranchGRPO's C++ engine from Python: tree plans, trees, methods and the rollout (docs/python.md).
 
 The package binds the one engine the C++ library and the ``branchgrpo`` tool run; every name, rule and number comes
 from the library's own descriptions.
@@ -12,14 +12,15 @@ from the library's own descriptions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from branchgrpo import _core
-from branchgrpo._core import Tree, TreePlan
+from branchgrpo._core import Rollout, Tree, TreePlan
 
 __version__ = "0.1.0"
 
-__all__ = ["Tree", "TreePlan", "__version__", "method_plan", "methods", "plan", "topologies"]
+__all__ = ["Rollout", "Tree", "TreePlan", "__version__", "method_plan", "methods", "plan", "rollout", "topologies"]
 
 
 def plan(kind: str, steps: int, **params: Any) -> TreePlan:
@@ -72,3 +73,70 @@ def method_plan(name: str, steps: int) -> TreePlan:
     ValueError: unknown method 'grpo' ...
     """
     return _core.method_plan(name, steps)
+
+
+def rollout(
+    velocity: Callable[..., Any],
+    *,
+    prompts: Sequence[int],
+    latent_shape: Sequence[int],
+    method: str = "branch",
+    steps: int = 20,
+    shift: float = 3.0,
+    seed: int = 0,
+    iteration: int = 0,
+    max_batch: int = 64,
+    device: Any = "cpu",
+    dtype: Any = None,
+) -> Rollout:
+    """One iteration's rollout of ``method``'s trees, one per prompt, by the C++ engine on torch latents.
+
+    The engine batches each step's frontier (at most ``max_batch`` rows per call) and calls
+    ``velocity(latents, sigma, step, prompts, trees)`` once per batch: ``latents`` is a tensor of rows on
+    ``device`` in ``dtype`` (default float32), ``prompts`` and ``trees`` int64 tensors with each row's prompt and
+    tree key; it returns the velocity, a tensor like ``latents``. The noise is the engine's keyed draw (seed,
+    iteration, tree, node), the same as the C++ tool's, and the schedule the shifted linear one (``shift``).
+
+    >>> import torch
+    >>> r = rollout(lambda x, sigma, step, prompts, trees: -x, prompts=[0, 1], latent_shape=[2, 4, 4], steps=20)
+    >>> (r.tree.node_count, r.evaluations, len(r.latents), tuple(r.latents[-1].shape))
+    (438, 406, 21, (32, 2, 4, 4))
+    >>> rollout(lambda x, *rest: x[:1], prompts=[0, 1], latent_shape=[2], steps=20)
+    Traceback (most recent call last):
+    ValueError: velocity at iteration 0, step 0 (2 rows): returned shape (1, 2), the latents are (2, 2)
+    """
+    import torch
+
+    torch_dtype = torch.float32 if dtype is None else dtype
+    if torch_dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        raise TypeError(f"rollout: dtype = {torch_dtype!r}: must be torch.float32, float64, bfloat16 or float16")
+    for name, values, low in (("prompts", prompts, 0), ("latent_shape", latent_shape, 1)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise TypeError(f"rollout: {name} = {list(values)!r}: must be integers")
+        if any(v < low for v in values):
+            raise ValueError(f"rollout: {name} = {list(values)!r}: every value must be at least {low}")
+    for name, value, low, high in (
+        ("steps", steps, 1, 255),
+        ("seed", seed, 0, 2**64 - 1),
+        ("iteration", iteration, 0, 2**32 - 1),
+        ("max_batch", max_batch, 1, 2**62),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"rollout: {name} = {value!r}: must be an integer")
+        if not low <= value <= high:
+            raise ValueError(f"rollout: {name} = {value}: must be in [{low}, {high}]")
+    if not callable(velocity):
+        raise TypeError(f"rollout: velocity = {velocity!r}: must be callable")
+    return _core.rollout(
+        method,
+        velocity,
+        list(prompts),
+        list(latent_shape),
+        steps,
+        float(shift),
+        seed,
+        iteration,
+        max_batch,
+        torch.device(device),
+        torch_dtype,
+    )

@@ -53,3 +53,42 @@ def plan(kind: str, steps: int, **params: Any) -> TreePlan: ...
 def topologies() -> list[dict[str, Any]]: ...
 def methods() -> list[str]: ...
 def method_plan(name: str, steps: int) -> TreePlan: ...
+
+class Rollout:
+    @property
+    def tree(self) -> Tree: ...
+    @property
+    def latents(self) -> list[Any]: ...
+    @property
+    def log_probs(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def edge_std(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def evaluations(self) -> int: ...
+    @property
+    def denoiser_calls(self) -> int: ...
+
+def rollout(
+    method: str,
+    velocity: Any,
+    prompts: list[int],
+    latent: list[int],
+    steps: int,
+    shift: float,
+    seed: int,
+    iteration: int,
+    max_batch: int,
+    device: Any,
+    dtype: Any,
+) -> Rollout: ...
+def _linear_reference(
+    method: str,
+    a: float,
+    prompts: list[int],
+    latent: list[int],
+    steps: int,
+    shift: float,
+    seed: int,
+    iteration: int,
+    max_batch: int,
+) -> list[list[float]]: ...

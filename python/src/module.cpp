@@ -7,6 +7,8 @@
 //   plan(kind, steps, **params)      a TreePlan: branching and edge kinds per step, node / leaf / evaluation counts
 //   Tree(plan, trees)                the forest's structure: parent, step, kind, sibling rank, leaves as numpy views
 //   methods()                        every name with_method knows; method_plan(name, steps): its tree plan
+//   rollout(method, velocity, ...)   the engine's frontier-batched rollout of a method's trees on torch latents,
+//                                    calling the Python velocity once per batch (torch_backend.hpp)
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -22,10 +24,15 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/core/policy_list.hpp"
+#include "branchgrpo/rollout/engine.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/trainer.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 #include "branchgrpo/tree/tree_plan.hpp"
+#include "torch_backend.hpp"
 
 namespace nb = nanobind;
 namespace bg = branchgrpo;
@@ -37,11 +44,17 @@ namespace {
 // What a parameter of type V takes, for messages: "an integer", "a list of integers".
 template <class V>
 std::string type_text() {
-  if constexpr (std::is_same_v<V, bool>) return "True or False";
-  else if constexpr (std::is_integral_v<V>) return "an integer";
-  else if constexpr (std::is_floating_point_v<V>) return "a number";
-  else if constexpr (std::is_same_v<V, std::string> || bg::NamedEnum<V>) return "a string";
-  else return "a list of " + type_text<typename V::value_type>().substr(type_text<typename V::value_type>().find(' ') + 1) + "s";
+  if constexpr (std::is_same_v<V, bool>)
+    return "True or False";
+  else if constexpr (std::is_integral_v<V>)
+    return "an integer";
+  else if constexpr (std::is_floating_point_v<V>)
+    return "a number";
+  else if constexpr (std::is_same_v<V, std::string> || bg::NamedEnum<V>)
+    return "a string";
+  else
+    return "a list of " +
+           type_text<typename V::value_type>().substr(type_text<typename V::value_type>().find(' ') + 1) + "s";
 }
 
 // `value` as the parameter's type, or a TypeError naming `where` ("topology.branching = 2: must be a list of
@@ -75,8 +88,8 @@ V from_python(const nb::handle& value, const std::string& where) {
       return out;
     }
   } catch (const nb::cast_error&) {
-    throw nb::type_error((where + " = " + nb::cast<std::string>(nb::repr(value)) + ": must be " + type_text<V>())
-                             .c_str());
+    throw nb::type_error(
+        (where + " = " + nb::cast<std::string>(nb::repr(value)) + ": must be " + type_text<V>()).c_str());
   }
 }
 
@@ -156,6 +169,77 @@ nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(nb::handle owner, const std::v
   return nb::ndarray<nb::numpy, const T, nb::ndim<1>>(values.data(), {values.size()}, owner);
 }
 
+// --- The rollout -------------------------------------------------------------------------------------------------
+
+// What a rollout returns to Python: the forest (as a Tree), the latents of every step (torch tensors, rows in the
+// forest's order at that step), each node's log-prob and scoring std (numpy), the evaluation and call counts.
+struct rollout_output {
+  forest trees;
+  std::vector<nb::object> latents;
+  std::vector<double> log_probs, edge_std;
+  std::int64_t evaluations = 0, denoiser_calls = 0;
+};
+
+struct rollout_request {
+  std::string method;
+  int steps = 20;
+  double shift = 3.0;
+  std::vector<std::int64_t> prompts, latent;
+  std::uint64_t seed = 0;
+  std::uint32_t iteration = 0;
+  std::int64_t max_batch = 64;
+};
+
+// One iteration's rollout as train_iteration's stage 1 does it: the method's plan shaped by its pruner at this
+// iteration and made ODE where its stepper draws no noise, one tree per prompt keyed by its position, the shifted
+// linear schedule.
+rollout_output run_rollout(const rollout_request& r, nb::object velocity, nb::object device, nb::object dtype) {
+  bg::require(!r.prompts.empty(), "rollout: prompts is empty: give one prompt index per tree");
+  const nb::object ops = nb::module_::import_("branchgrpo._torch_ops");
+  bg::python::python_torch_backend backend{.ops = ops, .device = device, .dtype = dtype};
+  bg::python::python_velocity denoiser{.ops = ops, .velocity = std::move(velocity), .iteration = r.iteration};
+  const bg::latent_shape shape{r.latent};
+  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  return bg::with_method(r.method, [&](const auto& recipe) {
+    const bg::tree_plan plan =
+        bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
+                                recipe.stepper, schedule);
+    auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
+                              bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
+                              {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
+    rollout_output out{.trees = forest(plan, static_cast<std::int32_t>(r.prompts.size())),
+                       .latents = std::move(result.latents),
+                       .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
+                       .edge_std = std::move(result.edge_std),
+                       .evaluations = result.evaluations,
+                       .denoiser_calls = result.denoiser_calls};
+    return out;
+  });
+}
+
+// The same rollout on the core's host_backend (float64) with the velocity v = a x computed in C++: the reference the
+// package's tests hold rollout() to (every latent of every step, row-major doubles).
+std::vector<std::vector<double>> linear_reference(const rollout_request& r, double a) {
+  bg::host_backend backend;
+  const auto velocity = [&](const bg::host_tensor& x, const bg::denoise_batch&) {
+    return backend.affine(a, x, 0.0, x);
+  };
+  const bg::latent_shape shape{r.latent};
+  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  return bg::with_method(r.method, [&](const auto& recipe) {
+    const bg::tree_plan plan =
+        bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
+                                recipe.stepper, schedule);
+    auto denoiser = velocity;
+    const auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
+                                    bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
+                                    {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
+    std::vector<std::vector<double>> out;
+    for (const bg::host_tensor& step : result.latents) out.push_back(step.values);
+    return out;
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -181,7 +265,8 @@ NB_MODULE(_core, m) {
       .def("node_count_at_step", &bg::tree_plan::node_count_at_step, nb::arg("step"));
 
   m.def(
-      "plan", [](const std::string& kind, int steps, const nb::kwargs& params) { return make_plan(kind, steps, params); },
+      "plan",
+      [](const std::string& kind, int steps, const nb::kwargs& params) { return make_plan(kind, steps, params); },
       nb::arg("kind"), nb::arg("steps"), nb::arg("params"));
 
   m.def("topologies", [] {
@@ -217,6 +302,54 @@ NB_MODULE(_core, m) {
         return bg::with_method(name, [&](const auto& recipe) { return bg::tree_plan(recipe.topology(steps)); });
       },
       nb::arg("name"), nb::arg("steps"));
+
+  nb::class_<rollout_output>(m, "Rollout")
+      .def_prop_ro("tree",
+                   [](nb::handle self) {
+                     return nb::cast(&nb::cast<rollout_output&>(self).trees, nb::rv_policy::reference_internal, self);
+                   })
+      .def_ro("latents", &rollout_output::latents)
+      .def_prop_ro("log_probs",
+                   [](nb::handle self) { return view(self, nb::cast<const rollout_output&>(self).log_probs); })
+      .def_prop_ro("edge_std",
+                   [](nb::handle self) { return view(self, nb::cast<const rollout_output&>(self).edge_std); })
+      .def_ro("evaluations", &rollout_output::evaluations)
+      .def_ro("denoiser_calls", &rollout_output::denoiser_calls);
+
+  m.def(
+      "rollout",
+      [](const std::string& method, nb::object velocity, std::vector<std::int64_t> prompts,
+         std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
+         std::int64_t max_batch, nb::object device, nb::object dtype) {
+        return run_rollout({.method = method,
+                            .steps = steps,
+                            .shift = shift,
+                            .prompts = std::move(prompts),
+                            .latent = std::move(latent),
+                            .seed = seed,
+                            .iteration = iteration,
+                            .max_batch = max_batch},
+                           std::move(velocity), std::move(device), std::move(dtype));
+      },
+      nb::arg("method"), nb::arg("velocity"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
+      nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"), nb::arg("device"), nb::arg("dtype"));
+
+  m.def(
+      "_linear_reference",
+      [](const std::string& method, double a, std::vector<std::int64_t> prompts, std::vector<std::int64_t> latent,
+         int steps, double shift, std::uint64_t seed, std::uint32_t iteration, std::int64_t max_batch) {
+        return linear_reference({.method = method,
+                                 .steps = steps,
+                                 .shift = shift,
+                                 .prompts = std::move(prompts),
+                                 .latent = std::move(latent),
+                                 .seed = seed,
+                                 .iteration = iteration,
+                                 .max_batch = max_batch},
+                                a);
+      },
+      nb::arg("method"), nb::arg("a"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
+      nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"));
 
   nb::class_<forest>(m, "Tree")
       .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)
