@@ -1,4 +1,4 @@
-"""BranchGRPO's C++ engine from Python: tree plans, trees, methods and the rollout (docs/python.md).
+"""BranchGRPO's C++ engine from Python: tree plans, trees, methods, the rollout, rewards and credit (docs/python.md).
 
 The package binds the one engine the C++ library and the ``branchgrpo`` tool run; every name, rule and number comes
 from the library's own descriptions.
@@ -15,12 +15,27 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from branchgrpo import _core
-from branchgrpo._core import Rollout, Tree, TreePlan
+from branchgrpo._core import Credit, Rollout, Tree, TreePlan
 
 __version__ = "0.1.0"
 
-__all__ = ["Rollout", "Tree", "TreePlan", "__version__", "method_plan", "methods", "plan", "rollout", "topologies"]
+__all__ = [
+    "Credit",
+    "Rollout",
+    "Tree",
+    "TreePlan",
+    "__version__",
+    "credit",
+    "method_plan",
+    "methods",
+    "plan",
+    "rollout",
+    "score",
+    "topologies",
+]
 
 
 def plan(kind: str, steps: int, **params: Any) -> TreePlan:
@@ -140,3 +155,57 @@ def rollout(
         torch.device(device),
         torch_dtype,
     )
+
+
+def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = False) -> np.ndarray:
+    """Each leaf's reward, in ``result.tree.leaves`` order: ``reward(leaves, prompts)`` (pointwise) or, with
+    ``groupwise``, ``reward(leaves, prompts, groups)`` where ``groups[i]`` is leaf i's tree (GRPO-style scorers that
+    rank a prompt's samples together). ``leaves`` is the last step's latents, ``prompts`` and ``groups`` int64
+    tensors. One finite number per leaf, else a ``ValueError`` naming the leaves.
+
+    >>> r = rollout(lambda x, *rest: -x, prompts=[0, 1], latent_shape=[2], method="dance")
+    >>> s = score(r, lambda leaves, prompts: -leaves.square().sum(1))
+    >>> s.shape
+    (32,)
+    >>> score(r, lambda leaves, prompts: leaves.sum(1)[:3])
+    Traceback (most recent call last):
+    ValueError: reward returned 3 scores for 32 leaves
+    """
+    import torch
+
+    tree = result.tree
+    leaves = result.latents[-1]
+    groups = torch.from_numpy(tree.leaves.astype(np.int64) // tree.nodes_per_tree)
+    prompts = torch.from_numpy(tree.prompts.astype(np.int64))[groups]
+    out = reward(leaves, prompts, groups) if groupwise else reward(leaves, prompts)
+    if isinstance(out, torch.Tensor):
+        out = out.detach().to("cpu", torch.float64).numpy()
+    values = np.asarray(out, dtype=np.float64).reshape(-1)
+    if values.shape[0] != leaves.shape[0]:
+        raise ValueError(f"reward returned {values.shape[0]} scores for {leaves.shape[0]} leaves")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        shown = ", ".join(str(i) for i in bad[:8]) + (", ..." if bad.size > 8 else "")
+        raise ValueError(f"reward returned NaN or inf for leaves {shown} (of {leaves.shape[0]})")
+    return values
+
+
+def credit(
+    result: Rollout, rewards: Sequence[float] | np.ndarray, *, iteration: int = 0, total_iterations: int = 1
+) -> Credit:
+    """Stage 3 of an iteration on ``result``'s forest: its method's fusion, normalizer and pruner over the leaf
+    ``rewards`` (``score``'s order). A tree with a NaN reward is left out, as the C++ trainer leaves it out.
+
+    Returns a ``Credit``: ``kept_trees``, ``fused`` and ``advantages`` and ``mask`` per node of the kept trees,
+    ``trained`` (the nodes of the whole forest whose SDE edges train, by step) and ``edge_advantage`` (per node of
+    the whole forest: a trained edge's advantage, else 0).
+
+    >>> r = rollout(lambda x, *rest: -x, prompts=[0, 1], latent_shape=[2])
+    >>> c = credit(r, score(r, lambda leaves, prompts: -leaves.square().sum(1)))
+    >>> (len(c.trained), c.edge_advantage.shape)
+    (436, (438,))
+    >>> abs(float(c.advantages[r.tree.leaves[:16]].mean())) < 1e-12  # depth-wise: each depth's mean is 0
+    True
+    """
+    values = np.ascontiguousarray(np.asarray(rewards, dtype=np.float64).reshape(-1))
+    return _core.credit(result.method, result.tree, values.tolist(), iteration, total_iterations)

@@ -28,6 +28,7 @@
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/topology/catalog.hpp"
+#include "branchgrpo/training/credit.hpp"
 #include "branchgrpo/training/methods.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
@@ -140,7 +141,8 @@ std::vector<std::string> kind_names(const bg::tree_plan& plan) {
 
 // A forest of `trees` trees of one plan, its arrays copied once out of rollout_tree and exposed as read-only views.
 struct forest {
-  forest(const bg::tree_plan& plan, std::int32_t trees) : tree(plan, tree_infos(trees)) {
+  forest(const bg::tree_plan& plan, std::int32_t trees) : forest(bg::rollout_tree(plan, tree_infos(trees))) {}
+  explicit forest(bg::rollout_tree built) : tree(std::move(built)) {
     const std::int32_t n = tree.node_count();
     parent.resize(static_cast<std::size_t>(n));
     step.resize(static_cast<std::size_t>(n));
@@ -153,6 +155,7 @@ struct forest {
       sibling[static_cast<std::size_t>(i)] = tree.sibling_rank(i);
     }
     leaves.assign(tree.leaves().begin(), tree.leaves().end());
+    for (std::int32_t t = 0; t < tree.tree_count(); ++t) prompts.push_back(tree.info(t).prompt);
   }
   static std::vector<bg::tree_info> tree_infos(std::int32_t trees) {
     bg::require(trees >= 1, "Tree: trees = ", trees, ": must be at least 1");
@@ -162,6 +165,7 @@ struct forest {
   bg::rollout_tree tree;
   std::vector<std::int32_t> parent, step, sibling, leaves;
   std::vector<std::uint8_t> kind;
+  std::vector<std::int64_t> prompts;  ///< each tree's prompt
 };
 
 template <class T>
@@ -174,6 +178,7 @@ nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(nb::handle owner, const std::v
 // What a rollout returns to Python: the forest (as a Tree), the latents of every step (torch tensors, rows in the
 // forest's order at that step), each node's log-prob and scoring std (numpy), the evaluation and call counts.
 struct rollout_output {
+  std::string method;
   forest trees;
   std::vector<nb::object> latents;
   std::vector<double> log_probs, edge_std;
@@ -207,13 +212,42 @@ rollout_output run_rollout(const rollout_request& r, nb::object velocity, nb::ob
     auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
                               bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
                               {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
-    rollout_output out{.trees = forest(plan, static_cast<std::int32_t>(r.prompts.size())),
+    rollout_output out{.method = r.method,
+                       .trees = forest(result.tree),
                        .latents = std::move(result.latents),
                        .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
                        .edge_std = std::move(result.edge_std),
                        .evaluations = result.evaluations,
                        .denoiser_calls = result.denoiser_calls};
     return out;
+  });
+}
+
+// --- Credit -------------------------------------------------------------------------------------------------------
+
+// Stage 3 of train_iteration on a rollout's forest and its leaf rewards: the method's fusion, normalizer and pruner
+// (assign_credit), after keep_finite_trees (the trees whose every leaf reward is finite train).
+struct credit_output {
+  std::vector<std::int32_t> kept_trees, trained;
+  std::vector<double> fused, advantages, edge_advantage;
+  std::vector<std::uint8_t> mask;
+};
+
+credit_output assign(const std::string& method, const forest& trees, std::vector<double> scores, int iteration,
+                     int total_iterations) {
+  bg::require(total_iterations >= 1 && iteration >= 0 && iteration < total_iterations,
+              "credit: iteration = ", iteration, ", total_iterations = ", total_iterations,
+              ": needs 0 <= iteration < total_iterations");
+  const bg::scored_leaves leaves = bg::keep_finite_trees(trees.tree, std::move(scores));
+  bg::require(!leaves.kept_trees.empty(), "credit: every tree has a non-finite leaf reward; none can train");
+  return bg::with_method(method, [&](auto recipe) {
+    bg::edge_credit credit = bg::assign_credit(recipe, trees.tree, leaves, iteration, total_iterations);
+    return credit_output{.kept_trees = leaves.kept_trees,
+                         .trained = std::move(credit.trained),
+                         .fused = std::move(credit.fused),
+                         .advantages = std::move(credit.advantages),
+                         .edge_advantage = std::move(credit.edge_advantage),
+                         .mask = std::move(credit.mask)};
   });
 }
 
@@ -308,6 +342,7 @@ NB_MODULE(_core, m) {
                    [](nb::handle self) {
                      return nb::cast(&nb::cast<rollout_output&>(self).trees, nb::rv_policy::reference_internal, self);
                    })
+      .def_ro("method", &rollout_output::method)
       .def_ro("latents", &rollout_output::latents)
       .def_prop_ro("log_probs",
                    [](nb::handle self) { return view(self, nb::cast<const rollout_output&>(self).log_probs); })
@@ -351,6 +386,19 @@ NB_MODULE(_core, m) {
       nb::arg("method"), nb::arg("a"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
       nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"));
 
+  nb::class_<credit_output>(m, "Credit")
+      .def_prop_ro("kept_trees",
+                   [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).kept_trees); })
+      .def_prop_ro("trained", [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).trained); })
+      .def_prop_ro("fused", [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).fused); })
+      .def_prop_ro("advantages",
+                   [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).advantages); })
+      .def_prop_ro("edge_advantage",
+                   [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).edge_advantage); })
+      .def_prop_ro("mask", [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).mask); });
+  m.def("credit", &assign, nb::arg("method"), nb::arg("tree"), nb::arg("scores"), nb::arg("iteration"),
+        nb::arg("total_iterations"));
+
   nb::class_<forest>(m, "Tree")
       .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)
       .def_prop_ro("node_count", [](const forest& f) { return f.tree.node_count(); })
@@ -362,5 +410,6 @@ NB_MODULE(_core, m) {
       .def_prop_ro("step", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).step); })
       .def_prop_ro("kind", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).kind); })
       .def_prop_ro("sibling_rank", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).sibling); })
-      .def_prop_ro("leaves", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).leaves); });
+      .def_prop_ro("leaves", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).leaves); })
+      .def_prop_ro("prompts", [](nb::handle self) { return view(self, nb::cast<const forest&>(self).prompts); });
 }
