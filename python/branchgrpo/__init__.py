@@ -19,22 +19,27 @@ import numpy as np
 
 from branchgrpo import _core
 from branchgrpo._core import Credit, Rollout, Tree, TreePlan
+from branchgrpo.update import Edges, edges, ppo_loss, transition_log_prob
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Credit",
+    "Edges",
     "Rollout",
     "Tree",
     "TreePlan",
     "__version__",
     "credit",
+    "edges",
     "method_plan",
     "methods",
     "plan",
+    "ppo_loss",
     "rollout",
     "score",
     "topologies",
+    "transition_log_prob",
 ]
 
 

@@ -112,3 +112,19 @@ class Credit:
     def mask(self) -> npt.NDArray[np.uint8]: ...
 
 def credit(method: str, tree: Tree, scores: list[float], iteration: int, total_iterations: int) -> Credit: ...
+
+class _EdgeTable:
+    node: list[int]
+    step: list[int]
+    parent_row: list[int]
+    row: list[int]
+    sigma: list[float]
+    x_coeff: list[float]
+    velocity_coeff: list[float]
+    std: list[float]
+    old_log_prob: list[float]
+    advantage: list[float]
+
+def trained_edges(result: Rollout, credit: Credit) -> _EdgeTable: ...
+def check_ppo(clip_range: float, advantage_clip: float) -> None: ...
+def ppo_defaults() -> tuple[float, float]: ...

@@ -9,8 +9,12 @@
 //   methods()                        every name with_method knows; method_plan(name, steps): its tree plan
 //   rollout(method, velocity, ...)   the engine's frontier-batched rollout of a method's trees on torch latents,
 //                                    calling the Python velocity once per batch (torch_backend.hpp)
+//   credit(method, tree, scores)     stages 2 and 3: keep_finite_trees, then the method's fusion, normalizer, pruner
+//   trained_edges(result, credit)    where each trained edge's latents are and how its transition is scored
+//   check_ppo, ppo_defaults          ppo_options' rules and defaults, for the Python PPO loss
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
@@ -24,9 +28,11 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/core/policy_list.hpp"
+#include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/rollout/engine.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/topology/catalog.hpp"
 #include "branchgrpo/training/credit.hpp"
 #include "branchgrpo/training/methods.hpp"
@@ -179,6 +185,8 @@ nb::ndarray<nb::numpy, const T, nb::ndim<1>> view(nb::handle owner, const std::v
 // forest's order at that step), each node's log-prob and scoring std (numpy), the evaluation and call counts.
 struct rollout_output {
   std::string method;
+  int steps = 0;
+  double shift = 0;
   forest trees;
   std::vector<nb::object> latents;
   std::vector<double> log_probs, edge_std;
@@ -213,6 +221,8 @@ rollout_output run_rollout(const rollout_request& r, nb::object velocity, nb::ob
                               bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
                               {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
     rollout_output out{.method = r.method,
+                       .steps = r.steps,
+                       .shift = r.shift,
                        .trees = forest(result.tree),
                        .latents = std::move(result.latents),
                        .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
@@ -249,6 +259,47 @@ credit_output assign(const std::string& method, const forest& trees, std::vector
                          .edge_advantage = std::move(credit.edge_advantage),
                          .mask = std::move(credit.mask)};
   });
+}
+
+// --- The trained edges ---------------------------------------------------------------------------------------------
+
+// Per trained edge (credit.trained's order, by step): where its latents are and how its transition is scored, so
+// that torch can recompute its log-prob with gradients: mean = x_coeff x + velocity_coeff v(x), the row's mean of
+// log N(next; mean, std^2) (torch_backend's row_log_prob).
+struct edge_table {
+  std::vector<std::int32_t> node, step, parent_row, row;
+  std::vector<double> sigma, x_coeff, velocity_coeff, std, old_log_prob, advantage;
+};
+
+edge_table trained_edges(const rollout_output& result, const credit_output& credit) {
+  const bg::rollout_tree& tree = result.trees.tree;
+  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(result.steps, result.shift);
+  return bg::with_method(result.method, [&](const auto& recipe) {
+    edge_table out;
+    for (const std::int32_t n : credit.trained) {
+      bg::require(n >= 0 && n < tree.node_count() && !tree.is_root(n), "edges: node ", n,
+                  " is not an edge of this rollout's forest (a Credit of another rollout?)");
+      const std::int32_t parent = tree.parent(n);
+      const int s = tree.step(parent);
+      const bg::affine_step step = bg::step_coefficients(recipe.stepper, schedule, s, tree.plan().layer(s));
+      out.node.push_back(n);
+      out.step.push_back(s);
+      out.parent_row.push_back(tree.row_at_step(parent));
+      out.row.push_back(tree.row_at_step(n));
+      out.sigma.push_back(schedule.sigma(s));
+      out.x_coeff.push_back(step.x_coeff);
+      out.velocity_coeff.push_back(step.velocity_coeff);
+      out.std.push_back(result.edge_std[static_cast<std::size_t>(n)]);
+      out.old_log_prob.push_back(tree.log_prob(n));
+      out.advantage.push_back(credit.edge_advantage[static_cast<std::size_t>(n)]);
+    }
+    return out;
+  });
+}
+
+// The ppo_ratio options' rules (ppo_options::parameters()), on the values a Python loss is given.
+void check_ppo(double clip_range, double advantage_clip) {
+  bg::validate_parameters(bg::ppo_options{.clip_range = clip_range, .advantage_clip = advantage_clip}, "loss");
 }
 
 // The same rollout on the core's host_backend (float64) with the velocity v = a x computed in C++: the reference the
@@ -398,6 +449,24 @@ NB_MODULE(_core, m) {
       .def_prop_ro("mask", [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).mask); });
   m.def("credit", &assign, nb::arg("method"), nb::arg("tree"), nb::arg("scores"), nb::arg("iteration"),
         nb::arg("total_iterations"));
+
+  nb::class_<edge_table>(m, "_EdgeTable")
+      .def_ro("node", &edge_table::node)
+      .def_ro("step", &edge_table::step)
+      .def_ro("parent_row", &edge_table::parent_row)
+      .def_ro("row", &edge_table::row)
+      .def_ro("sigma", &edge_table::sigma)
+      .def_ro("x_coeff", &edge_table::x_coeff)
+      .def_ro("velocity_coeff", &edge_table::velocity_coeff)
+      .def_ro("std", &edge_table::std)
+      .def_ro("old_log_prob", &edge_table::old_log_prob)
+      .def_ro("advantage", &edge_table::advantage);
+  m.def("trained_edges", &trained_edges, nb::arg("result"), nb::arg("credit"));
+  m.def("check_ppo", &check_ppo, nb::arg("clip_range"), nb::arg("advantage_clip"));
+  m.def("ppo_defaults", [] {
+    const bg::ppo_options defaults;
+    return std::pair{defaults.clip_range, defaults.advantage_clip};
+  });
 
   nb::class_<forest>(m, "Tree")
       .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)

@@ -1,0 +1,131 @@
+"""The update's stages for a user's own loop (issue "The library from Python", update way (b)): the trained edges
+of an iteration as torch tensors, each edge's log-prob recomputed with gradients from a velocity, and the PPO-clipped
+loss of ``ppo_ratio`` (include/branchgrpo/loss/ppo.hpp) as a differentiable torch function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from branchgrpo import _core
+
+ALL = slice(None)  # every edge
+
+
+@dataclass(frozen=True)
+class Edges:
+    """The trained edges of one iteration, in the credit's order (by step); every tensor has one row per edge.
+
+    ``latent`` and ``next_latent`` are the edge's two latents (on the rollout's device, in its dtype); ``sigma``,
+    ``step``, ``prompt`` and ``tree`` what its velocity call is told; ``x_coeff``, ``velocity_coeff`` and ``std``
+    its transition (mean = x_coeff latent + velocity_coeff v); ``old_log_prob`` the rollout's; ``advantage`` the
+    credit's; ``weight`` 1 / edges (the trainer's per-edge weight).
+    """
+
+    node: torch.Tensor
+    step: torch.Tensor
+    sigma: torch.Tensor
+    prompt: torch.Tensor
+    tree: torch.Tensor
+    latent: torch.Tensor
+    next_latent: torch.Tensor
+    x_coeff: torch.Tensor
+    velocity_coeff: torch.Tensor
+    std: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantage: torch.Tensor
+    weight: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.node.shape[0])
+
+
+def edges(result: _core.Rollout, credit: _core.Credit) -> Edges:
+    """The edges ``credit`` trains, gathered from ``result`` (the rollout the credit was assigned on).
+
+    >>> import branchgrpo
+    >>> r = branchgrpo.rollout(lambda x, *rest: -x, prompts=[0], latent_shape=[2])
+    >>> e = edges(r, branchgrpo.credit(r, branchgrpo.score(r, lambda leaves, prompts: leaves.sum(1))))
+    >>> len(e), tuple(e.latent.shape), round(float(e.weight.sum()), 12)
+    (218, (218, 2), 1.0)
+    """
+    table = _core.trained_edges(result, credit)
+    if not table.node:
+        raise ValueError("edges: the credit trains no edge")
+    step = np.asarray(table.step, dtype=np.int64)
+    parent_row = np.asarray(table.parent_row, dtype=np.int64)
+    row = np.asarray(table.row, dtype=np.int64)
+    latent = torch.cat(
+        [result.latents[s].index_select(0, _index(parent_row[step == s], result.latents[s])) for s in np.unique(step)]
+    )
+    next_latent = torch.cat(
+        [result.latents[s + 1].index_select(0, _index(row[step == s], result.latents[s + 1])) for s in np.unique(step)]
+    )
+    tree = result.tree
+    node = torch.tensor(table.node, dtype=torch.int64)
+    tree_of = node // tree.nodes_per_tree
+    f64 = {"dtype": torch.float64}
+    count = len(table.node)
+    return Edges(
+        node=node,
+        step=torch.from_numpy(step),
+        sigma=torch.tensor(table.sigma, **f64),
+        prompt=torch.from_numpy(tree.prompts.astype(np.int64))[tree_of],
+        tree=tree_of,
+        latent=latent,
+        next_latent=next_latent,
+        x_coeff=torch.tensor(table.x_coeff, **f64),
+        velocity_coeff=torch.tensor(table.velocity_coeff, **f64),
+        std=torch.tensor(table.std, **f64),
+        old_log_prob=torch.tensor(table.old_log_prob, **f64),
+        advantage=torch.tensor(table.advantage, **f64),
+        weight=torch.full((count,), 1.0 / count, **f64),
+    )
+
+
+def _index(rows: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(rows).to(like.device)
+
+
+def transition_log_prob(edges: Edges, velocity: torch.Tensor, rows: slice = ALL) -> torch.Tensor:
+    """Each edge's log-prob under ``velocity`` (the model's output for ``edges.latent[rows]``, with gradients), in
+    float64: the row's mean over elements of log N(next; x_coeff latent + velocity_coeff v, std^2), as the engine
+    scores it. With the rollout's own velocity it is the rollout's ``old_log_prob``.
+    """
+    x = edges.latent[rows].to(torch.float64)
+    target = edges.next_latent[rows].to(torch.float64)
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    mean = edges.x_coeff[rows].to(x.device).view(shape) * x + edges.velocity_coeff[rows].to(x.device).view(
+        shape
+    ) * velocity.to(torch.float64)
+    std = edges.std[rows].to(x.device)
+    n = x[0].numel()
+    squares = (target - mean).square().flatten(1).sum(1)
+    return -squares / (2.0 * std * std * n) - torch.log(std) - 0.5 * math.log(2.0 * math.pi)
+
+
+def ppo_loss(
+    log_prob: torch.Tensor,
+    edges: Edges,
+    rows: slice = ALL,
+    *,
+    clip_range: float | None = None,
+    advantage_clip: float | None = None,
+) -> torch.Tensor:
+    """ppo_ratio's loss over ``edges[rows]``: sum of weight x max(-A r, -A clamp(r, 1 - eps, 1 + eps)) with
+    r = exp(log_prob - old_log_prob) and A clipped to [-advantage_clip, advantage_clip] (defaults and rules:
+    ppo_options). Differentiable in ``log_prob``; at the first optimizer step (r = 1) it is -sum(weight A).
+    """
+    default_clip, default_advantage_clip = _core.ppo_defaults()
+    eps = default_clip if clip_range is None else clip_range
+    cap = default_advantage_clip if advantage_clip is None else advantage_clip
+    _core.check_ppo(eps, cap)
+    device = log_prob.device
+    advantage = edges.advantage[rows].to(device).clamp(-cap, cap)
+    ratio = torch.exp(log_prob - edges.old_log_prob[rows].to(device))
+    loss = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1.0 - eps, 1.0 + eps))
+    return (edges.weight[rows].to(device) * loss).sum()
