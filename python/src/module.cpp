@@ -203,6 +203,14 @@ struct rollout_request {
   std::int64_t max_batch = 64;
 };
 
+// The plan of one iteration of `recipe`, as train_iteration's stage 1 makes it: shaped by the pruner at this
+// iteration, ODE where the stepper draws no noise.
+template <class Recipe>
+bg::tree_plan iteration_plan(const Recipe& recipe, const rollout_request& r, const bg::sigma_schedule& schedule) {
+  return bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
+                                 recipe.stepper, schedule);
+}
+
 // One iteration's rollout as train_iteration's stage 1 does it: the method's plan shaped by its pruner at this
 // iteration and made ODE where its stepper draws no noise, one tree per prompt keyed by its position, the shifted
 // linear schedule.
@@ -214,9 +222,7 @@ rollout_output run_rollout(const rollout_request& r, nb::object velocity, nb::ob
   const bg::latent_shape shape{r.latent};
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
   return bg::with_method(r.method, [&](const auto& recipe) {
-    const bg::tree_plan plan =
-        bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
-                                recipe.stepper, schedule);
+    const bg::tree_plan plan = iteration_plan(recipe, r, schedule);
     auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
                               bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
                               {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
@@ -312,9 +318,7 @@ std::vector<std::vector<double>> linear_reference(const rollout_request& r, doub
   const bg::latent_shape shape{r.latent};
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
   return bg::with_method(r.method, [&](const auto& recipe) {
-    const bg::tree_plan plan =
-        bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
-                                recipe.stepper, schedule);
+    const bg::tree_plan plan = iteration_plan(recipe, r, schedule);
     auto denoiser = velocity;
     const auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
                                     bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
@@ -402,37 +406,38 @@ NB_MODULE(_core, m) {
       .def_ro("evaluations", &rollout_output::evaluations)
       .def_ro("denoiser_calls", &rollout_output::denoiser_calls);
 
+  // rollout and _linear_reference take one iteration's request with the same arguments.
+  const auto request = [](const std::string& method, std::vector<std::int64_t> prompts,
+                          std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed,
+                          std::uint32_t iteration, std::int64_t max_batch) {
+    return rollout_request{.method = method,
+                           .steps = steps,
+                           .shift = shift,
+                           .prompts = std::move(prompts),
+                           .latent = std::move(latent),
+                           .seed = seed,
+                           .iteration = iteration,
+                           .max_batch = max_batch};
+  };
   m.def(
       "rollout",
-      [](const std::string& method, nb::object velocity, std::vector<std::int64_t> prompts,
-         std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
-         std::int64_t max_batch, nb::object device, nb::object dtype) {
-        return run_rollout({.method = method,
-                            .steps = steps,
-                            .shift = shift,
-                            .prompts = std::move(prompts),
-                            .latent = std::move(latent),
-                            .seed = seed,
-                            .iteration = iteration,
-                            .max_batch = max_batch},
-                           std::move(velocity), std::move(device), std::move(dtype));
+      [request](const std::string& method, nb::object velocity, std::vector<std::int64_t> prompts,
+                std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
+                std::int64_t max_batch, nb::object device, nb::object dtype) {
+        return run_rollout(
+            request(method, std::move(prompts), std::move(latent), steps, shift, seed, iteration, max_batch),
+            std::move(velocity), std::move(device), std::move(dtype));
       },
       nb::arg("method"), nb::arg("velocity"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
       nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"), nb::arg("device"), nb::arg("dtype"));
 
   m.def(
       "_linear_reference",
-      [](const std::string& method, double a, std::vector<std::int64_t> prompts, std::vector<std::int64_t> latent,
-         int steps, double shift, std::uint64_t seed, std::uint32_t iteration, std::int64_t max_batch) {
-        return linear_reference({.method = method,
-                                 .steps = steps,
-                                 .shift = shift,
-                                 .prompts = std::move(prompts),
-                                 .latent = std::move(latent),
-                                 .seed = seed,
-                                 .iteration = iteration,
-                                 .max_batch = max_batch},
-                                a);
+      [request](const std::string& method, double a, std::vector<std::int64_t> prompts,
+                std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
+                std::int64_t max_batch) {
+        return linear_reference(
+            request(method, std::move(prompts), std::move(latent), steps, shift, seed, iteration, max_batch), a);
       },
       nb::arg("method"), nb::arg("a"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
       nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"));
