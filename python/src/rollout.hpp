@@ -1,0 +1,107 @@
+#pragma once
+// One iteration's rollout for Python, as train_iteration's stage 1 runs it (the method's pruner-shaped plan, ODE where
+// its stepper draws no noise, one tree per prompt keyed by its position, the shifted linear schedule): on torch
+// latents through python_torch_backend (run_rollout), or on the core's host_backend with v = a x computed in C++
+// (linear_reference: the tests' reference for the former).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "branchgrpo/core/error.hpp"
+#include "branchgrpo/rollout/engine.hpp"
+#include "branchgrpo/rollout/host_backend.hpp"
+#include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/trainer.hpp"
+#include "forest.hpp"
+#include "torch_backend.hpp"
+
+namespace branchgrpo::python {
+
+namespace nb = nanobind;
+namespace bg = branchgrpo;
+
+// --- The rollout -------------------------------------------------------------------------------------------------
+
+// What a rollout returns to Python: the forest (as a Tree), the latents of every step (torch tensors, rows in the
+// forest's order at that step), each node's log-prob and scoring std (numpy), the evaluation and call counts.
+struct rollout_output {
+  std::string method;
+  int steps = 0;
+  double shift = 0;
+  forest trees;
+  std::vector<nb::object> latents;
+  std::vector<double> log_probs, edge_std;
+  std::int64_t evaluations = 0, denoiser_calls = 0;
+};
+
+struct rollout_request {
+  std::string method;
+  int steps = 20;
+  double shift = 3.0;
+  std::vector<std::int64_t> prompts, latent;
+  std::uint64_t seed = 0;
+  std::uint32_t iteration = 0;
+  std::int64_t max_batch = 64;
+};
+
+// The plan of one iteration of `recipe`, as train_iteration's stage 1 makes it: shaped by the pruner at this
+// iteration, ODE where the stepper draws no noise.
+template <class Recipe>
+bg::tree_plan iteration_plan(const Recipe& recipe, const rollout_request& r, const bg::sigma_schedule& schedule) {
+  return bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
+                                 recipe.stepper, schedule);
+}
+
+// One iteration's rollout as train_iteration's stage 1 does it: the method's plan shaped by its pruner at this
+// iteration and made ODE where its stepper draws no noise, one tree per prompt keyed by its position, the shifted
+// linear schedule.
+inline rollout_output run_rollout(const rollout_request& r, nb::object velocity, nb::object device, nb::object dtype) {
+  bg::require(!r.prompts.empty(), "rollout: prompts is empty: give one prompt index per tree");
+  const nb::object ops = nb::module_::import_("branchgrpo._torch_ops");
+  bg::python::python_torch_backend backend{.ops = ops, .device = device, .dtype = dtype};
+  bg::python::python_velocity denoiser{.ops = ops, .velocity = std::move(velocity), .iteration = r.iteration};
+  const bg::latent_shape shape{r.latent};
+  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  return bg::with_method(r.method, [&](const auto& recipe) {
+    const bg::tree_plan plan = iteration_plan(recipe, r, schedule);
+    auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
+                              bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
+                              {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
+    rollout_output out{.method = r.method,
+                       .steps = r.steps,
+                       .shift = r.shift,
+                       .trees = forest(result.tree),
+                       .latents = std::move(result.latents),
+                       .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
+                       .edge_std = std::move(result.edge_std),
+                       .evaluations = result.evaluations,
+                       .denoiser_calls = result.denoiser_calls};
+    return out;
+  });
+}
+
+inline std::vector<std::vector<double>> linear_reference(const rollout_request& r, double a) {
+  bg::host_backend backend;
+  const auto velocity = [&](const bg::host_tensor& x, const bg::denoise_batch&) {
+    return backend.affine(a, x, 0.0, x);
+  };
+  const bg::latent_shape shape{r.latent};
+  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  return bg::with_method(r.method, [&](const auto& recipe) {
+    const bg::tree_plan plan = iteration_plan(recipe, r, schedule);
+    auto denoiser = velocity;
+    const auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
+                                    bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
+                                    {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
+    std::vector<std::vector<double>> out;
+    for (const bg::host_tensor& step : result.latents) out.push_back(step.values);
+    return out;
+  });
+}
+
+}  // namespace branchgrpo::python
