@@ -1,8 +1,9 @@
 #pragma once
-// The model families a run can train, as one list: load_run_model, the run's transformer shape, memory planning,
-// `export-lora`'s base weights and `bench` all go through it, so nothing outside a family's own header
-// (app/families/<family>.hpp) tests which family a run is. Its torch-free half, the model_spec of each family
-// (names, medium, configs, layouts), is model_specs/registry.hpp.
+// The model families a run can train, as one list: load_run_model, the run's transformer shape, memory planning and
+// `export-lora`'s base weights go through it, so nothing outside a family's own header (app/families/<family>.hpp)
+// tests which family a run is. Its torch-free half, the model_spec of each family (names, medium, configs, layouts,
+// LoRA keys, bench models), is model_specs/registry.hpp, which the run config, `weights`, `export-lora` and `bench`
+// read.
 //
 //   model_families                     family_list<flux_family, wan_family>
 //   run_transformer                    std::variant<flux_config, wan_config>: a run's transformer shape
