@@ -9,9 +9,12 @@
 #      the CPU's, next bit for bit and log-probs within 1e-12 (when Catch2 is there to build it);
 #   3. the FLUX iteration harness on the shipped model, on the GPU in float32 (the kernels' dtype):
 #        branchgrpo bench iteration --model flux-tiny --device cuda --dtype float32 ...
-#      (needs a CUDA LibTorch and the tool's dependencies; skipped with a line saying why otherwise).
+#      (needs a CUDA LibTorch and the tool's dependencies; skipped with a line saying why otherwise);
+#   4. the Python package on the GPU against the CPU (bench/python_device_check.py: a float64 rollout bit for bit,
+#      log-probs and one PPO gradient within 1e-12), when python3 imports a CUDA torch and the package can be built
+#      there (nanobind and scikit-build-core importable; the package goes to $out/python-package).
 # Writes into $OUT (else ./out/gpu-kernels): environment.txt, build.log, cuda_kernel_check.txt, torch_keyed_step.txt,
-# bench_flux_tiny.txt, bench_flux_tiny.json.
+# bench_flux_tiny.txt, bench_flux_tiny.json, python_device_check.txt.
 #
 # Usage, on the GPU machine from the repository root (about 5 minutes on 16 cores, most of it the build):
 #   bench/gpu_kernels.sh
@@ -122,6 +125,17 @@ args=(bench iteration --model flux-tiny --device cuda --dtype float32 --prompts 
 read -r -a extra <<< "${BENCH_ARGS:-}"
 echo "running: branchgrpo ${args[*]} ${extra[*]}"
 "$build/bin/branchgrpo" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/bench_flux_tiny.txt"
-echo "wrote $out/cuda_kernel_check.txt, $out/torch_keyed_step.txt, $out/bench_flux_tiny.txt and" \
-  "$out/bench_flux_tiny.json"
+# The Python package on the GPU: built into $out/python-package when its build tools are there.
+if python3 -c 'import nanobind, scikit_build_core' 2> /dev/null &&
+  python3 -m pip install --quiet --no-build-isolation --no-deps --target "$out/python-package" "$repo" \
+    >> "$out/build.log" 2>&1; then
+  echo "running: python3 bench/python_device_check.py --device cuda"
+  PYTHONPATH="$out/python-package" python3 "$repo/bench/python_device_check.py" --device cuda 2>&1 |
+    tee "$out/python_device_check.txt" || { echo "bench/gpu_kernels.sh: python_device_check failed" >&2; status=1; }
+else
+  echo "the Python package could not be built here (needs nanobind and scikit-build-core; see $out/build.log):" \
+    "python_device_check skipped" | tee "$out/python_device_check.txt"
+fi
+echo "wrote $out/cuda_kernel_check.txt, $out/torch_keyed_step.txt, $out/bench_flux_tiny.txt," \
+  "$out/bench_flux_tiny.json and $out/python_device_check.txt"
 exit $status

@@ -113,9 +113,10 @@ def rollout(
 
     The engine batches each step's frontier (at most ``max_batch`` rows per call) and calls
     ``velocity(latents, sigma, step, prompts, trees)`` once per batch: ``latents`` is a tensor of rows on
-    ``device`` in ``dtype`` (default float32), ``prompts`` and ``trees`` int64 tensors with each row's prompt and
-    tree key; it returns the velocity, a tensor like ``latents``. The noise is the engine's keyed draw (seed,
-    iteration, tree, node), the same as the C++ tool's, and the schedule the shifted linear one (``shift``).
+    ``device`` in ``dtype`` (default float32), ``prompts`` and ``trees`` int64 tensors on that device with each
+    row's prompt and tree key; it returns the velocity, a tensor like ``latents``. The noise is the engine's keyed
+    draw (seed, iteration, tree, node), the same as the C++ tool's, and the schedule the shifted linear one
+    (``shift``).
 
     >>> import torch
     >>> r = rollout(lambda x, sigma, step, prompts, trees: -x, prompts=[0, 1], latent_shape=[2, 4, 4], steps=20)
@@ -166,7 +167,7 @@ def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = Fals
     """Each leaf's reward, in ``result.tree.leaves`` order: ``reward(leaves, prompts)`` (pointwise) or, with
     ``groupwise``, ``reward(leaves, prompts, groups)`` where ``groups[i]`` is leaf i's tree (GRPO-style scorers that
     rank a prompt's samples together). ``leaves`` is the last step's latents, ``prompts`` and ``groups`` int64
-    tensors. One finite number per leaf, else a ``ValueError`` naming the leaves.
+    tensors on their device. One finite number per leaf, else a ``ValueError`` naming the leaves.
 
     >>> r = rollout(lambda x, *rest: -x, prompts=[0, 1], latent_shape=[2], method="dance")
     >>> s = score(r, lambda leaves, prompts: -leaves.square().sum(1))
@@ -181,7 +182,8 @@ def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = Fals
     tree = result.tree
     leaves = result.latents[-1]
     groups = torch.from_numpy(tree.leaves.astype(np.int64) // tree.nodes_per_tree)
-    prompts = torch.from_numpy(tree.prompts.astype(np.int64))[groups]
+    prompts = torch.from_numpy(tree.prompts.astype(np.int64))[groups].to(leaves.device)
+    groups = groups.to(leaves.device)
     out = reward(leaves, prompts, groups) if groupwise else reward(leaves, prompts)
     if isinstance(out, torch.Tensor):
         out = out.detach().to("cpu", torch.float64).numpy()

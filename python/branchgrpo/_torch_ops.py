@@ -60,9 +60,12 @@ def row_log_prob(next_: torch.Tensor, mean: torch.Tensor, std: np.ndarray) -> np
 def call_velocity(
     velocity, x: torch.Tensor, sigma: float, step: int, prompts: np.ndarray, trees: np.ndarray, iteration: int
 ) -> torch.Tensor:
-    """velocity(latents, sigma, step, prompts, trees), checked: a tensor of x's shape, dtype and device, finite."""
+    """velocity(latents, sigma, step, prompts, trees), checked: a tensor of x's shape, dtype and device, finite.
+    ``prompts`` and ``trees`` are int64 tensors on the latents' device."""
     where = f"velocity at iteration {iteration}, step {step} ({x.shape[0]} rows)"
-    v = velocity(x, sigma, step, torch.from_numpy(prompts), torch.from_numpy(trees.astype(np.int64)))
+    rows_prompts = torch.from_numpy(prompts).to(x.device)
+    rows_trees = torch.from_numpy(trees.astype(np.int64)).to(x.device)
+    v = velocity(x, sigma, step, rows_prompts, rows_trees)
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"{where}: returned {type(v).__name__}, not a torch.Tensor")
     if v.shape != x.shape:
