@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from branchgrpo import _core
 from branchgrpo._core import Credit, Rollout, Tree, TreePlan
@@ -118,7 +119,6 @@ def rollout(
     draw (seed, iteration, tree, node), the same as the C++ tool's, and the schedule the shifted linear one
     (``shift``).
 
-    >>> import torch
     >>> r = rollout(lambda x, sigma, step, prompts, trees: -x, prompts=[0, 1], latent_shape=[2, 4, 4], steps=20)
     >>> (r.tree.node_count, r.evaluations, len(r.latents), tuple(r.latents[-1].shape))
     (438, 406, 21, (32, 2, 4, 4))
@@ -126,8 +126,6 @@ def rollout(
     Traceback (most recent call last):
     ValueError: velocity at iteration 0, step 0 (2 rows): returned shape (1, 2), the latents are (2, 2)
     """
-    import torch
-
     torch_dtype = torch.float32 if dtype is None else dtype
     if torch_dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         raise TypeError(f"rollout: dtype = {torch_dtype!r}: must be torch.float32, float64, bfloat16 or float16")
@@ -177,8 +175,6 @@ def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = Fals
     Traceback (most recent call last):
     ValueError: reward returned 3 scores for 32 leaves
     """
-    import torch
-
     tree = result.tree
     leaves = result.latents[-1]
     groups = torch.from_numpy(tree.leaves.astype(np.int64) // tree.nodes_per_tree)
