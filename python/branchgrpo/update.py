@@ -59,12 +59,18 @@ def edges(result: _core.Rollout, credit: _core.Credit) -> Edges:
     step = np.asarray(table.step, dtype=np.int64)
     parent_row = np.asarray(table.parent_row, dtype=np.int64)
     row = np.asarray(table.row, dtype=np.int64)
-    latent = torch.cat(
-        [result.latents[s].index_select(0, _index(parent_row[step == s], result.latents[s])) for s in np.unique(step)]
-    )
-    next_latent = torch.cat(
-        [result.latents[s + 1].index_select(0, _index(row[step == s], result.latents[s + 1])) for s in np.unique(step)]
-    )
+    steps = np.unique(step)  # the credit's edges come by step: one gather per step keeps that order
+
+    def gathered(rows: np.ndarray, offset: int) -> torch.Tensor:
+        # Rows `rows` of the latents at step s + offset, for the edges leaving step s, over every step.
+        parts = [
+            result.latents[s + offset].index_select(0, _index(rows[step == s], result.latents[s + offset]))
+            for s in steps
+        ]
+        return torch.cat(parts)
+
+    latent = gathered(parent_row, 0)
+    next_latent = gathered(row, 1)
     tree = result.tree
     node = torch.tensor(table.node, dtype=torch.int64)
     tree_of = node // tree.nodes_per_tree
@@ -88,6 +94,7 @@ def edges(result: _core.Rollout, credit: _core.Credit) -> Edges:
 
 
 def _index(rows: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """Row indices as an int64 tensor on ``like``'s device."""
     return torch.from_numpy(rows).to(like.device)
 
 
