@@ -20,6 +20,7 @@ import torch
 
 from branchgrpo import _core
 from branchgrpo._core import Credit, Rollout, Tree, TreePlan
+from branchgrpo.method import Method, as_method
 from branchgrpo.update import Edges, edges, ppo_loss, transition_log_prob
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Credit",
     "Edges",
+    "Method",
     "Rollout",
     "Tree",
     "TreePlan",
@@ -101,7 +103,7 @@ def rollout(
     *,
     prompts: Sequence[int],
     latent_shape: Sequence[int],
-    method: str = "branch",
+    method: str | Method = "branch",
     steps: int = 20,
     shift: float = 3.0,
     seed: int = 0,
@@ -117,7 +119,8 @@ def rollout(
     ``device`` in ``dtype`` (default float32), ``prompts`` and ``trees`` int64 tensors on that device with each
     row's prompt and tree key; it returns the velocity, a tensor like ``latents``. The noise is the engine's keyed
     draw (seed, iteration, tree, node), the same as the C++ tool's, and the schedule the shifted linear one
-    (``shift``).
+    (``shift``). ``method`` is a name (``methods()``) or a ``Method`` with overridden components; the Rollout
+    keeps it as ``method``, whose normalizer ``credit`` then uses.
 
     >>> r = rollout(lambda x, sigma, step, prompts, trees: -x, prompts=[0, 1], latent_shape=[2, 4, 4], steps=20)
     >>> (r.tree.node_count, r.evaluations, len(r.latents), tuple(r.latents[-1].shape))
@@ -147,7 +150,7 @@ def rollout(
     if not callable(velocity):
         raise TypeError(f"rollout: velocity = {velocity!r}: must be callable")
     return _core.rollout(
-        method,
+        as_method(method),
         velocity,
         list(prompts),
         list(latent_shape),

@@ -7,6 +7,8 @@
 //   plan(kind, steps, **params)      a TreePlan: branching and edge kinds per step, node / leaf / evaluation counts
 //   Tree(plan, trees)                the forest's structure: parent, step, kind, sibling rank, leaves as numpy views
 //   methods()                        every name with_method knows; method_plan(name, steps): its tree plan
+//   Method(name, **sections)         a method with the run config's sections overriding its components, and its
+//                                    normalizer's state (method.hpp)
 //   rollout(method, velocity, ...)   the engine's frontier-batched rollout of a method's trees on torch latents,
 //                                    calling the Python velocity once per batch (torch_backend.hpp)
 //   credit(method, tree, scores)     stages 2 and 3: keep_finite_trees, then the method's fusion, normalizer, pruner
@@ -18,6 +20,7 @@
 // credit.hpp (credit, trained edges, PPO options). This file only binds them.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -36,6 +39,7 @@
 #include "branchgrpo/training/methods.hpp"
 #include "credit.hpp"
 #include "forest.hpp"
+#include "method.hpp"
 #include "rollout.hpp"
 
 namespace nb = nanobind;
@@ -117,11 +121,29 @@ NB_MODULE(_core, m) {
       .def_ro("evaluations", &rollout_output::evaluations)
       .def_ro("denoiser_calls", &rollout_output::denoiser_calls);
 
+  nb::class_<method_spec>(m, "Method")
+      .def(
+          "__init__",
+          [](method_spec* self, const std::string& name, const nb::kwargs& sections) {
+            new (self) method_spec(make_method(name, sections));
+          },
+          nb::arg("name"), nb::arg("sections"))
+      .def_ro("name", &method_spec::name)
+      .def_prop_ro("sections", [](const method_spec& m) { return nb::dict(m.sections); })
+      .def_prop_ro("components", &component_names)
+      .def(
+          "plan", [](const method_spec& m, int steps) { return bg::tree_plan(m.recipe.topology(steps)); },
+          nb::arg("steps"))
+      .def("state", [](const method_spec& m) { return m.recipe.normalizer.save_state(); })
+      .def(
+          "load_state", [](method_spec& m, const bg::component_state& state) { m.recipe.normalizer.load_state(state); },
+          nb::arg("state"));
+
   // rollout and _linear_reference take one iteration's request with the same arguments.
-  const auto request = [](const std::string& method, std::vector<std::int64_t> prompts,
+  const auto request = [](const method_spec& method, std::vector<std::int64_t> prompts,
                           std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed,
                           std::uint32_t iteration, std::int64_t max_batch) {
-    return rollout_request{.method = method,
+    return rollout_request{.method = &method,
                            .steps = steps,
                            .shift = shift,
                            .prompts = std::move(prompts),
@@ -132,19 +154,19 @@ NB_MODULE(_core, m) {
   };
   m.def(
       "rollout",
-      [request](const std::string& method, nb::object velocity, std::vector<std::int64_t> prompts,
+      [request](nb::object method, nb::object velocity, std::vector<std::int64_t> prompts,
                 std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
                 std::int64_t max_batch, nb::object device, nb::object dtype) {
-        return run_rollout(
-            request(method, std::move(prompts), std::move(latent), steps, shift, seed, iteration, max_batch),
-            std::move(velocity), std::move(device), std::move(dtype));
+        const rollout_request r = request(nb::cast<const method_spec&>(method), std::move(prompts), std::move(latent),
+                                          steps, shift, seed, iteration, max_batch);
+        return run_rollout(r, std::move(method), std::move(velocity), std::move(device), std::move(dtype));
       },
       nb::arg("method"), nb::arg("velocity"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
       nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"), nb::arg("device"), nb::arg("dtype"));
 
   m.def(
       "_linear_reference",
-      [request](const std::string& method, double a, std::vector<std::int64_t> prompts,
+      [request](const method_spec& method, double a, std::vector<std::int64_t> prompts,
                 std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
                 std::int64_t max_batch) {
         return linear_reference(

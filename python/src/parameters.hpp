@@ -99,7 +99,7 @@ void set_parameters(P& policy, const nb::dict& params, std::string_view section)
                              " has: " + bg::name_list(known, ", ") + ")")
                                 .c_str());
   }
-  bg::validate_parameters(policy, section);
+  if constexpr (bg::Described<P>) bg::validate_parameters(policy, section);
 }
 
 }  // namespace branchgrpo::python

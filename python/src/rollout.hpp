@@ -15,9 +15,10 @@
 #include "branchgrpo/rollout/engine.hpp"
 #include "branchgrpo/rollout/host_backend.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
-#include "branchgrpo/training/methods.hpp"
+#include "branchgrpo/training/run_recipe.hpp"
 #include "branchgrpo/training/trainer.hpp"
 #include "forest.hpp"
+#include "method.hpp"
 #include "torch_backend.hpp"
 
 namespace branchgrpo::python {
@@ -30,7 +31,7 @@ namespace bg = branchgrpo;
 // What a rollout returns to Python: the forest (as a Tree), the latents of every step (torch tensors, rows in the
 // forest's order at that step), each node's log-prob and scoring std (numpy), the evaluation and call counts.
 struct rollout_output {
-  std::string method;
+  nb::object method;  ///< the Method (method_spec) it ran
   int steps = 0;
   double shift = 0;
   forest trees;
@@ -40,7 +41,7 @@ struct rollout_output {
 };
 
 struct rollout_request {
-  std::string method;
+  const method_spec* method = nullptr;
   int steps = 20;
   double shift = 3.0;
   std::vector<std::int64_t> prompts, latent;
@@ -49,10 +50,10 @@ struct rollout_request {
   std::int64_t max_batch = 64;
 };
 
-// The plan of one iteration of `recipe`, as train_iteration's stage 1 makes it: shaped by the pruner at this
-// iteration, ODE where the stepper draws no noise.
-template <class Recipe>
-bg::tree_plan iteration_plan(const Recipe& recipe, const rollout_request& r, const bg::sigma_schedule& schedule) {
+// The plan of one iteration of the request's method, as train_iteration's stage 1 makes it: shaped by the pruner at
+// this iteration, ODE where the stepper draws no noise.
+inline bg::tree_plan iteration_plan(const rollout_request& r, const bg::sigma_schedule& schedule) {
+  const bg::run_recipe& recipe = r.method->recipe;
   return bg::ode_where_noiseless(bg::shape_plan(recipe.pruner, recipe.topology(r.steps), static_cast<int>(r.iteration)),
                                  recipe.stepper, schedule);
 }
@@ -60,48 +61,43 @@ bg::tree_plan iteration_plan(const Recipe& recipe, const rollout_request& r, con
 // One iteration's rollout as train_iteration's stage 1 does it: the method's plan shaped by its pruner at this
 // iteration and made ODE where its stepper draws no noise, one tree per prompt keyed by its position, the shifted
 // linear schedule.
-inline rollout_output run_rollout(const rollout_request& r, nb::object velocity, nb::object device, nb::object dtype) {
+inline rollout_output run_rollout(const rollout_request& r, nb::object method, nb::object velocity, nb::object device,
+                                  nb::object dtype) {
   bg::require(!r.prompts.empty(), "rollout: prompts is empty: give one prompt index per tree");
   const nb::object ops = nb::module_::import_("branchgrpo._torch_ops");
   bg::python::python_torch_backend backend{.ops = ops, .device = device, .dtype = dtype};
   bg::python::python_velocity denoiser{.ops = ops, .velocity = std::move(velocity), .iteration = r.iteration};
   const bg::latent_shape shape{r.latent};
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
-  return bg::with_method(r.method, [&](const auto& recipe) {
-    const bg::tree_plan plan = iteration_plan(recipe, r, schedule);
-    auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
-                              bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
-                              {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
-    rollout_output out{.method = r.method,
-                       .steps = r.steps,
-                       .shift = r.shift,
-                       .trees = forest(result.tree),
-                       .latents = std::move(result.latents),
-                       .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
-                       .edge_std = std::move(result.edge_std),
-                       .evaluations = result.evaluations,
-                       .denoiser_calls = result.denoiser_calls};
-    return out;
-  });
+  const bg::run_recipe& recipe = r.method->recipe;
+  auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
+                            bg::rollout_tree(iteration_plan(r, schedule), bg::detail::iteration_trees(r.prompts)),
+                            shape, {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
+  return rollout_output{.method = std::move(method),
+                        .steps = r.steps,
+                        .shift = r.shift,
+                        .trees = forest(result.tree),
+                        .latents = std::move(result.latents),
+                        .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
+                        .edge_std = std::move(result.edge_std),
+                        .evaluations = result.evaluations,
+                        .denoiser_calls = result.denoiser_calls};
 }
 
+// The same rollout on the core's host_backend (float64) with the velocity v = a x computed in C++: the reference the
+// package's tests hold rollout() to (every latent of every step, row-major doubles).
 inline std::vector<std::vector<double>> linear_reference(const rollout_request& r, double a) {
   bg::host_backend backend;
-  const auto velocity = [&](const bg::host_tensor& x, const bg::denoise_batch&) {
-    return backend.affine(a, x, 0.0, x);
-  };
+  auto velocity = [&](const bg::host_tensor& x, const bg::denoise_batch&) { return backend.affine(a, x, 0.0, x); };
   const bg::latent_shape shape{r.latent};
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
-  return bg::with_method(r.method, [&](const auto& recipe) {
-    const bg::tree_plan plan = iteration_plan(recipe, r, schedule);
-    auto denoiser = velocity;
-    const auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
-                                    bg::rollout_tree(plan, bg::detail::iteration_trees(r.prompts)), shape,
-                                    {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
-    std::vector<std::vector<double>> out;
-    for (const bg::host_tensor& step : result.latents) out.push_back(step.values);
-    return out;
-  });
+  const bg::run_recipe& recipe = r.method->recipe;
+  const auto result = bg::rollout(backend, velocity, recipe.stepper, recipe.correlator, schedule,
+                                  bg::rollout_tree(iteration_plan(r, schedule), bg::detail::iteration_trees(r.prompts)),
+                                  shape, {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
+  std::vector<std::vector<double>> out;
+  for (const bg::host_tensor& step : result.latents) out.push_back(step.values);
+  return out;
 }
 
 }  // namespace branchgrpo::python

@@ -15,7 +15,9 @@ from branchgrpo import _core
 
 
 def reference(method: str, a: float, prompts, latent, steps=20, seed=0, iteration=0, max_batch=64):
-    return _core._linear_reference(method, a, list(prompts), list(latent), steps, 3.0, seed, iteration, max_batch)
+    return _core._linear_reference(
+        branchgrpo.Method(method), a, list(prompts), list(latent), steps, 3.0, seed, iteration, max_batch
+    )
 
 
 @pytest.mark.parametrize("method", ["dance", "branch", "branch-widpru", "branch-mix", "branch-mix-flash"])
