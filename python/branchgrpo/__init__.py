@@ -16,11 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from branchgrpo import _core
+from branchgrpo import _core, _torch_ops
+from branchgrpo._checks import integer, integers, rollout_arguments
 from branchgrpo._core import Credit, Rollout, Tree, TreePlan
 from branchgrpo.method import Method, as_method
+from branchgrpo.trainer import Policy, Trainer
 from branchgrpo.update import Edges, edges, ppo_loss, transition_log_prob
 
 __version__ = "0.1.0"
@@ -29,8 +30,10 @@ __all__ = [
     "Credit",
     "Edges",
     "Method",
+    "Policy",
     "Rollout",
     "Tree",
+    "Trainer",
     "TreePlan",
     "__version__",
     "credit",
@@ -129,37 +132,24 @@ def rollout(
     Traceback (most recent call last):
     ValueError: velocity at iteration 0, step 0 (2 rows): returned shape (1, 2), the latents are (2, 2)
     """
-    torch_dtype = torch.float32 if dtype is None else dtype
-    if torch_dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        raise TypeError(f"rollout: dtype = {torch_dtype!r}: must be torch.float32, float64, bfloat16 or float16")
-    for name, values, low in (("prompts", prompts, 0), ("latent_shape", latent_shape, 1)):
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise TypeError(f"rollout: {name} = {list(values)!r}: must be integers")
-        if any(v < low for v in values):
-            raise ValueError(f"rollout: {name} = {list(values)!r}: every value must be at least {low}")
-    for name, value, low, high in (
-        ("steps", steps, 1, 255),
-        ("seed", seed, 0, 2**64 - 1),
-        ("iteration", iteration, 0, 2**32 - 1),
-        ("max_batch", max_batch, 1, 2**62),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"rollout: {name} = {value!r}: must be an integer")
-        if not low <= value <= high:
-            raise ValueError(f"rollout: {name} = {value}: must be in [{low}, {high}]")
+    latent, steps, shift, seed, max_batch, torch_device, torch_dtype = rollout_arguments(
+        "rollout", latent_shape, steps, shift, seed, max_batch, device, dtype
+    )
+    prompt_list = integers("rollout", "prompts", prompts, 0)
+    iteration = integer("rollout", "iteration", iteration, 0, 2**32 - 1)
     if not callable(velocity):
         raise TypeError(f"rollout: velocity = {velocity!r}: must be callable")
     return _core.rollout(
         as_method(method),
         velocity,
-        list(prompts),
-        list(latent_shape),
+        prompt_list,
+        latent,
         steps,
-        float(shift),
+        shift,
         seed,
         iteration,
         max_batch,
-        torch.device(device),
+        torch_device,
         torch_dtype,
     )
 
@@ -180,20 +170,9 @@ def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = Fals
     """
     tree = result.tree
     leaves = result.latents[-1]
-    groups = torch.from_numpy(tree.leaves.astype(np.int64) // tree.nodes_per_tree)
-    prompts = torch.from_numpy(tree.prompts.astype(np.int64))[groups].to(leaves.device)
-    groups = groups.to(leaves.device)
-    out = reward(leaves, prompts, groups) if groupwise else reward(leaves, prompts)
-    if isinstance(out, torch.Tensor):
-        out = out.detach().to("cpu", torch.float64).numpy()
-    values = np.asarray(out, dtype=np.float64).reshape(-1)
-    if values.shape[0] != leaves.shape[0]:
-        raise ValueError(f"reward returned {values.shape[0]} scores for {leaves.shape[0]} leaves")
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        shown = ", ".join(str(i) for i in bad[:8]) + (", ..." if bad.size > 8 else "")
-        raise ValueError(f"reward returned NaN or inf for leaves {shown} (of {leaves.shape[0]})")
-    return values
+    groups = tree.leaves.astype(np.int64) // tree.nodes_per_tree
+    prompts = tree.prompts.astype(np.int64)[groups]
+    return _torch_ops.call_reward(reward, leaves, prompts, groups if groupwise else None)
 
 
 def credit(

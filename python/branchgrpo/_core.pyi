@@ -140,3 +140,32 @@ class _EdgeTable:
 def trained_edges(result: Rollout, credit: Credit) -> _EdgeTable: ...
 def check_ppo(clip_range: float, advantage_clip: float) -> None: ...
 def ppo_defaults() -> tuple[float, float]: ...
+
+class TrainingOptions:
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def updates_per_iteration(self) -> int: ...
+    @property
+    def total_iterations(self) -> int: ...
+
+def training_options(
+    max_batch: int, seed: int, updates: int, total_iterations: int, loss: dict[str, Any]
+) -> TrainingOptions: ...
+def train_step(
+    method: Method,
+    policy: Any,
+    reward: Any,
+    groupwise: bool,
+    prompts: list[int],
+    latent: list[int],
+    steps: int,
+    shift: float,
+    iteration: int,
+    options: TrainingOptions,
+    device: Any,
+    dtype: Any,
+    group: Any | None,
+) -> dict[str, float]: ...

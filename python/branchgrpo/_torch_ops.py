@@ -44,17 +44,18 @@ def affine(a: float, x: torch.Tensor, c: float, v: torch.Tensor, dtype: torch.dt
 
 
 def row_log_prob(next_: torch.Tensor, mean: torch.Tensor, std: np.ndarray) -> np.ndarray:
-    """Per row r: -sum (next - mean)^2 / (2 std_r^2 n) - log std_r - log(2 pi) / 2, each row reduced on its own."""
-    n = float(next_[0].numel()) if next_.shape[0] else 1.0
-    half_log_two_pi = 0.5 * math.log(2.0 * math.pi)
-    out = []
-    for r in range(next_.shape[0]):
-        s = float(std[r])
-        squares = (next_[r].to(torch.float64) - mean[r].to(torch.float64)).square().sum()
-        out.append(-squares / (2.0 * s * s * n) - math.log(s) - half_log_two_pi)
-    if not out:
+    """Per row r: -sum (next - mean)^2 / (2 std_r^2 n) - log std_r - log(2 pi) / 2, as float64 numpy."""
+    if not next_.shape[0]:
         return np.zeros(0)
-    return torch.stack(out).detach().to("cpu").numpy()
+    return row_log_probs(next_, mean, torch.from_numpy(std)).detach().to("cpu").numpy()
+
+
+def row_log_probs(next_: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """row_log_prob as a float64 tensor on the latents' device, differentiable in ``mean``."""
+    std = std.to(device=next_.device, dtype=torch.float64)
+    n = float(next_[0].numel())
+    squares = (next_.to(torch.float64) - mean.to(torch.float64)).square().flatten(1).sum(1)
+    return -squares / (2.0 * std * std * n) - torch.log(std) - 0.5 * math.log(2.0 * math.pi)
 
 
 def call_velocity(
@@ -62,10 +63,15 @@ def call_velocity(
 ) -> torch.Tensor:
     """velocity(latents, sigma, step, prompts, trees), checked: a tensor of x's shape, dtype and device, finite.
     ``prompts`` and ``trees`` are int64 tensors on the latents' device."""
-    where = f"velocity at iteration {iteration}, step {step} ({x.shape[0]} rows)"
     rows_prompts = torch.from_numpy(prompts).to(x.device)
     rows_trees = torch.from_numpy(trees.astype(np.int64)).to(x.device)
     v = velocity(x, sigma, step, rows_prompts, rows_trees)
+    return checked_velocity(v, x, f"velocity at iteration {iteration}, step {step} ({x.shape[0]} rows)").detach()
+
+
+def checked_velocity(v: object, x: torch.Tensor, where: str) -> torch.Tensor:
+    """``v`` if it is a finite tensor of ``x``'s shape, dtype and device; else a TypeError or ValueError naming
+    ``where`` and, for NaN or inf, the rows."""
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"{where}: returned {type(v).__name__}, not a torch.Tensor")
     if v.shape != x.shape:
@@ -74,9 +80,38 @@ def call_velocity(
         raise ValueError(f"{where}: returned dtype {v.dtype}, the latents are {x.dtype}")
     if v.device != x.device:
         raise ValueError(f"{where}: returned a tensor on {v.device}, the latents are on {x.device}")
-    finite = torch.isfinite(v).flatten(1).all(1)
+    finite = torch.isfinite(v.detach()).flatten(1).all(1)
     if not bool(finite.all()):
-        rows = torch.nonzero(~finite).flatten().tolist()
-        shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
-        raise ValueError(f"{where}: NaN or inf in rows {shown}")
-    return v.detach()
+        raise ValueError(f"{where}: NaN or inf in rows {listed(torch.nonzero(~finite).flatten().tolist())}")
+    return v
+
+
+def listed(indices: list[int], most: int = 8) -> str:
+    """The first ``most`` indices, comma-separated, with ", ..." when there are more."""
+    return ", ".join(str(i) for i in indices[:most]) + (", ..." if len(indices) > most else "")
+
+
+def call_reward(
+    reward, leaves: torch.Tensor, prompts: np.ndarray, groups: np.ndarray | None, iteration: int | None = None
+) -> np.ndarray:
+    """``reward(leaves, prompts)`` or, with ``groups``, ``reward(leaves, prompts, groups)`` (int64 tensors on the
+    leaves' device), checked: one finite score per leaf, returned as float64 numpy."""
+    device = leaves.device
+    rows_prompts = torch.from_numpy(prompts.astype(np.int64)).to(device)
+    if groups is None:
+        out = reward(leaves, rows_prompts)
+    else:
+        out = reward(leaves, rows_prompts, torch.from_numpy(groups.astype(np.int64)).to(device))
+    where = "reward" if iteration is None else f"reward at iteration {iteration}"
+    if isinstance(out, torch.Tensor):
+        out = out.detach().to("cpu", torch.float64).numpy()
+    try:
+        values = np.asarray(out, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{where} returned {type(out).__name__}, not one number per leaf") from error
+    if values.shape[0] != leaves.shape[0]:
+        raise ValueError(f"{where} returned {values.shape[0]} scores for {leaves.shape[0]} leaves")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"{where} returned NaN or inf for leaves {listed(bad.tolist())} (of {leaves.shape[0]})")
+    return np.ascontiguousarray(values)

@@ -5,13 +5,12 @@ loss of ``ppo_ratio`` (include/branchgrpo/loss/ppo.hpp) as a differentiable torc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from branchgrpo import _core
+from branchgrpo import _core, _torch_ops
 
 ALL = slice(None)  # every edge
 
@@ -104,15 +103,11 @@ def transition_log_prob(edges: Edges, velocity: torch.Tensor, rows: slice = ALL)
     scores it. With the rollout's own velocity it is the rollout's ``old_log_prob``.
     """
     x = edges.latent[rows].to(torch.float64)
-    target = edges.next_latent[rows].to(torch.float64)
     shape = (-1,) + (1,) * (x.dim() - 1)
-    mean = edges.x_coeff[rows].to(x.device).view(shape) * x + edges.velocity_coeff[rows].to(x.device).view(
-        shape
-    ) * velocity.to(torch.float64)
-    std = edges.std[rows].to(x.device)
-    n = x[0].numel()
-    squares = (target - mean).square().flatten(1).sum(1)
-    return -squares / (2.0 * std * std * n) - torch.log(std) - 0.5 * math.log(2.0 * math.pi)
+    x_coeff = edges.x_coeff[rows].to(x.device).view(shape)
+    velocity_coeff = edges.velocity_coeff[rows].to(x.device).view(shape)
+    mean = x_coeff * x + velocity_coeff * velocity.to(torch.float64)
+    return _torch_ops.row_log_probs(edges.next_latent[rows], mean, edges.std[rows])
 
 
 def ppo_loss(

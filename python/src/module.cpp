@@ -14,6 +14,8 @@
 //   credit(method, tree, scores)     stages 2 and 3: keep_finite_trees, then the method's fusion, normalizer, pruner
 //   trained_edges(result, credit)    where each trained edge's latents are and how its transition is scored
 //   check_ppo, ppo_defaults          ppo_options' rules and defaults, for the Python PPO loss
+//   train_step(method, policy, ...)  one train_iteration of the C++ trainer with a Python policy, reward and
+//                                    torch.distributed group (trainer.hpp)
 //
 // One header per idea beside this file: parameters.hpp (keyword arguments through parameters()), forest.hpp (plans
 // and trees), torch_backend.hpp (the Backend over Python torch tensors and the checked velocity), rollout.hpp,
@@ -41,6 +43,7 @@
 #include "forest.hpp"
 #include "method.hpp"
 #include "rollout.hpp"
+#include "trainer.hpp"
 
 namespace nb = nanobind;
 namespace bg = branchgrpo;
@@ -205,6 +208,31 @@ NB_MODULE(_core, m) {
     const bg::ppo_options defaults;
     return std::pair{defaults.clip_range, defaults.advantage_clip};
   });
+
+  nb::class_<bg::training_options>(m, "TrainingOptions")
+      .def_ro("max_batch", &bg::training_options::max_batch)
+      .def_ro("seed", &bg::training_options::seed)
+      .def_ro("updates_per_iteration", &bg::training_options::updates_per_iteration)
+      .def_ro("total_iterations", &bg::training_options::total_iterations);
+  m.def("training_options", &training_options_from, nb::arg("max_batch"), nb::arg("seed"), nb::arg("updates"),
+        nb::arg("total_iterations"), nb::arg("loss"));
+  m.def(
+      "train_step",
+      [](method_spec& method, nb::object policy, nb::object reward, bool groupwise, std::vector<std::int64_t> prompts,
+         std::vector<std::int64_t> latent, int steps, double shift, int iteration, const bg::training_options& options,
+         nb::object device, nb::object dtype, nb::object group) {
+        const train_request r{.prompts = std::move(prompts),
+                              .latent = std::move(latent),
+                              .steps = steps,
+                              .shift = shift,
+                              .iteration = iteration,
+                              .options = options};
+        return train_step(method, std::move(policy), std::move(reward), groupwise, r, std::move(device),
+                          std::move(dtype), std::move(group));
+      },
+      nb::arg("method"), nb::arg("policy"), nb::arg("reward"), nb::arg("groupwise"), nb::arg("prompts"),
+      nb::arg("latent"), nb::arg("steps"), nb::arg("shift"), nb::arg("iteration"), nb::arg("options"),
+      nb::arg("device"), nb::arg("dtype"), nb::arg("group").none());
 
   nb::class_<forest>(m, "Tree")
       .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)

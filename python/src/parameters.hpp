@@ -94,10 +94,13 @@ void set_parameters(P& policy, const nb::dict& params, std::string_view section)
            ...);
         },
         bg::parameters_of<P>());
-    if (!found)
-      throw nb::value_error((std::string(section) + "." + name + ": unknown key (" + std::string(P::name) +
-                             " has: " + bg::name_list(known, ", ") + ")")
-                                .c_str());
+    if (!found) {
+      std::string owner(section);  // a policy says its name; a settings section (the loss) is its section
+      if constexpr (requires { P::name; }) owner = std::string(P::name);
+      throw nb::value_error(
+          (std::string(section) + "." + name + ": unknown key (" + owner + " has: " + bg::name_list(known, ", ") + ")")
+              .c_str());
+    }
   }
   if constexpr (bg::Described<P>) bg::validate_parameters(policy, section);
 }
