@@ -58,6 +58,43 @@ def row_log_probs(next_: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return -squares / (2.0 * std * std * n) - torch.log(std) - 0.5 * math.log(2.0 * math.pi)
 
 
+def fused_rows(x: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the fused CUDA SDE kernel takes these rows: CUDA, one device, both float32 or both float64."""
+    return x.is_cuda and v.device == x.device and x.dtype == v.dtype and x.dtype in (torch.float32, torch.float64)
+
+
+def is_float32(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32
+
+
+def fused_sde_buffers(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    children: int,
+    own: np.ndarray,
+    shared: np.ndarray | None,
+    stds: np.ndarray,
+    workspace: int,
+) -> tuple:
+    """The fused SDE kernel's buffers on x's device (python/src/cuda_step.hpp): (device guard, x and v contiguous,
+    next, own and shared key bytes, stds, log_prob, workspace, torch's current stream handle)."""
+    device = x.device
+    f64 = {"dtype": torch.float64, "device": device}
+    with torch.cuda.device(device):
+        return (
+            torch.cuda.device(device),
+            x.contiguous(),
+            v.contiguous(),
+            torch.empty([children, *x.shape[1:]], dtype=x.dtype, device=device),
+            torch.from_numpy(own).to(device),
+            None if shared is None else torch.from_numpy(shared).to(device),
+            torch.from_numpy(stds).to(device),
+            torch.empty(children, **f64),
+            torch.empty(max(workspace, 1), **f64),
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+
+
 def call_velocity(
     velocity, x: torch.Tensor, sigma: float, step: int, prompts: np.ndarray, trees: np.ndarray, iteration: int
 ) -> torch.Tensor:

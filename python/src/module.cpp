@@ -51,6 +51,7 @@ using namespace branchgrpo::python;
 
 NB_MODULE(_core, m) {
   m.doc() = "The branchgrpo C++ engine (plans, trees, methods); see the branchgrpo package.";
+  m.attr("cuda_kernels") = cuda_kernels;  // built with the fused CUDA SDE kernel (cuda_step.hpp)
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

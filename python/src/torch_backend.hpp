@@ -2,7 +2,9 @@
 // A Backend (rollout/backend.hpp) whose tensors are Python torch tensors: each operation calls its twin in
 // branchgrpo/_torch_ops.py, which mirrors the LibTorch adapter's torch_backend. Latents stay on the device the caller
 // chose; only the engine's keyed host draws (initial latents, noise) cross, as float64 numpy arrays, and per-row
-// log-probs come back. No LibTorch: the package runs on whatever torch the interpreter imports.
+// log-probs come back. No LibTorch: the package runs on whatever torch the interpreter imports. Built with a CUDA
+// compiler, the SDE transition of CUDA latents runs on the fused kernel instead (cuda_step.hpp), the noise drawn on
+// the device.
 //
 // Example: python_torch_backend b(device "cpu", dtype torch.float32); b.affine(2, x, 1, v) == (2 x + v) in float32.
 #include <nanobind/nanobind.h>
@@ -14,25 +16,15 @@
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/rollout/backend.hpp"
+#include "branchgrpo/rollout/keyed_sde_step.hpp"
+#include "numpy_arrays.hpp"
+#ifdef BRANCHGRPO_PYTHON_CUDA_KERNELS
+#include "cuda_step.hpp"
+#endif
 
 namespace branchgrpo::python {
 
 namespace nb = nanobind;
-
-/// A numpy array owning a copy of `values`.
-template <class T>
-nb::object numpy_copy(std::span<const T> values) {
-  auto* copy = new std::vector<T>(values.begin(), values.end());
-  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(copy->data(), {copy->size()}, owner));
-}
-
-/// The values of a 1-D numpy array (float64 or int64), copied.
-template <class T>
-std::vector<T> from_numpy(const nb::handle& array) {
-  const auto view = nb::cast<nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(array);
-  return std::vector<T>(view.data(), view.data() + view.shape(0));
-}
 
 struct python_torch_backend {
   using tensor = nb::object;
@@ -72,7 +64,27 @@ struct python_torch_backend {
                                                  std::span<const double> std) const {
     return from_numpy<double>(ops.attr("row_log_prob")(next, mean, numpy_copy(std)));
   }
+#ifdef BRANCHGRPO_PYTHON_CUDA_KERNELS
+  /// The SDE transition (KeyedSdeBackend): CUDA float32 / float64 latents on the fused kernel (cuda_step.hpp),
+  /// others by the engine's host path. Same numbers either way.
+  [[nodiscard]] keyed_sde_result<tensor> keyed_sde_step(const tensor& x, const tensor& v,
+                                                        const sde_transition& transition, const latent_shape& shape) {
+    if (nb::cast<bool>(ops.attr("fused_rows")(x, v))) return cuda_keyed_sde_step(ops, x, v, transition);
+    return keyed_sde_step_on_host(*this, x, v, transition, shape);
+  }
+#endif
 };
+
+#ifdef BRANCHGRPO_PYTHON_CUDA_KERNELS
+static_assert(KeyedSdeBackend<python_torch_backend>);
+#endif
+/// Whether the package was built with the CUDA kernels.
+inline constexpr bool cuda_kernels =
+#ifdef BRANCHGRPO_PYTHON_CUDA_KERNELS
+    true;
+#else
+    false;
+#endif
 
 static_assert(Backend<python_torch_backend>);
 

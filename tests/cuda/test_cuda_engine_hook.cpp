@@ -14,6 +14,7 @@
 #include "branchgrpo/correlator/correlated.hpp"
 #include "branchgrpo/correlator/independent.hpp"
 #include "branchgrpo/cuda/reference.hpp"
+#include "branchgrpo/cuda/sde_keys.hpp"
 #include "branchgrpo/rollout.hpp"
 #include "branchgrpo/rollout/keyed_sde_step.hpp"
 #include "branchgrpo/topology.hpp"
@@ -34,19 +35,9 @@ struct kernel_reference_backend : host_backend {
     host_tensor next{
         .rows = children, .shape = shape, .values = std::vector<double>(static_cast<std::size_t>(children * elements))};
     std::vector<double> log_probs(static_cast<std::size_t>(children));
-    // correlated{s} siblings as the kernel takes them: own keys on stream edge, per child row its parent's shared key.
-    std::vector<noise_key> own(transition.keys.begin(), transition.keys.end()), shared;
-    if (!transition.parent_keys.empty()) {
-      for (noise_key& key : own) key.stream = noise_stream::edge;
-      for (std::int64_t j = 0; j < children; ++j) {
-        shared.push_back(transition.parent_keys[static_cast<std::size_t>(j / transition.branching)]);
-        shared.back().stream = noise_stream::shared;
-      }
-    }
-    const cuda::noise_rows noise{.own = own.data(),
-                                 .shared = shared.empty() ? nullptr : shared.data(),
-                                 .s = transition.s,
-                                 .norm = cuda::correlated_norm(transition.s)};
+    // The keys as every caller of the kernel takes them (cuda/sde_keys.hpp).
+    const cuda::sde_step_keys keys = cuda::sde_step_keys_of(transition, x.rows);
+    const cuda::noise_rows noise = keys.rows(keys.own.data(), keys.shared.data());
     cuda::sde_step_reference<double>({.x = x.values.data(),
                                       .v = v.values.data(),
                                       .parents = x.rows,

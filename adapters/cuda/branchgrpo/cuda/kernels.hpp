@@ -13,7 +13,8 @@
 //
 // Files: annotations.hpp (the __host__ __device__ shim), elementwise.hpp (the per-element arithmetic, compiled by
 // g++ in the CPU tests and by nvcc in the kernels), reference.hpp (each kernel on the host, in the kernel's order),
-// this header (the launch API: no CUDA header, streams as CUstream_st*, i.e. cudaStream_t), src/kernels.cu (the
+// sde_keys.hpp (a transition's host checks and the keys the fused step draws from, for every caller), this header
+// (the launch API: no CUDA header, streams as CUstream_st*, i.e. cudaStream_t), src/kernels.cu (the
 // kernels; the only nvcc translation unit, built as branchgrpo_cuda_kernels when CMake finds a CUDA compiler) and
 // check/cuda_kernel_check.cpp (device against host, and the bandwidth on a 16 x 16 x 128 x 128 latent).
 // torch/cuda_kernels.hpp wraps these for CUDA tensors. How to run the check on a GPU: bench/gpu_kernels.sh and

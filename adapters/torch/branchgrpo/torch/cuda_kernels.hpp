@@ -30,6 +30,7 @@
 #include "branchgrpo/core/memory.hpp"
 #include "branchgrpo/correlator/sibling_rows.hpp"
 #include "branchgrpo/cuda/kernels.hpp"
+#include "branchgrpo/cuda/sde_keys.hpp"
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/keyed_sde_step.hpp"
@@ -126,51 +127,22 @@ inline torch::Tensor cuda_row_log_prob(const torch::Tensor& next, const torch::T
 ///       that is not positive and finite, or an invalid key.
 inline keyed_sde_result<torch::Tensor> cuda_keyed_sde_step(const torch::Tensor& x, const torch::Tensor& v,
                                                            const sde_transition& transition) {
-  require(transition.branching >= 1, "an SDE transition needs branching >= 1, got ", transition.branching);
-  // The kernel scores each row with the std it draws it with; another scoring std is keyed_sde_step_on_host's.
-  require(transition.log_prob_stds.empty(), "the fused SDE kernel scores rows with their drawing stds; got ",
-          transition.log_prob_stds.size(), " log-prob stds");
   const std::int64_t parents = x.size(0), children = parents * transition.branching;
-  require(static_cast<std::int64_t>(transition.keys.size()) == children &&
-              static_cast<std::int64_t>(transition.stds.size()) == children,
-          "an SDE transition of ", parents, " rows x ", transition.branching, " children got ", transition.keys.size(),
-          " keys and ", transition.stds.size(), " stds");
-  for (std::size_t j = 0; j < transition.stds.size(); ++j)
-    require(std::isfinite(transition.stds[j]) && transition.stds[j] > 0.0, "row_log_prob std[", j,
-            "] = ", transition.stds[j], " must be positive and finite");
-  for (const noise_key& key : transition.keys) check_noise_key(key);
-  // correlated{s} siblings: as correlated does, each child's own draw on stream edge and, per child row, its
-  // parent's shared draw on stream shared.
-  const bool correlated_siblings = !transition.parent_keys.empty();
-  std::vector<noise_key> own(transition.keys.begin(), transition.keys.end()), shared;
-  if (correlated_siblings) {
-    require(static_cast<std::int64_t>(transition.parent_keys.size()) == parents, "an SDE transition of ", parents,
-            " rows got ", transition.parent_keys.size(), " parent keys");
-    require(std::isfinite(transition.s) && transition.s > 0.0, "correlated s must be positive and finite, got ",
-            transition.s);
-    require(transition.branching >= 2, "correlated needs a split of at least 2 children, got ", transition.branching);
-    for (const noise_key& key : transition.parent_keys) check_noise_key(key);
-    for (noise_key& key : own) key = stream_key(key, noise_stream::edge);
-    for (std::int64_t j = 0; j < children; ++j)
-      shared.push_back(
-          stream_key(transition.parent_keys[static_cast<std::size_t>(j / transition.branching)], noise_stream::shared));
-  }
+  const cuda::sde_step_keys keys = cuda::sde_step_keys_of(transition, parents);
+  const bool correlated_siblings = !keys.shared.empty();
   std::vector<std::int64_t> sizes = x.sizes().vec();
   sizes[0] = children;
   torch::Tensor next = torch::empty(sizes, x.options());
   if (children == 0) return {.next = next, .log_probs = {}};
   const std::int64_t elements = x.numel() / parents;
   const torch::Tensor rows_x = x.contiguous(), rows_v = v.contiguous();
-  const torch::Tensor own_keys = cuda_copy_of(std::span<const noise_key>(own), x.device());
+  const torch::Tensor own_keys = cuda_copy_of(std::span<const noise_key>(keys.own), x.device());
   const torch::Tensor shared_keys =
-      correlated_siblings ? cuda_copy_of(std::span<const noise_key>(shared), x.device()) : torch::Tensor();
+      correlated_siblings ? cuda_copy_of(std::span<const noise_key>(keys.shared), x.device()) : torch::Tensor();
   const torch::Tensor stds = cuda_copy_of(transition.stds, x.device());
-  const cuda::noise_rows noise{.own = reinterpret_cast<const noise_key*>(own_keys.data_ptr<std::uint8_t>()),
-                               .shared = correlated_siblings
-                                             ? reinterpret_cast<const noise_key*>(shared_keys.data_ptr<std::uint8_t>())
-                                             : nullptr,
-                               .s = correlated_siblings ? transition.s : 0.0,
-                               .norm = correlated_siblings ? cuda::correlated_norm(transition.s) : 1.0};
+  const cuda::noise_rows noise = keys.rows(
+      reinterpret_cast<const noise_key*>(own_keys.data_ptr<std::uint8_t>()),
+      correlated_siblings ? reinterpret_cast<const noise_key*>(shared_keys.data_ptr<std::uint8_t>()) : nullptr);
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(x.device());
   const torch::Tensor log_prob = torch::empty({children}, f64);
   const torch::Tensor workspace = torch::empty({cuda::reduction_workspace(children, elements)}, f64);
