@@ -1,6 +1,7 @@
 """The update's stages for a user's own loop (issue "The library from Python", update way (b)): the trained edges
 of an iteration as torch tensors, each edge's log-prob recomputed with gradients from a velocity, and the PPO-clipped
-loss of ``ppo_ratio`` (include/branchgrpo/loss/ppo.hpp) as a differentiable torch function.
+loss of ``ppo_ratio`` (include/branchgrpo/loss/ppo.hpp) as a differentiable torch function over the engine's per-edge
+terms.
 """
 
 from __future__ import annotations
@@ -43,16 +44,22 @@ class Edges:
         return int(self.node.shape[0])
 
 
-def edges(result: _core.Rollout, credit: _core.Credit) -> Edges:
+def edges(result: _core.Rollout, credit: _core.Credit, *, step_weight: str = "none") -> Edges:
     """The edges ``credit`` trains, gathered from ``result`` (the rollout the credit was assigned on).
+
+    ``weight`` is the trainer's per-edge weight w(step) / edges, with w the run config's ``loss.step_weight``
+    (none, inverse_dt, noise_std or equal_steps; docs/config.md) computed by the engine.
 
     >>> import branchgrpo
     >>> r = branchgrpo.rollout(lambda x, *rest: -x, prompts=[0], latent_shape=[2])
     >>> e = edges(r, branchgrpo.credit(r, branchgrpo.score(r, lambda leaves, prompts: leaves.sum(1))))
     >>> len(e), tuple(e.latent.shape), round(float(e.weight.sum()), 12)
     (218, (218, 2), 1.0)
+    >>> c = branchgrpo.credit(r, branchgrpo.score(r, lambda leaves, prompts: leaves.sum(1)))
+    >>> round(float(edges(r, c, step_weight="equal_steps").weight.sum()), 12)
+    1.0
     """
-    table = _core.trained_edges(result, credit)
+    table = _core.trained_edges(result, credit, step_weight)
     if not table.node:
         raise ValueError("edges: the credit trains no edge")
     step = np.asarray(table.step, dtype=np.int64)
@@ -74,7 +81,6 @@ def edges(result: _core.Rollout, credit: _core.Credit) -> Edges:
     node = torch.tensor(table.node, dtype=torch.int64)
     tree_of = node // tree.nodes_per_tree
     f64 = {"dtype": torch.float64}
-    count = len(table.node)
     return Edges(
         node=node,
         step=torch.from_numpy(step),
@@ -88,7 +94,7 @@ def edges(result: _core.Rollout, credit: _core.Credit) -> Edges:
         std=torch.tensor(table.std, **f64),
         old_log_prob=torch.tensor(table.old_log_prob, **f64),
         advantage=torch.tensor(table.advantage, **f64),
-        weight=torch.full((count,), 1.0 / count, **f64),
+        weight=torch.tensor(table.weight, **f64),
     )
 
 
@@ -120,14 +126,30 @@ def ppo_loss(
 ) -> torch.Tensor:
     """ppo_ratio's loss over ``edges[rows]``: sum of weight x max(-A r, -A clamp(r, 1 - eps, 1 + eps)) with
     r = exp(log_prob - old_log_prob) and A clipped to [-advantage_clip, advantage_clip] (defaults and rules:
-    ppo_options). Differentiable in ``log_prob``; at the first optimizer step (r = 1) it is -sum(weight A).
+    ppo_options). Each edge's term and its derivative are the engine's (loss/ppo.hpp: ppo_clipped_loss and
+    ppo_clipped_loss_gradient); differentiable in ``log_prob``. At the first optimizer step (r = 1) it is
+    -sum(weight A).
     """
     default_clip, default_advantage_clip = _core.ppo_defaults()
     eps = default_clip if clip_range is None else clip_range
     cap = default_advantage_clip if advantage_clip is None else advantage_clip
-    _core.check_ppo(eps, cap)
-    device = log_prob.device
-    advantage = edges.advantage[rows].to(device).clamp(-cap, cap)
-    ratio = torch.exp(log_prob - edges.old_log_prob[rows].to(device))
-    loss = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1.0 - eps, 1.0 + eps))
-    return (edges.weight[rows].to(device) * loss).sum()
+    return _PpoLoss.apply(log_prob, edges.old_log_prob[rows], edges.advantage[rows], edges.weight[rows], eps, cap)
+
+
+class _PpoLoss(torch.autograd.Function):
+    """sum_i weight_i loss_i with the engine's per-edge PPO terms; backward: weight_i d loss_i / d log_prob_i."""
+
+    @staticmethod
+    def forward(ctx, log_prob, old_log_prob, advantage, weight, clip_range, advantage_clip):  # noqa: ANN001
+        host = log_prob.detach().to("cpu", torch.float64)
+        loss, gradient = _core.ppo_terms(
+            host.tolist(), old_log_prob.tolist(), advantage.tolist(), float(clip_range), float(advantage_clip)
+        )
+        weight = weight.to(torch.float64)
+        ctx.save_for_backward((weight * torch.tensor(gradient, dtype=torch.float64)).to(log_prob.device))
+        return (weight * torch.tensor(loss, dtype=torch.float64)).sum().to(log_prob.device)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        (per_edge,) = ctx.saved_tensors
+        return grad * per_edge, None, None, None, None, None

@@ -5,7 +5,9 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/loss/ppo.hpp"
+#include "branchgrpo/loss/step_weights.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/training/credit.hpp"
@@ -61,9 +64,29 @@ inline credit_output assign(method_spec& method, const forest& trees, std::vecto
 struct edge_table {
   std::vector<std::int32_t> node, step, parent_row, row;
   std::vector<double> sigma, x_coeff, velocity_coeff, std, old_log_prob, advantage;
+  std::vector<double> weight;  ///< the trainer's: w(step) / edges, w the ppo step weighting's (1 with none)
 };
 
-inline edge_table trained_edges(const rollout_output& result, const credit_output& credit) {
+// The loss weight of each step of the rollout's schedule under `kind` (ppo_ratio's step_weights on one rank): none,
+// inverse_dt and noise_std from the schedule and the stepper, equal_steps from the trained edges per step.
+// Example: kind none -> 1 per step; equal_steps with edges per step {2, 4, 0, 10} -> {2.666667, 1.333333, 0, 0.533333}.
+inline std::vector<double> step_weights_of(const rollout_output& result, const bg::run_recipe& recipe,
+                                           std::span<const std::int32_t> edge_steps, bg::step_weighting kind) {
+  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(result.steps, result.shift);
+  if (kind == bg::step_weighting::equal_steps) {
+    std::vector<double> edges_per_step(static_cast<std::size_t>(result.steps), 0.0);
+    for (const std::int32_t s : edge_steps) edges_per_step[static_cast<std::size_t>(s)] += 1;
+    return bg::equal_step_weights(edges_per_step);
+  }
+  std::vector<double> step_noise(static_cast<std::size_t>(result.steps));
+  for (int t = 0; t < result.steps; ++t)
+    step_noise[static_cast<std::size_t>(t)] =
+        bg::step_coefficients(recipe.stepper, schedule, t, result.trees.tree.plan().layer(t)).noise_std;
+  return bg::step_loss_weights(kind, schedule, step_noise);
+}
+
+inline edge_table trained_edges(const rollout_output& result, const credit_output& credit,
+                                bg::step_weighting step_weight) {
   const bg::rollout_tree& tree = result.trees.tree;
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(result.steps, result.shift);
   const bg::run_recipe& recipe = nb::cast<const method_spec&>(result.method).recipe;
@@ -85,12 +108,39 @@ inline edge_table trained_edges(const rollout_output& result, const credit_outpu
     out.old_log_prob.push_back(tree.log_prob(n));
     out.advantage.push_back(credit.edge_advantage[static_cast<std::size_t>(n)]);
   }
+  if (out.node.empty()) return out;
+  const std::vector<double> per_step = step_weights_of(result, recipe, out.step, step_weight);
+  for (const std::int32_t s : out.step)
+    out.weight.push_back(per_step[static_cast<std::size_t>(s)] / static_cast<double>(out.node.size()));
   return out;
 }
 
 // The ppo_ratio options' rules (ppo_options::parameters()), on the values a Python loss is given.
 inline void check_ppo(double clip_range, double advantage_clip) {
   bg::validate_parameters(bg::ppo_options{.clip_range = clip_range, .advantage_clip = advantage_clip}, "loss");
+}
+
+// Per edge, ppo_ratio's loss and its derivative in the log-prob (loss/ppo.hpp: ppo_clipped_loss and
+// ppo_clipped_loss_gradient of the clipped advantage): the terms of the package's differentiable ppo_loss.
+// Example: log_prob {0.01}, old {0}, advantage {-2}, clip_range 1e-3 -> loss {2.020100334}, gradient {2.020100334}.
+struct ppo_terms_output {
+  std::vector<double> loss, gradient;
+};
+
+inline ppo_terms_output ppo_terms(std::span<const double> log_prob, std::span<const double> old_log_prob,
+                                  std::span<const double> advantage, double clip_range, double advantage_clip) {
+  check_ppo(clip_range, advantage_clip);
+  bg::require(old_log_prob.size() == log_prob.size() && advantage.size() == log_prob.size(),
+              "ppo_loss: ", log_prob.size(), " log-probs, ", old_log_prob.size(), " old log-probs and ",
+              advantage.size(), " advantages: one of each per edge");
+  ppo_terms_output out;
+  for (std::size_t i = 0; i < log_prob.size(); ++i) {
+    bg::require(std::isfinite(log_prob[i]), "ppo_loss: log_prob[", i, "] = ", log_prob[i], " is not finite");
+    const double a = bg::clip_advantage(advantage[i], advantage_clip);
+    out.loss.push_back(bg::ppo_clipped_loss(log_prob[i], old_log_prob[i], a, clip_range));
+    out.gradient.push_back(bg::ppo_clipped_loss_gradient(log_prob[i], old_log_prob[i], a, clip_range));
+  }
+  return out;
 }
 
 }  // namespace branchgrpo::python

@@ -202,8 +202,24 @@ NB_MODULE(_core, m) {
       .def_ro("velocity_coeff", &edge_table::velocity_coeff)
       .def_ro("std", &edge_table::std)
       .def_ro("old_log_prob", &edge_table::old_log_prob)
-      .def_ro("advantage", &edge_table::advantage);
-  m.def("trained_edges", &trained_edges, nb::arg("result"), nb::arg("credit"));
+      .def_ro("advantage", &edge_table::advantage)
+      .def_ro("weight", &edge_table::weight);
+  m.def(
+      "trained_edges",
+      [](const rollout_output& result, const credit_output& credit, const std::string& step_weight) {
+        return trained_edges(result, credit,
+                             bg::parse_step_weighting(step_weight));  // the config's names and message
+      },
+      nb::arg("result"), nb::arg("credit"), nb::arg("step_weight"));
+  m.def(
+      "ppo_terms",
+      [](const std::vector<double>& log_prob, const std::vector<double>& old_log_prob,
+         const std::vector<double>& advantage, double clip_range, double advantage_clip) {
+        ppo_terms_output out = ppo_terms(log_prob, old_log_prob, advantage, clip_range, advantage_clip);
+        return std::pair{std::move(out.loss), std::move(out.gradient)};
+      },
+      nb::arg("log_prob"), nb::arg("old_log_prob"), nb::arg("advantage"), nb::arg("clip_range"),
+      nb::arg("advantage_clip"));
   m.def("check_ppo", &check_ppo, nb::arg("clip_range"), nb::arg("advantage_clip"));
   m.def("ppo_defaults", [] {
     const bg::ppo_options defaults;

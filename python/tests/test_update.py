@@ -60,3 +60,20 @@ def test_float32_latents_recompute_within_float_rounding() -> None:
     _, _, edges = iteration("branch", -0.7, dtype=torch.float32)
     log_prob = branchgrpo.transition_log_prob(edges, (-0.7 * edges.latent.to(torch.float64)).to(torch.float32))
     assert torch.allclose(log_prob, edges.old_log_prob, rtol=1e-5, atol=1e-5)
+
+
+def test_step_weights_are_the_engines() -> None:
+    result, credit, plain = iteration("branch", -0.7)
+    weighted = branchgrpo.edges(result, credit, step_weight="inverse_dt")
+
+    def sigma(step: int, steps: int = 20, shift: float = 3.0) -> float:  # the shifted linear schedule
+        t = 1.0 - step / steps
+        return shift * t / (1.0 + (shift - 1.0) * t)
+
+    inverse_dt = torch.tensor([1.0 / (sigma(s) - sigma(s + 1)) for s in weighted.step.tolist()], dtype=torch.float64)
+    assert torch.allclose(weighted.weight, plain.weight * inverse_dt, rtol=1e-12, atol=0)
+    equal = branchgrpo.edges(result, credit, step_weight="equal_steps")
+    per_step = [float(equal.weight[equal.step == s].sum()) for s in range(20)]
+    assert max(per_step) - min(per_step) < 1e-12  # every step carries the same total weight
+    with pytest.raises(ValueError, match='ppo step_weight "dt" is not none, inverse_dt, noise_std or equal_steps'):
+        branchgrpo.edges(result, credit, step_weight="dt")
