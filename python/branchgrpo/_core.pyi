@@ -5,6 +5,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+cuda_kernels: bool
+
 class TreePlan:
     @property
     def steps(self) -> int: ...
@@ -136,8 +138,12 @@ class _EdgeTable:
     std: list[float]
     old_log_prob: list[float]
     advantage: list[float]
+    weight: list[float]
 
-def trained_edges(result: Rollout, credit: Credit) -> _EdgeTable: ...
+def trained_edges(result: Rollout, credit: Credit, step_weight: str) -> _EdgeTable: ...
+def ppo_terms(
+    log_prob: list[float], old_log_prob: list[float], advantage: list[float], clip_range: float, advantage_clip: float
+) -> tuple[list[float], list[float]]: ...
 def check_ppo(clip_range: float, advantage_clip: float) -> None: ...
 def ppo_defaults() -> tuple[float, float]: ...
 
