@@ -10,6 +10,7 @@ trains a torch model, with no second implementation of it in Python.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from branchgrpo._checks import integer, integers, rollout_arguments
 from branchgrpo.method import Method, as_method
 
 GRADIENT_MODES = ("sum", "averaged")
+# Where a Trainer step's time goes outside the engine: the model's calls, the optimizer and the reward (seconds).
+TIMED_PARTS = ("sample", "reference", "forward", "backward", "optimizer", "score")
 
 
 class Policy:
@@ -74,6 +77,7 @@ class Policy:
         self.gradients = gradients
         self.max_grad_norm = max_grad_norm
         self.template: torch.Tensor | None = None  # one row of latents, for padding calls (set by Trainer)
+        self.seconds = dict.fromkeys(TIMED_PARTS, 0.0)  # the current step's time in each part (reset by Trainer)
 
     @property
     def has_reference(self) -> bool:
@@ -82,14 +86,20 @@ class Policy:
     # --- What the engine calls (python/src/trainer.hpp: python_policy) ---
 
     def _sample(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        start = time.perf_counter()
         with torch.no_grad():
-            return self.sample_velocity(x, *rest)
+            v = self.sample_velocity(x, *rest)
+        self.seconds["sample"] += time.perf_counter() - start
+        return v
 
     def _reference(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
         if self.reference is None:
             raise ValueError("Policy: the loss's KL term needs a reference velocity (Policy(..., reference=...))")
+        start = time.perf_counter()
         with torch.no_grad():
-            return self.reference(x, *rest)
+            v = self.reference(x, *rest)
+        self.seconds["reference"] += time.perf_counter() - start
+        return v
 
     def _accumulate(
         self,
@@ -113,15 +123,19 @@ class Policy:
             return np.zeros(0)
         where = f"policy velocity at iteration {iteration}, step {step} ({rows} rows)"
         with torch.enable_grad():
-            v = self.velocity(
-                x, sigma, step, torch.from_numpy(prompts).to(x.device), torch.from_numpy(trees).to(x.device)
-            )
+            rows_prompts, rows_trees = torch.from_numpy(prompts).to(x.device), torch.from_numpy(trees).to(x.device)
+            start = time.perf_counter()
+            v = self.velocity(x, sigma, step, rows_prompts, rows_trees)
+            self.seconds["forward"] += time.perf_counter() - start
             v = _torch_ops.checked_velocity(v, x, where)
             mean = _torch_ops.affine(x_coeff, x, velocity_coeff, v, x.dtype)  # as the rollout computed it
             log_probs = _torch_ops.row_log_probs(next_, mean, torch.from_numpy(std))
             values = log_probs.detach().cpu().numpy()
             w = torch.from_numpy(np.asarray(weights(values), dtype=np.float64)).to(log_probs.device)
-            (w * log_probs).sum().backward()
+            loss = (w * log_probs).sum()
+            start = time.perf_counter()
+            loss.backward()
+            self.seconds["backward"] += time.perf_counter() - start
         return values
 
     def _pad_accumulate(self) -> None:
@@ -140,10 +154,12 @@ class Policy:
             _distributed.sum_gradients(self.parameters, group, float(size) if self.gradients == "averaged" else 1.0)
 
     def _apply_update(self) -> None:
+        start = time.perf_counter()
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.seconds["optimizer"] += time.perf_counter() - start
 
 
 class Trainer:
@@ -215,13 +231,26 @@ class Trainer:
 
     def step(self, prompts: Sequence[int]) -> dict[str, float]:
         """One iteration on ``prompts`` (one tree each); returns its statistics (reward_mean, edges_trained, loss,
-        clip_fraction, kl, seconds, ...), equal on every rank."""
+        clip_fraction, kl, seconds, ...), equal on every rank, and where this rank's time went: ``<part>_seconds``
+        for the model's sampling, reference, forward (update) and backward calls, the optimizer and the reward
+        (``score_seconds``), and ``engine_seconds``, the rest (the package's own time; host clock, so on CUDA it
+        counts launches, not kernels).
+        """
         prompt_list = integers("Trainer.step", "prompts", prompts, 0)
         latent, steps, shift, _, _, device, dtype = self.rollout_arguments
+        seconds = self.policy.seconds
+        seconds.update(dict.fromkeys(TIMED_PARTS, 0.0))
+
+        def reward(*arguments: Any) -> Any:
+            start = time.perf_counter()
+            out = self.reward(*arguments)
+            seconds["score"] += time.perf_counter() - start
+            return out
+
         stats = _core.train_step(
             self.method,
             self.policy,
-            self.reward,
+            reward,
             self.groupwise,
             prompt_list,
             latent,
@@ -234,6 +263,9 @@ class Trainer:
             self.group,
         )
         self.iteration += 1
+        for part in TIMED_PARTS:
+            stats[f"{part}_seconds"] = seconds[part]
+        stats["engine_seconds"] = stats["seconds"] - sum(seconds.values())
         return stats
 
     def state_dict(self) -> dict[str, Any]:

@@ -99,6 +99,10 @@ def test_every_objective_trains_the_torch_model(method, loss, reference) -> None
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
     assert not torch.equal(model.linear.weight, before)
     assert (stats["kl"] > 0) == reference
+    parts = ("sample", "reference", "forward", "backward", "optimizer", "score")
+    assert stats["forward_seconds"] > 0 and stats["backward_seconds"] > 0 and stats["engine_seconds"] > 0
+    assert (stats["reference_seconds"] > 0) == reference
+    assert abs(sum(stats[f"{p}_seconds"] for p in parts) + stats["engine_seconds"] - stats["seconds"]) < 1e-9
 
 
 def run_iterations(count: int, state: bytes | None = None) -> tuple[torch.nn.Module, bytes]:
