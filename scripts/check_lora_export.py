@@ -14,7 +14,8 @@ Modes:
       lora_export_diffusers_modules.txt is this output).
   verify DIR
       Needs diffusers (PyTorch 2): builds the tiny diffusers models, loads the C++ side's base weights (bfl /
-      official names; Wan converted by diffusers' single-file converter, FLUX by flux_bfl_to_diffusers below), loads each exported LoRA as
+      official names; Wan converted by diffusers' single-file converter, FLUX by bfl_to_diffusers of the package's
+      python/branchgrpo/flux.py), loads each exported LoRA as
       pipe.load_lora_weights does (Pipeline.lora_state_dict + load_lora_into_transformer) and the merged files,
       and compares diffusers' output with the C++ model's velocity on the same inputs (DIR/flux/io.safetensors,
       DIR/wan/io.safetensors). Prints the relative error max|diff| / max|velocity| of each; fails above 1e-4.
@@ -129,61 +130,16 @@ def modules_mode(path):
 
 
 def flux_bfl_to_diffusers(bfl, hidden=64):
-    """BFL -> diffusers FLUX names, written here from the layout (docs/flux.md "Weight layouts"), independent of the
-    C++ conversion; diffusers' own single-file converter fixes the width at FLUX.1's 3072."""
-    import torch
-    out = {}
-
-    def put(target, source):
-        for suffix in (".weight", ".bias"):
-            if source + suffix in bfl:
-                out[target + suffix] = bfl[source + suffix]
-
-    def split(targets, source, rows):
-        for suffix in (".weight", ".bias"):
-            if source + suffix in bfl:
-                for target, part in zip(targets, torch.split(bfl[source + suffix], rows)):
-                    out[target + suffix] = part
-
-    top = {"x_embedder": "img_in", "time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
-           "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
-           "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
-           "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
-           "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
-           "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
-           "context_embedder": "txt_in", "proj_out": "final_layer.linear"}
-    for target, source in top.items():
-        put(target, source)
-    for suffix in (".weight", ".bias"):
-        shift, scale = bfl["final_layer.adaLN_modulation.1" + suffix].chunk(2)
-        out["norm_out.linear" + suffix] = torch.cat([scale, shift])
-    blocks = {int(k.split(".")[1]) for k in bfl if k.startswith("double_blocks.")}
-    for i in blocks:
-        p, q = f"double_blocks.{i}.", f"transformer_blocks.{i}."
-        put(q + "norm1.linear", p + "img_mod.lin")
-        put(q + "norm1_context.linear", p + "txt_mod.lin")
-        split([q + "attn.to_q", q + "attn.to_k", q + "attn.to_v"], p + "img_attn.qkv", hidden)
-        split([q + "attn.add_q_proj", q + "attn.add_k_proj", q + "attn.add_v_proj"], p + "txt_attn.qkv", hidden)
-        for stream, norms in (("img", ("norm_q", "norm_k")), ("txt", ("norm_added_q", "norm_added_k"))):
-            out[q + f"attn.{norms[0]}.weight"] = bfl[p + f"{stream}_attn.norm.query_norm.scale"]
-            out[q + f"attn.{norms[1]}.weight"] = bfl[p + f"{stream}_attn.norm.key_norm.scale"]
-        put(q + "attn.to_out.0", p + "img_attn.proj")
-        put(q + "attn.to_add_out", p + "txt_attn.proj")
-        put(q + "ff.net.0.proj", p + "img_mlp.0")
-        put(q + "ff.net.2", p + "img_mlp.2")
-        put(q + "ff_context.net.0.proj", p + "txt_mlp.0")
-        put(q + "ff_context.net.2", p + "txt_mlp.2")
-    singles = {int(k.split(".")[1]) for k in bfl if k.startswith("single_blocks.")}
-    for i in singles:
-        p, q = f"single_blocks.{i}.", f"single_transformer_blocks.{i}."
-        rows = bfl[p + "linear1.weight"].shape[0]
-        split([q + "attn.to_q", q + "attn.to_k", q + "attn.to_v", q + "proj_mlp"], p + "linear1",
-              [hidden, hidden, hidden, rows - 3 * hidden])
-        put(q + "proj_out", p + "linear2")
-        put(q + "norm.linear", p + "modulation.lin")
-        out[q + "attn.norm_q.weight"] = bfl[p + "norm.query_norm.scale"]
-        out[q + "attn.norm_k.weight"] = bfl[p + "norm.key_norm.scale"]
-    return out
+    """BFL -> diffusers FLUX names: the Python package's bfl_to_diffusers (python/branchgrpo/flux.py), written from
+    the layout (docs/flux.md "Weight layouts"), independent of the C++ conversion; diffusers' own single-file
+    converter fixes the width at FLUX.1's 3072. The module is loaded from the repository's python/ folder by its
+    path: the package's __init__ needs the built extension, flux.py needs torch and safetensors only."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "python" / "branchgrpo" / "flux.py"
+    spec = importlib.util.spec_from_file_location("branchgrpo_flux", path)
+    flux = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flux)
+    return flux.bfl_to_diffusers(bfl, hidden)
 
 
 def relative_error(got, want):

@@ -78,14 +78,14 @@ set_tests_properties(distributed_zero_one PROPERTIES LABELS "distributed;torch" 
 
 # `branchgrpo train` on 2 ranks (tests/distributed/train_ranks.sh): the same weights and metrics as one process; a
 # killed rank named within the timeout; a 2-rank checkpoint resumed by one process; different configs refused on both
-# ranks.
+# ranks; `--trace` writing one process's iterations and refused on 2 ranks.
 # The zero* modes shard: 2 sharded ranks = one unsharded process; sharded checkpoints resumed at another world size
 # (2 -> 1, 1 -> 2, 2 -> 3) and at the same one (bit for bit, also after a rank was killed while writing its shard:
 # kill_on_rename, a preloaded fault); export-lora reading a sharded checkpoint.
 if(TARGET branchgrpo_cli AND TARGET branchgrpo::app)
   add_library(kill_on_rename MODULE ${CMAKE_CURRENT_LIST_DIR}/kill_on_rename.cpp)
   target_link_libraries(kill_on_rename PRIVATE ${CMAKE_DL_LIBS})
-  foreach(mode IN ITEMS same killed resume mismatch zero1_full zero2_full zero2_lora zero2_uneven zero_resume
+  foreach(mode IN ITEMS same killed resume mismatch trace zero1_full zero2_full zero2_lora zero2_uneven zero_resume
                         zero_reshard_1_2 zero_reshard_2_3 zero_killed)
     add_test(NAME distributed_train_${mode}
              COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/train_ranks.sh ${mode} $<TARGET_FILE:branchgrpo_cli> ${program}

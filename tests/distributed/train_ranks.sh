@@ -28,6 +28,8 @@
 #               (5 s) with one line naming rank 1
 #   resume      a checkpoint written by 2 ranks is resumed by one process, with a note that the world size changed
 #   mismatch    the ranks are given different configs (another lr): both exit with the mismatch line
+#   trace       `train --trace DIR` writes one trace file per iteration on one process, and 2 ranks refuse it in
+#               one line each (a trace holds one process's rollout)
 # Each rank runs the tool with torchrun's variables set by hand (run_ranks.sh); nothing is left running.
 set -u
 mode=$1 tool=$2 program=$3 model=$4 work=$5 kill_library=${6:-}
@@ -216,6 +218,16 @@ mismatch)
   bash "$here/run_ranks.sh" -n 2 -t 40 -e "0:error:^branchgrpo: rank 0: $line" -e "1:error:^branchgrpo: rank 1: $line" -- \
     bash -c 'exec "$1" train --config "$2/rank$RANK.toml" --quiet --timeout 10' rank "$tool" "$work" ||
     fail "the ranks did not both refuse"
+  ;;
+trace)
+  config one 2 && config two 2
+  "$tool" train --config "$work/one.toml" --quiet --trace "$work/trace" > /dev/null 2> "$work/one.err" ||
+    fail "one process: $(cat "$work/one.err")"
+  for i in 000000 000001; do [ -s "$work/trace/trace-$i.safetensors" ] || fail "no trace of iteration $i"; done
+  line="--trace $work/trace2: traces the rollout of one process; this run has 2 ranks$"
+  bash "$here/run_ranks.sh" -n 2 -t 40 -e "0:error:^branchgrpo: rank 0: $line" -e "1:error:^branchgrpo: rank 1: $line" -- \
+    "$tool" train --config "$work/two.toml" --quiet --timeout 10 --trace "$work/trace2" ||
+    fail "the ranks did not both refuse --trace"
   ;;
 *) fail "unknown mode" ;;
 esac

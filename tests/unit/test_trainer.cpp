@@ -7,6 +7,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "branchgrpo/branchgrpo.hpp"
@@ -206,8 +207,14 @@ TEST_CASE("a non-finite leaf reward drops its tree from the update", "[trainer]"
   };
   always_nan broken;
   const std::vector<double> before(policy.parameters().begin(), policy.parameters().end());
-  const auto none = train_iteration(backend, policy, broken, recipe, shifted_linear_schedule(20), toy_latent_shape(),
-                                    eight_prompts, 1, training_options{});
+  single_process one;
+  bool without_credit = false;  // the observer still sees the rewards, and no credit
+  const auto none = train_iteration(
+      backend, policy, broken, recipe, shifted_linear_schedule(20), toy_latent_shape(), eight_prompts, 1,
+      training_options{}, one, [&](const iteration_view<host_backend>& view) {
+        without_credit = view.credit == nullptr && view.leaves.kept_trees.empty() && view.leaves.scores.size() == 128;
+      });
+  CHECK(without_credit);
   CHECK(none.trees_dropped == 8);
   CHECK(none.edges_trained == 0);
   CHECK(std::isnan(none.reward_mean));
@@ -441,6 +448,44 @@ TEST_CASE("the iteration's stages, each on its own", "[trainer][stages]") {
   CHECK(update.first_update_log_prob_gap == 0.0);
   CHECK(policy.optimizer_state().steps == 2);
   CHECK(update.kl == 0.0);
+}
+
+TEST_CASE("an observer sees the iteration between credit and update, and changes nothing", "[trainer][stages]") {
+  // branch, 2 prompts, 20 steps: 21 steps of latents (2 roots, 32 leaves), 32 rewards, every one of the 2 x 218
+  // edges trained; the statistics and parameters equal those of the run without an observer.
+  const auto run = [](auto&& observe) {
+    auto policy = make_toy_policy(7);
+    mode_reward<> reward;
+    host_backend backend;
+    auto recipe = branch_method();
+    single_process one;
+    const std::vector<std::int64_t> prompts = {3, 5};
+    const iteration_stats stats =
+        train_iteration(backend, policy, reward, recipe, shifted_linear_schedule(20), toy_latent_shape(), prompts, 0,
+                        training_options{.max_batch = 16, .seed = 11}, one, observe);
+    return std::pair{stats, std::vector<double>(policy.parameters().begin(), policy.parameters().end())};
+  };
+  int calls = 0;
+  const auto [stats, parameters] = run([&](const iteration_view<host_backend>& view) {
+    ++calls;
+    CHECK(view.iteration == 0);
+    CHECK(std::ranges::equal(view.forest.log_probs(), view.result.tree.log_probs()));  // one process: a copy
+    CHECK((view.share.first == 0 && view.share.last == 2));
+    CHECK(view.result.latents.size() == 21);
+    CHECK(view.result.latents.front().rows == 2);
+    CHECK(view.result.latents.back().rows == 32);
+    CHECK(view.forest.info(1).prompt == 5);
+    CHECK(view.leaves.scores.size() == 32);
+    CHECK(view.leaves.kept_trees == std::vector<std::int32_t>{0, 1});
+    REQUIRE(view.credit != nullptr);
+    CHECK(view.credit->trained.size() == 436);
+    CHECK(view.credit->edge_advantage.size() == 438);
+  });
+  CHECK(calls == 1);
+  const auto [plain, plain_parameters] = run(ignore_iteration{});
+  CHECK(stats.reward_mean == plain.reward_mean);
+  CHECK(stats.loss == plain.loss);
+  CHECK(parameters == plain_parameters);
 }
 
 namespace {

@@ -6,7 +6,8 @@
 //   4. the update       the objective's (loss/objective.hpp): ppo_ratio's PPO-clipped update over the trained
 //                       edges, or a decoupled objective's over the samples, on training/update_loop.hpp's loop of
 //                       `updates_per_iteration` optimizer steps (update_policy: ppo_ratio's on one process)
-// Each stage can be called, tested and benchmarked alone.
+// Each stage can be called, tested and benchmarked alone; an observer (train_iteration's optional last argument)
+// sees an iteration's data between stages 3 and 4 (iteration_view).
 // Every algorithmic choice is a component of `method`; the model is a Policy, the score a Reward.
 //
 // Data parallel over trees (a Communicator, distributed/communicator.hpp; one process is its one-rank case,
@@ -90,6 +91,28 @@ inline double seconds_since(training_clock::time_point start) {
 }
 
 }  // namespace detail
+
+/// What train_iteration shows its observer (its optional last argument) after stage 3, before the update: this
+/// rank's rollout, the whole forest's leaf rewards and, unless every tree was dropped, the credit. For traces and
+/// checks from outside the trainer (`branchgrpo train --trace`); the observer sees the stages' own data and
+/// changes nothing.
+/// Example: branch, 2 prompts over 20 steps, one process -> result.latents.size() == 21 (latents[0] the 2 roots),
+///   leaves.scores.size() == 32, credit->trained.size() == 436, credit->edge_advantage.size() == 438.
+template <Backend B>
+struct iteration_view {
+  int iteration = 0;
+  const rollout_result<B>& result;  ///< this rank's trees: latents[s] with rows tree.nodes_at_step(s), log-probs
+  const rollout_tree& forest;       ///< every rank's trees (log-probs gathered); a copy of result.tree on one process
+  tree_share share;                 ///< this rank's trees of `forest`
+  const scored_leaves& leaves;      ///< every leaf's reward (forest.leaves() order) and the kept trees
+  const edge_credit* credit;        ///< stage 3's credit; nullptr when every tree was dropped (no update)
+};
+
+/// train_iteration's observer when none is given: does nothing.
+struct ignore_iteration {
+  template <Backend B>
+  void operator()(const iteration_view<B>& /*view*/) const {}
+};
 
 /// Stage 3: fusion -> normalization -> pruning on the kept trees, then the trained edges (kept by the pruner and
 /// SDE) in step order with their advantages, indexed in the full forest.
@@ -259,11 +282,11 @@ inline void record_rewards(iteration_stats& stats, const rollout_tree& forest, c
 // train_iteration with the objective `objective` (the recipe's own, or the one its any_objective holds): the
 // recipe's other components are used in place, so that a stateful normalizer keeps its state.
 template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
-          Pruner P, Objective O, class Held, Communicator Comm>
+          Pruner P, Objective O, class Held, Communicator Comm, class Observe>
 iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
                                      const Held& objective, const sigma_schedule& schedule, const latent_shape& shape,
                                      std::span<const std::int64_t> prompts, int iteration,
-                                     const training_options& options, Comm& communicator) {
+                                     const training_options& options, Comm& communicator, Observe& observe) {
   check_iteration<B, Model>(objective, prompts, iteration, options, communicator);
   const auto start = training_clock::now();
   iteration_stats stats{.iteration = iteration};
@@ -295,7 +318,16 @@ iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, m
   stats.rollout_evaluations = static_cast<std::int64_t>(evaluations);
   record_rewards(stats, whole.tree, leaves);
   stats.reward_seconds = seconds_since(reward_start);
+  const auto view = [&](const edge_credit* credit) {
+    return iteration_view<B>{.iteration = iteration,
+                             .result = result,
+                             .forest = whole.tree,
+                             .share = share,
+                             .leaves = leaves,
+                             .credit = credit};
+  };
   if (leaves.kept_trees.empty()) {
+    observe(view(nullptr));
     stats.seconds = seconds_since(start);
     return stats;
   }
@@ -303,6 +335,7 @@ iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, m
   // 3. Credit assignment on the whole forest, 4. the objective's update of this rank's rows.
   const auto update_start = training_clock::now();
   const edge_credit credit = assign_credit(recipe, whole.tree, leaves, iteration, options.total_iterations);
+  observe(view(&credit));
   const update_input<B, S> input{.backend = backend,
                                  .result = result,
                                  .forest = whole.tree,
@@ -336,7 +369,8 @@ iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, m
 /// Runs one iteration of `recipe` on `prompts` (one tree per prompt) and updates `policy`, composing the stages:
 /// rollout (rollout/engine.hpp) -> score_leaves -> assign_credit -> update_policy. With a communicator of several
 /// ranks every rank passes the same prompts and rolls out its tree_share of them (see the file comment); the
-/// returned statistics are those of the whole iteration, equal on every rank.
+/// returned statistics are those of the whole iteration, equal on every rank. `observe(iteration_view<B>)`, when
+/// given, is called once, after the credit and before the update (after the rewards when every tree was dropped).
 /// Example: toy policy, branch method, 4 prompts on 2 ranks -> rank 0 rolls out trees 0 and 1, rank 1 trees 2 and
 ///   3, and both end with the parameters of the one-process iteration up to rounding in the gradient's sum
 ///   (tests/distributed).
@@ -346,21 +380,23 @@ iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, m
 /// @post the policy took min(updates_per_iteration, trained edges) optimizer steps (none when every tree was
 ///       dropped or no edge was kept).
 template <Backend B, Policy<B> Model, Reward<B> Score, Topology T, Stepper S, NoiseCorrelator C, Fusion F, Normalizer N,
-          Pruner P, Objective O, Communicator Comm>
+          Pruner P, Objective O, Communicator Comm, class Observe = ignore_iteration>
 iteration_stats train_iteration(B& backend, Model& policy, Score& reward, method<T, S, C, F, N, P, O>& recipe,
                                 const sigma_schedule& schedule, const latent_shape& shape,
                                 std::span<const std::int64_t> prompts, int iteration, const training_options& options,
-                                Comm& communicator) {
+                                Comm& communicator, Observe&& observe = {}) {
+  static_assert(std::invocable<Observe&, const iteration_view<B>&>,
+                "train_iteration's observer takes a const iteration_view<B>&");
   if constexpr (!ObjectivePolicy<O>)  // chosen at run time: the held objective's update
     return std::visit(
         [&](const auto& held) {
           return detail::train_iteration_with(backend, policy, reward, recipe, held, schedule, shape, prompts,
-                                              iteration, options, communicator);
+                                              iteration, options, communicator, observe);
         },
         recipe.objective.policy);
   else
     return detail::train_iteration_with(backend, policy, reward, recipe, recipe.objective, schedule, shape, prompts,
-                                        iteration, options, communicator);
+                                        iteration, options, communicator, observe);
 }
 
 /// train_iteration on this process alone.

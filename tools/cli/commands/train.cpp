@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "branchgrpo/app/iteration_trace.hpp"
 #include "branchgrpo/app/run_memory.hpp"
 #include "branchgrpo/app/training_run.hpp"
 #include "branchgrpo/config/config_text.hpp"
@@ -48,6 +49,7 @@ struct train_options {
   bool quiet = false;
   bool memory = false;           // print the memory estimate and exit (nothing loaded)
   double timeout_seconds = 300;  // multi-process: the longest wait for a rank (distributed_options)
+  std::string trace;             // a directory: every iteration's trace (app/iteration_trace.hpp); "" for none
 };
 
 // The run's memory is estimated from the config and the model files' headers and compared with what this process
@@ -201,8 +203,11 @@ void train_on(const train_options& options, run_config config, Comm& communicato
   }
   const std::filesystem::path out = config.run.output_dir;
   const std::filesystem::path checkpoints = out / "checkpoints";
+  require(options.trace.empty() || communicator.size() == 1, "--trace ", options.trace,
+          ": traces the rollout of one process; this run has ", communicator.size(), " ranks");
   on_every_rank(communicator, [&] {
     if (!lead) return;
+    if (!options.trace.empty()) (void)make_directory(options.trace);
     (void)make_directory(out);
     // Before any work: a file or a dangling link where the checkpoints go would fail only at the first save.
     (void)make_directory(checkpoints);
@@ -308,6 +313,10 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     std::cerr.flush();
     std::exit(128 + request.signal());
   };
+  // --trace: each iteration's rollout, rewards and credit, written before its update (app/iteration_trace.hpp).
+  const auto trace = [&](const iteration_view<torch_backend>& view) {
+    if (!options.trace.empty()) (void)write_iteration_trace(options.trace, view);
+  };
   while (!run->done()) {
     const int i = run->iteration();
     const bool last = i + 1 == config.run.iterations;
@@ -321,7 +330,7 @@ void train_on(const train_options& options, run_config config, Comm& communicato
     try {
       step = with_torch_context(config.source + ": iteration " + std::to_string(i) + " (" + model_keys +
                                     ", rollout.max_batch = " + std::to_string(config.rollout.max_batch) + ")",
-                                [&] { return run->step(communicator, grid && lead); });
+                                [&] { return run->step(communicator, grid && lead, trace); });
     } catch (const stop_requested& request) {
       stop_now(request, "iteration " + std::to_string(i) + " (not kept)");
     }
@@ -544,6 +553,11 @@ void add_train_command(CLI::App& app) {
   train->add_flag("--memory", options->memory,
                   "Print the run's memory estimate by part and the budget it is checked against, then exit "
                   "(nothing is loaded; --json: one JSON object)");
+  train
+      ->add_option("--trace", options->trace,
+                   "Write every iteration's rollout latents, leaf rewards, log-probs and credit to "
+                   "DIR/trace-NNNNNN.safetensors (one process; docs/cli.md)")
+      ->type_name("DIR");
   add_number(train, "--timeout", options->timeout_seconds,
              "Multi-process runs: seconds before a rank that died or hangs ends the others (docs/distributed.md)", 1,
              86400)

@@ -264,16 +264,18 @@ class training_run {
 
   /// Runs the next iteration as one rank of `communicator` (every rank calls it; each rolls out its tree_share of
   /// the iteration's prompts, training/trainer.hpp). The statistics and last_components() are the whole
-  /// iteration's, equal on every rank; last_images() holds this rank's trees' leaves.
-  template <Communicator Comm>
-  iteration_stats step(Comm& communicator, bool keep_images = false) {
+  /// iteration's, equal on every rank; last_images() holds this rank's trees' leaves. `observe`, when given, sees
+  /// the iteration's rollout, rewards and credit before its update (train_iteration's observer; e.g.
+  /// `[&](const iteration_view<torch_backend>& v) { write_iteration_trace(dir, v); }`, app/iteration_trace.hpp).
+  template <Communicator Comm, class Observe = ignore_iteration>
+  iteration_stats step(Comm& communicator, bool keep_images = false, Observe&& observe = {}) {
     require(!done(), "the run has done its ", config_.run.iterations, " iterations");
     keep_images_ = keep_images;
     last_images_ = torch::Tensor();
     const std::vector<std::int64_t> prompts = prompts_of(iteration_);
     scorer score{this};
     const iteration_stats stats = train_iteration(backend_, *policy_, score, recipe_, schedule_, model_.shape, prompts,
-                                                  iteration_, config_.training(), communicator);
+                                                  iteration_, config_.training(), communicator, observe);
     // Each reward's mean over every rank's finite scores: the ranks' sums and counts, summed, then divided. On one
     // rank that is weighted_sum::last_components() bit for bit (the same sum in the same order, the same division).
     std::vector<double> sums;
