@@ -32,6 +32,7 @@ __all__ = [
     "Method",
     "Policy",
     "Rollout",
+    "Scores",
     "Tree",
     "Trainer",
     "TreePlan",
@@ -154,16 +155,40 @@ def rollout(
     )
 
 
-def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = False) -> np.ndarray:
+class Scores(np.ndarray):
+    """Each leaf's reward in ``result.tree.leaves`` order (a float64 numpy array) with, for a reward of named parts,
+    each part's weight and scores (``components``: name -> (weight, scores); the array is sum of weight x scores).
+    ``credit`` takes it (a per-reward normalizer uses the parts)."""
+
+    components: dict[str, tuple[float, np.ndarray]]
+
+    def __new__(cls, total: np.ndarray, components: dict[str, tuple[float, np.ndarray]]) -> Scores:
+        out = np.asarray(total, dtype=np.float64).view(cls)
+        out.components = components
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.components = getattr(obj, "components", {})
+
+
+def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = False, win_rate: bool = False) -> Scores:
     """Each leaf's reward, in ``result.tree.leaves`` order: ``reward(leaves, prompts)`` (pointwise) or, with
     ``groupwise``, ``reward(leaves, prompts, groups)`` where ``groups[i]`` is leaf i's tree (GRPO-style scorers that
     rank a prompt's samples together). ``leaves`` is the last step's latents, ``prompts`` and ``groups`` int64
-    tensors on their device. One finite number per leaf, else a ``ValueError`` naming the leaves.
+    tensors on their device. The reward returns one finite number per leaf, or a mapping of named parts (each scores
+    or (weight, scores), as a run config's [[rewards]] entries), else a ``ValueError`` naming the leaves. With
+    ``win_rate`` each score (each part's) becomes its win rate within its tree (Pref-GRPO; the config's
+    ``win_rate = true``).
 
     >>> r = rollout(lambda x, *rest: -x, prompts=[0, 1], latent_shape=[2], method="dance")
     >>> s = score(r, lambda leaves, prompts: -leaves.square().sum(1))
     >>> s.shape
     (32,)
+    >>> parts = score(r, lambda leaves, prompts: {"near": -leaves.square().sum(1), "x": (0.1, leaves[:, 0])})
+    >>> sorted(parts.components), parts.components["x"][0]
+    (['near', 'x'], 0.1)
+    >>> score(r, lambda leaves, prompts: leaves[:, 0], win_rate=True).round(4).min()
+    np.float64(0.0)
     >>> score(r, lambda leaves, prompts: leaves.sum(1)[:3])
     Traceback (most recent call last):
     ValueError: reward returned 3 scores for 32 leaves
@@ -172,14 +197,16 @@ def score(result: Rollout, reward: Callable[..., Any], *, groupwise: bool = Fals
     leaves = result.latents[-1]
     groups = tree.leaves.astype(np.int64) // tree.nodes_per_tree
     prompts = tree.prompts.astype(np.int64)[groups]
-    return _torch_ops.call_reward(reward, leaves, prompts, groups if groupwise else None)
+    total, parts = _torch_ops.call_reward(reward, leaves, prompts, groups, None, groupwise, win_rate)
+    return Scores(total, {name: (weight, rows) for name, weight, rows in parts})
 
 
 def credit(
-    result: Rollout, rewards: Sequence[float] | np.ndarray, *, iteration: int = 0, total_iterations: int = 1
+    result: Rollout, rewards: Scores | Sequence[float] | np.ndarray, *, iteration: int = 0, total_iterations: int = 1
 ) -> Credit:
     """Stage 3 of an iteration on ``result``'s forest: its method's fusion, normalizer and pruner over the leaf
-    ``rewards`` (``score``'s order). A tree with a NaN reward is left out, as the C++ trainer leaves it out.
+    ``rewards`` (``score``'s order; its parts, if any, for a per-reward normalizer). A tree with a NaN reward is left
+    out, as the C++ trainer leaves it out.
 
     Returns a ``Credit``: ``kept_trees``, ``fused`` and ``advantages`` and ``mask`` per node of the kept trees,
     ``trained`` (the nodes of the whole forest whose SDE edges train, by step) and ``edge_advantage`` (per node of
@@ -193,4 +220,6 @@ def credit(
     True
     """
     values = np.ascontiguousarray(np.asarray(rewards, dtype=np.float64).reshape(-1))
-    return _core.credit(result.method, result.tree, values.tolist(), iteration, total_iterations)
+    parts = rewards.components if isinstance(rewards, Scores) else {}
+    components = [(name, weight, rows.tolist()) for name, (weight, rows) in parts.items()]
+    return _core.credit(result.method, result.tree, values.tolist(), components, iteration, total_iterations)

@@ -125,7 +125,15 @@ class Credit:
     @property
     def mask(self) -> npt.NDArray[np.uint8]: ...
 
-def credit(method: Method, tree: Tree, scores: list[float], iteration: int, total_iterations: int) -> Credit: ...
+def credit(
+    method: Method,
+    tree: Tree,
+    scores: list[float],
+    components: list[tuple[str, float, list[float]]],
+    iteration: int,
+    total_iterations: int,
+) -> Credit: ...
+def win_rates(scores: list[float], groups: list[int], tie: float) -> list[float]: ...
 
 class _EdgeTable:
     node: list[int]
@@ -165,6 +173,7 @@ def train_step(
     policy: Any,
     reward: Any,
     groupwise: bool,
+    win_rate: bool,
     prompts: list[int],
     latent: list[int],
     steps: int,

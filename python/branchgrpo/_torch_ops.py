@@ -8,6 +8,7 @@ arrays (the engine's keyed draws) and are copied to the latents' device once; no
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -129,26 +130,61 @@ def listed(indices: list[int], most: int = 8) -> str:
 
 
 def call_reward(
-    reward, leaves: torch.Tensor, prompts: np.ndarray, groups: np.ndarray | None, iteration: int | None = None
-) -> np.ndarray:
-    """``reward(leaves, prompts)`` or, with ``groups``, ``reward(leaves, prompts, groups)`` (int64 tensors on the
-    leaves' device), checked: one finite score per leaf, returned as float64 numpy."""
+    reward,
+    leaves: torch.Tensor,
+    prompts: np.ndarray,
+    groups: np.ndarray | None,
+    iteration: int | None = None,
+    groupwise: bool = False,
+    win_rate: bool = False,
+) -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
+    """``reward(leaves, prompts)`` or, ``groupwise``, ``reward(leaves, prompts, groups)`` (int64 tensors on the
+    leaves' device), checked: one finite score per leaf, or a mapping of named parts, each scores or (weight,
+    scores). With ``win_rate`` each score (each part's) becomes its win rate within its group (``groups``).
+    Returns the total (sum of weight x part) as float64 numpy and the parts as (name, weight, scores)."""
     device = leaves.device
     rows_prompts = torch.from_numpy(prompts.astype(np.int64)).to(device)
-    if groups is None:
-        out = reward(leaves, rows_prompts)
-    else:
+    if groupwise:
         out = reward(leaves, rows_prompts, torch.from_numpy(groups.astype(np.int64)).to(device))
+    else:
+        out = reward(leaves, rows_prompts)
     where = "reward" if iteration is None else f"reward at iteration {iteration}"
+    if not isinstance(out, Mapping):
+        total = _scores(out, leaves.shape[0], where)
+        return (_win_rates(total, groups) if win_rate else total), []
+    if not out:
+        raise ValueError(f"{where} returned an empty mapping: give at least one part")
+    parts = []
+    for name, value in out.items():
+        weight, scores = value if isinstance(value, tuple) else (1.0, value)
+        if not isinstance(name, str) or isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise TypeError(f"{where}: part {name!r} must be named by a string and weighted by a number")
+        if not math.isfinite(weight):
+            raise ValueError(f"{where}: part {name!r} has weight {weight}")
+        rows = _scores(scores, leaves.shape[0], f"{where}, part {name!r},")
+        parts.append((name, float(weight), _win_rates(rows, groups) if win_rate else rows))
+    total = sum(weight * rows for _, weight, rows in parts)
+    return np.ascontiguousarray(total, dtype=np.float64), parts
+
+
+def _scores(out: object, leaves: int, where: str) -> np.ndarray:
+    """``out`` as one finite float64 per leaf, else a TypeError or ValueError naming ``where`` and the leaves."""
     if isinstance(out, torch.Tensor):
         out = out.detach().to("cpu", torch.float64).numpy()
     try:
         values = np.asarray(out, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError) as error:
         raise TypeError(f"{where} returned {type(out).__name__}, not one number per leaf") from error
-    if values.shape[0] != leaves.shape[0]:
-        raise ValueError(f"{where} returned {values.shape[0]} scores for {leaves.shape[0]} leaves")
+    if values.shape[0] != leaves:
+        raise ValueError(f"{where} returned {values.shape[0]} scores for {leaves} leaves")
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
-        raise ValueError(f"{where} returned NaN or inf for leaves {listed(bad.tolist())} (of {leaves.shape[0]})")
+        raise ValueError(f"{where} returned NaN or inf for leaves {listed(bad.tolist())} (of {leaves})")
     return np.ascontiguousarray(values)
+
+
+def _win_rates(scores: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Each score's win rate within its group (the engine's win_rates, tie 0.5)."""
+    from branchgrpo import _core
+
+    return np.asarray(_core.win_rates(scores.tolist(), groups.astype(np.int64).tolist(), 0.5), dtype=np.float64)

@@ -167,7 +167,8 @@ class Trainer:
 
     ``step(prompts)`` rolls out one tree per prompt (with several processes, each rank its share of them: every
     rank passes the same prompts), scores the leaves with ``reward(leaves, prompts)`` (``groupwise``:
-    ``reward(leaves, prompts, groups)``, each leaf's tree), assigns the credit on the whole forest and runs the
+    ``reward(leaves, prompts, groups)``, each leaf's tree; a mapping of named parts as ``score`` takes it; with
+    ``win_rate``, each score's win rate within its tree), assigns the credit on the whole forest and runs the
     method's objective on this rank's rows, ``updates_per_iteration`` optimizer steps. ``loss`` takes the run
     config's [loss] keys (clip_range, advantage_clip, kl_beta, ratio_norm, step_weight) with their rules.
     ``group`` is a torch.distributed process group (None: the default one when initialized, else one process).
@@ -201,6 +202,7 @@ class Trainer:
         total_iterations: int = 1,
         loss: dict[str, Any] | None = None,
         groupwise: bool = False,
+        win_rate: bool = False,
         device: Any = "cpu",
         dtype: torch.dtype | None = None,
         group: object | None = None,
@@ -213,6 +215,7 @@ class Trainer:
         self.reward = reward
         self.method = as_method(method)
         self.groupwise = bool(groupwise)
+        self.win_rate = bool(win_rate)
         self.group = group
         self.rank, self.size = _distributed.rank_and_size(group)
         self.iteration = 0
@@ -252,6 +255,7 @@ class Trainer:
             self.policy,
             reward,
             self.groupwise,
+            self.win_rate,
             prompt_list,
             latent,
             steps,

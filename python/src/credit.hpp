@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "branchgrpo/core/parameters.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/loss/step_weights.hpp"
+#include "branchgrpo/reward/win_rate.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/training/credit.hpp"
@@ -40,12 +42,22 @@ struct credit_output {
   std::vector<std::uint8_t> mask;
 };
 
-inline credit_output assign(method_spec& method, const forest& trees, std::vector<double> scores, int iteration,
-                            int total_iterations) {
+/// A reward's parts from Python: (name, weight, one score per leaf) each.
+using python_components = std::vector<std::tuple<std::string, double, std::vector<double>>>;
+
+inline std::vector<bg::reward_component> reward_components(python_components parts) {
+  std::vector<bg::reward_component> out;
+  for (auto& [name, weight, rows] : parts) out.push_back({.name = name, .weight = weight, .rows = std::move(rows)});
+  return out;
+}
+
+inline credit_output assign(method_spec& method, const forest& trees, std::vector<double> scores,
+                            python_components components, int iteration, int total_iterations) {
   bg::require(total_iterations >= 1 && iteration >= 0 && iteration < total_iterations,
               "credit: iteration = ", iteration, ", total_iterations = ", total_iterations,
               ": needs 0 <= iteration < total_iterations");
-  const bg::scored_leaves leaves = bg::keep_finite_trees(trees.tree, std::move(scores));
+  const bg::scored_leaves leaves =
+      bg::keep_finite_trees(trees.tree, std::move(scores), reward_components(std::move(components)));
   bg::require(!leaves.kept_trees.empty(), "credit: every tree has a non-finite leaf reward; none can train");
   bg::edge_credit credit = bg::assign_credit(method.recipe, trees.tree, leaves, iteration, total_iterations);
   return credit_output{.kept_trees = leaves.kept_trees,
@@ -54,6 +66,27 @@ inline credit_output assign(method_spec& method, const forest& trees, std::vecto
                        .advantages = std::move(credit.advantages),
                        .edge_advantage = std::move(credit.edge_advantage),
                        .mask = std::move(credit.mask)};
+}
+
+// --- Win rates ------------------------------------------------------------------------------------------------------
+
+/// Pref-GRPO's win rate of each leaf within its group (reward/win_rate.hpp: win_rates), the groups given per row as
+/// the iteration's tree keys: rows of one group are contiguous and every group has the same size, as score() and the
+/// trainer hand them. Example: scores {0.2, 0.5, 0.5, 0.9}, groups {0, 0, 0, 0} -> {0, 0.5, 0.5, 1}.
+inline std::vector<double> group_win_rates(std::span<const double> scores, std::span<const std::int64_t> groups,
+                                           double tie) {
+  bg::require(scores.size() == groups.size() && !groups.empty(), "win_rate: ", scores.size(), " scores for ",
+              groups.size(), " group ids");
+  std::size_t size = 1;
+  while (size < groups.size() && groups[size] == groups[0]) ++size;
+  std::vector<std::uint32_t> keys;
+  for (std::size_t first = 0; first < groups.size(); first += size) {
+    for (std::size_t j = first; j < first + size; ++j)
+      bg::require(j < groups.size() && groups[j] == groups[first], "win_rate: the groups must be runs of ", size,
+                  " rows each; row ", j, " breaks that");
+    keys.push_back(static_cast<std::uint32_t>(groups[first]));
+  }
+  return bg::win_rates(scores, {.leaves_per_tree = static_cast<std::int32_t>(size), .keys = keys}, tie);
 }
 
 // --- The trained edges ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
@@ -189,8 +190,14 @@ NB_MODULE(_core, m) {
       .def_prop_ro("edge_advantage",
                    [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).edge_advantage); })
       .def_prop_ro("mask", [](nb::handle self) { return view(self, nb::cast<const credit_output&>(self).mask); });
-  m.def("credit", &assign, nb::arg("method"), nb::arg("tree"), nb::arg("scores"), nb::arg("iteration"),
-        nb::arg("total_iterations"));
+  m.def("credit", &assign, nb::arg("method"), nb::arg("tree"), nb::arg("scores"), nb::arg("components"),
+        nb::arg("iteration"), nb::arg("total_iterations"));
+  m.def(
+      "win_rates",
+      [](const std::vector<double>& scores, const std::vector<std::int64_t>& groups, double tie) {
+        return group_win_rates(scores, groups, tie);
+      },
+      nb::arg("scores"), nb::arg("groups"), nb::arg("tie"));
 
   nb::class_<edge_table>(m, "_EdgeTable")
       .def_ro("node", &edge_table::node)
@@ -235,21 +242,21 @@ NB_MODULE(_core, m) {
         nb::arg("total_iterations"), nb::arg("loss"));
   m.def(
       "train_step",
-      [](method_spec& method, nb::object policy, nb::object reward, bool groupwise, std::vector<std::int64_t> prompts,
-         std::vector<std::int64_t> latent, int steps, double shift, int iteration, const bg::training_options& options,
-         nb::object device, nb::object dtype, nb::object group) {
+      [](method_spec& method, nb::object policy, nb::object reward, bool groupwise, bool win_rate,
+         std::vector<std::int64_t> prompts, std::vector<std::int64_t> latent, int steps, double shift, int iteration,
+         const bg::training_options& options, nb::object device, nb::object dtype, nb::object group) {
         const train_request r{.prompts = std::move(prompts),
                               .latent = std::move(latent),
                               .steps = steps,
                               .shift = shift,
                               .iteration = iteration,
                               .options = options};
-        return train_step(method, std::move(policy), std::move(reward), groupwise, r, std::move(device),
+        return train_step(method, std::move(policy), std::move(reward), groupwise, win_rate, r, std::move(device),
                           std::move(dtype), std::move(group));
       },
-      nb::arg("method"), nb::arg("policy"), nb::arg("reward"), nb::arg("groupwise"), nb::arg("prompts"),
-      nb::arg("latent"), nb::arg("steps"), nb::arg("shift"), nb::arg("iteration"), nb::arg("options"),
-      nb::arg("device"), nb::arg("dtype"), nb::arg("group").none());
+      nb::arg("method"), nb::arg("policy"), nb::arg("reward"), nb::arg("groupwise"), nb::arg("win_rate"),
+      nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"), nb::arg("iteration"),
+      nb::arg("options"), nb::arg("device"), nb::arg("dtype"), nb::arg("group").none());
 
   nb::class_<forest>(m, "Tree")
       .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)

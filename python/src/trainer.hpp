@@ -116,18 +116,35 @@ static_assert(bg::PaddedAccumulationPolicy<python_policy>);
 // --- The reward ------------------------------------------------------------------------------------------------------
 
 /// The user's reward through branchgrpo._torch_ops.call_reward (a tensor or sequence of one finite score per leaf,
-/// else a ValueError naming the iteration and the leaves). Pointwise: reward(leaves, prompts).
+/// or a mapping of named parts, each scores or (weight, scores); else a ValueError naming the iteration and the
+/// leaves). Pointwise: reward(leaves, prompts). A ComponentReward: the parts of its last call, for per-reward
+/// advantages.
 struct python_reward {
   nb::object ops;
   nb::object reward;
   std::uint32_t iteration = 0;
+  bool groupwise = false;  ///< reward(leaves, prompts, groups)
+  bool win_rate = false;   ///< each score (each part's) replaced by its win rate within its tree
+  std::vector<bg::reward_component> components = {};
 
   std::vector<double> operator()(const nb::object& leaves, std::span<const std::int64_t> prompts) {
-    return from_numpy<double>(ops.attr("call_reward")(reward, leaves, numpy_copy(prompts), nb::none(), iteration));
+    return score(leaves, prompts, nb::none());
   }
+  /// The scores of one call with `groups` (None: pointwise), its parts kept.
+  std::vector<double> score(const nb::object& leaves, std::span<const std::int64_t> prompts, nb::object groups) {
+    const nb::tuple out = nb::cast<nb::tuple>(
+        ops.attr("call_reward")(reward, leaves, numpy_copy(prompts), groups, iteration, groupwise, win_rate));
+    components.clear();
+    for (const nb::handle part : nb::borrow<nb::list>(out[1]))
+      components.push_back({.name = nb::cast<std::string>(part[0]),
+                            .weight = nb::cast<double>(part[1]),
+                            .rows = from_numpy<double>(part[2])});
+    return from_numpy<double>(out[0]);
+  }
+  [[nodiscard]] std::span<const bg::reward_component> last_component_rows() const { return components; }
 };
 
-/// Groupwise: reward(leaves, prompts, groups), groups[i] the tree key of leaf i.
+/// The reward with the leaves' groups (groups[i] the tree key of leaf i): a groupwise reward's, or a win rate's.
 struct python_group_reward {
   python_reward pointwise;
 
@@ -136,14 +153,16 @@ struct python_group_reward {
     std::vector<std::int64_t> keys;
     for (const std::uint32_t key : groups.keys)
       keys.insert(keys.end(), static_cast<std::size_t>(groups.leaves_per_tree), key);
-    return from_numpy<double>(pointwise.ops.attr("call_reward")(pointwise.reward, leaves, numpy_copy(prompts),
-                                                                numpy_copy(std::span<const std::int64_t>(keys)),
-                                                                pointwise.iteration));
+    return pointwise.score(leaves, prompts, numpy_copy(std::span<const std::int64_t>(keys)));
+  }
+  [[nodiscard]] std::span<const bg::reward_component> last_component_rows() const {
+    return pointwise.last_component_rows();
   }
 };
 
 static_assert(bg::PointwiseReward<python_reward, python_torch_backend>);
 static_assert(bg::GroupwiseReward<python_group_reward, python_torch_backend>);
+static_assert(bg::ComponentReward<python_reward> && bg::ComponentReward<python_group_reward>);
 
 // --- One iteration ---------------------------------------------------------------------------------------------------
 
@@ -194,7 +213,7 @@ inline nb::dict stats_dict(const bg::iteration_stats& s) {
 }
 
 /// One train_iteration of `method` with the Python policy, reward and process group (see the file comment).
-inline nb::dict train_step(method_spec& method, nb::object policy, nb::object reward, bool groupwise,
+inline nb::dict train_step(method_spec& method, nb::object policy, nb::object reward, bool groupwise, bool win_rate,
                            const train_request& r, nb::object device, nb::object dtype, nb::object group) {
   const nb::object ops = nb::module_::import_("branchgrpo._torch_ops");
   const nb::object distributed = nb::module_::import_("branchgrpo._distributed");
@@ -203,7 +222,8 @@ inline nb::dict train_step(method_spec& method, nb::object policy, nb::object re
   python_torch_backend backend{.ops = ops, .device = std::move(device), .dtype = std::move(dtype)};
   const auto iteration = static_cast<std::uint32_t>(r.iteration);
   python_policy model{.ops = ops, .policy = std::move(policy), .iteration = iteration};
-  python_reward pointwise{.ops = ops, .reward = std::move(reward), .iteration = iteration};
+  python_reward pointwise{
+      .ops = ops, .reward = std::move(reward), .iteration = iteration, .groupwise = groupwise, .win_rate = win_rate};
   const bg::latent_shape shape{r.latent};
   const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
   if (r.options.loss.kl_beta > 0)
@@ -213,7 +233,7 @@ inline nb::dict train_step(method_spec& method, nb::object policy, nb::object re
     return bg::train_iteration(backend, model, score, method.recipe, schedule, shape, r.prompts, r.iteration, r.options,
                                communicator);
   };
-  if (groupwise) {
+  if (groupwise || win_rate) {
     python_group_reward grouped{.pointwise = std::move(pointwise)};
     return stats_dict(run(grouped));
   }

@@ -80,3 +80,47 @@ def test_bad_credit_input() -> None:
         branchgrpo.credit(result, [float("nan")] * 16)
     with pytest.raises(ValueError, match="iteration = 3, total_iterations = 2"):
         branchgrpo.credit(result, [1.0] * 16, iteration=3, total_iterations=2)
+
+
+def z_scores(r: np.ndarray) -> np.ndarray:
+    return (r - r.mean()) / (r.std(ddof=1) + 1e-8)
+
+
+def test_per_reward_advantages_normalize_each_part_on_its_own() -> None:
+    # MixGRPO's advantage_aggr as the config's [advantage] per_reward = true: each part's leaf_group z-scores, summed
+    # with the parts' weights.
+    method = branchgrpo.Method("dance", advantage={"per_reward": True})
+    result = branchgrpo.rollout(pull, method=method, prompts=[5, 7], latent_shape=[3], seed=2)
+
+    def reward(leaves, prompts):
+        return {"sum": leaves.sum(1), "first": (0.25, leaves[:, 0].square())}
+
+    rewards = branchgrpo.score(result, reward)
+    total = rewards.components["sum"][1] + 0.25 * rewards.components["first"][1]
+    assert np.allclose(rewards, total, rtol=0, atol=1e-15)
+    credit = branchgrpo.credit(result, rewards)
+    leaves = result.tree.leaves
+    for t in range(2):
+        part = slice(16 * t, 16 * (t + 1))
+        want = z_scores(rewards.components["sum"][1][part]) + 0.25 * z_scores(rewards.components["first"][1][part])
+        assert np.allclose(credit.advantages[leaves[part]], want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="per_reward"):
+        branchgrpo.credit(result, np.asarray(rewards))  # no parts to normalize
+
+
+def test_win_rates_rank_each_leaf_within_its_tree() -> None:
+    result = branchgrpo.rollout(pull, method="dance", prompts=[0, 1], latent_shape=[3], seed=2)
+    values = np.arange(32, dtype=np.float64) % 16  # leaf i of each tree beats the i lower ones
+    values[3] = values[4] = 4.0  # a tie in tree 0: each counts a half
+    rewards = branchgrpo.score(result, lambda leaves, prompts: torch.from_numpy(values), win_rate=True)
+    want = np.concatenate([np.arange(16), np.arange(16)]) / 15.0
+    want[3] = want[4] = 3.5 / 15.0
+    assert np.allclose(rewards, want, rtol=0, atol=1e-15)
+
+
+def test_a_bad_part_names_it() -> None:
+    result = branchgrpo.rollout(pull, method="dance", prompts=[0], latent_shape=[3])
+    with pytest.raises(ValueError, match="reward, part 'b', returned NaN or inf for leaves 0"):
+        branchgrpo.score(result, lambda leaves, prompts: {"a": leaves.sum(1), "b": leaves.sum(1) / 0.0})
+    with pytest.raises(TypeError, match="part 'a' must be named by a string and weighted by a number"):
+        branchgrpo.score(result, lambda leaves, prompts: {"a": ("heavy", leaves.sum(1))})

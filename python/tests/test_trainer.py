@@ -241,3 +241,17 @@ print(trainer.step([0])["edges_trained"])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["caught", '"the', "user's", "own", 'error"', "44"]
+
+
+def test_the_trainer_takes_parts_and_win_rates() -> None:
+    model = Affine(4)
+    policy = Policy(model, torch.optim.SGD(model.parameters(), lr=0.05))
+
+    def parts(leaves, prompts):
+        return {"near": reward(leaves, prompts), "x": (0.5, leaves.flatten(1)[:, 0])}
+
+    method = Method("branch", advantage={"per_reward": True}, **SMALL)
+    trainer = Trainer(policy, parts, latent_shape=[2, 2], steps=8, method=method, dtype=torch.float64, win_rate=True)
+    stats = trainer.step([0, 1])
+    # Win rates of each part: each in [0, 1], so the weighted sum (1 + 0.5) has mean 0.75 over each tree.
+    assert abs(stats["reward_mean"] - 0.75) < 1e-12 and stats["edges_trained"] == 88
