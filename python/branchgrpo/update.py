@@ -107,7 +107,25 @@ def transition_log_prob(edges: Edges, velocity: torch.Tensor, rows: slice = ALL)
     """Each edge's log-prob under ``velocity`` (the model's output for ``edges.latent[rows]``, with gradients), in
     float64: the row's mean over elements of log N(next; x_coeff latent + velocity_coeff v, std^2), as the engine
     scores it. With the rollout's own velocity it is the rollout's ``old_log_prob``.
+
+    >>> import branchgrpo
+    >>> r = branchgrpo.rollout(lambda x, *rest: -x, prompts=[0], latent_shape=[2], dtype=torch.float64)
+    >>> e = edges(r, branchgrpo.credit(r, branchgrpo.score(r, lambda leaves, prompts: leaves.sum(1))))
+    >>> bool(torch.allclose(transition_log_prob(e, -e.latent), e.old_log_prob, rtol=1e-12, atol=0))
+    True
+    >>> transition_log_prob(e, -e.latent[:2], slice(0, 2)).shape
+    torch.Size([2])
+    >>> transition_log_prob(e, -e.latent, slice(0, 2))
+    Traceback (most recent call last):
+    ValueError: transition_log_prob: velocity of shape (218, 2) for edges of shape (2, 2)
     """
+    if not isinstance(velocity, torch.Tensor):
+        raise TypeError(f"transition_log_prob: velocity = {type(velocity).__name__}: must be a torch.Tensor")
+    if velocity.shape != edges.latent[rows].shape:
+        raise ValueError(
+            f"transition_log_prob: velocity of shape {tuple(velocity.shape)} for edges of shape "
+            f"{tuple(edges.latent[rows].shape)}"
+        )
     x = edges.latent[rows].to(torch.float64)
     shape = (-1,) + (1,) * (x.dim() - 1)
     x_coeff = edges.x_coeff[rows].to(x.device).view(shape)
@@ -129,6 +147,19 @@ def ppo_loss(
     ppo_options). Each edge's term and its derivative are the engine's (loss/ppo.hpp: ppo_clipped_loss and
     ppo_clipped_loss_gradient); differentiable in ``log_prob``. At the first optimizer step (r = 1) it is
     -sum(weight A).
+
+    >>> import branchgrpo
+    >>> r = branchgrpo.rollout(lambda x, *rest: -x, prompts=[0], latent_shape=[2], dtype=torch.float64)
+    >>> e = edges(r, branchgrpo.credit(r, branchgrpo.score(r, lambda leaves, prompts: leaves.sum(1))))
+    >>> a = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+    >>> loss = ppo_loss(transition_log_prob(e, a * e.latent), e)
+    >>> bool(abs(loss - (-(e.weight * e.advantage.clamp(-5, 5)).sum())) < 1e-12)
+    True
+    >>> loss.backward(); a.grad is not None
+    True
+    >>> ppo_loss(e.old_log_prob, e, clip_range=1.5)
+    Traceback (most recent call last):
+    ValueError: loss.clip_range = 1.5: must be in (0, 1)
     """
     default_clip, default_advantage_clip = _core.ppo_defaults()
     eps = default_clip if clip_range is None else clip_range
