@@ -45,12 +45,18 @@ def rollout_arguments(
         raise TypeError(f"{where}: dtype = {torch_dtype!r}: must be torch.float32, float64, bfloat16 or float16")
     if not isinstance(shift, (int, float)) or isinstance(shift, bool) or not np.isfinite(shift) or shift <= 0:
         raise ValueError(f"{where}: shift = {shift!r}: must be a positive number")
+    torch_device = torch.device(device)
+    if torch_device.type == "meta":
+        raise ValueError(
+            f"{where}: device = {device!r}: the engine reads the latents' values (log-probs, finiteness); "
+            "use a device with data (cpu, cuda)"
+        )
     return (
         integers(where, "latent_shape", latent_shape, 1),
         integer(where, "steps", steps, 1, 255),
         float(shift),
         integer(where, "seed", seed, 0, 2**64 - 1),
         integer(where, "max_batch", max_batch, 1, 2**62),
-        torch.device(device),
+        torch_device,
         torch_dtype,
     )

@@ -114,6 +114,7 @@ def test_a_bad_velocity_is_one_exception_naming_the_step(velocity, error, messag
         ({"prompts": [0], "method": "grpo"}, ValueError, "grpo"),
         ({"prompts": [], "method": "branch"}, ValueError, "rollout: prompts is empty"),
         ({"prompts": [0], "steps": 5}, ValueError, "split step 6 is not in [0, 5)"),
+        ({"prompts": [0], "device": "meta"}, ValueError, "rollout: device = 'meta': the engine reads the latents'"),
     ],
 )
 def test_bad_arguments_are_one_exception_naming_the_value(arguments, error, message) -> None:
