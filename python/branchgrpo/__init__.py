@@ -110,6 +110,7 @@ def rollout(
     method: str | Method = "branch",
     steps: int = 20,
     shift: float = 3.0,
+    sigmas: Sequence[float] | None = None,
     seed: int = 0,
     iteration: int = 0,
     max_batch: int = 64,
@@ -123,18 +124,27 @@ def rollout(
     ``device`` in ``dtype`` (default float32), ``prompts`` and ``trees`` int64 tensors on that device with each
     row's prompt and tree key; it returns the velocity, a tensor like ``latents``. The noise is the engine's keyed
     draw (seed, iteration, tree, node), the same as the C++ tool's, and the schedule the shifted linear one
-    (``shift``). ``method`` is a name (``methods()``) or a ``Method`` with overridden components; the Rollout
-    keeps it as ``method``, whose normalizer ``credit`` then uses.
+    (``shift``) or, given, ``sigmas``: steps + 1 values decreasing from at most 1 to 0 (e.g. a diffusers pipeline's,
+    ``branchgrpo.diffusers``), which the Rollout keeps as ``sigmas``. ``method`` is a name (``methods()``) or a
+    ``Method`` with overridden components; the Rollout keeps it as ``method``, whose normalizer ``credit`` then uses.
 
     >>> r = rollout(lambda x, sigma, step, prompts, trees: -x, prompts=[0, 1], latent_shape=[2, 4, 4], steps=20)
     >>> (r.tree.node_count, r.evaluations, len(r.latents), tuple(r.latents[-1].shape))
     (438, 406, 21, (32, 2, 4, 4))
+    >>> r.sigmas[:3].round(4).tolist()
+    [1.0, 0.9828, 0.9643]
+    >>> two = dict(method="dance", prompts=[0], latent_shape=[2], steps=2)
+    >>> rollout(lambda x, *rest: -x, sigmas=[0.9, 0.4, 0.0], **two).sigmas.tolist()
+    [0.9, 0.4, 0.0]
     >>> rollout(lambda x, *rest: x[:1], prompts=[0, 1], latent_shape=[2], steps=20)
     Traceback (most recent call last):
     ValueError: velocity at iteration 0, step 0 (2 rows): returned shape (1, 2), the latents are (2, 2)
+    >>> rollout(lambda x, *rest: -x, sigmas=[1.0, 0.5], **two)
+    Traceback (most recent call last):
+    ValueError: rollout: sigmas has 2 values: must have steps + 1 = 3
     """
-    latent, steps, shift, seed, max_batch, torch_device, torch_dtype = rollout_arguments(
-        "rollout", latent_shape, steps, shift, seed, max_batch, device, dtype
+    latent, steps, shift, sigma_list, seed, max_batch, torch_device, torch_dtype = rollout_arguments(
+        "rollout", latent_shape, steps, shift, seed, max_batch, device, dtype, sigmas
     )
     prompt_list = integers("rollout", "prompts", prompts, 0)
     iteration = integer("rollout", "iteration", iteration, 0, 2**32 - 1)
@@ -147,6 +157,7 @@ def rollout(
         latent,
         steps,
         shift,
+        sigma_list,
         seed,
         iteration,
         max_batch,

@@ -82,6 +82,8 @@ class Rollout:
     @property
     def edge_std(self) -> npt.NDArray[np.float64]: ...
     @property
+    def sigmas(self) -> npt.NDArray[np.float64]: ...
+    @property
     def evaluations(self) -> int: ...
     @property
     def denoiser_calls(self) -> int: ...
@@ -93,6 +95,7 @@ def rollout(
     latent: list[int],
     steps: int,
     shift: float,
+    sigmas: list[float],
     seed: int,
     iteration: int,
     max_batch: int,
@@ -109,6 +112,7 @@ def _linear_reference(
     seed: int,
     iteration: int,
     max_batch: int,
+    sigmas: list[float] = ...,
 ) -> list[list[float]]: ...
 
 class Credit:
@@ -178,6 +182,7 @@ def train_step(
     latent: list[int],
     steps: int,
     shift: float,
+    sigmas: list[float],
     iteration: int,
     options: TrainingOptions,
     device: Any,

@@ -7,6 +7,7 @@ in the metadata key ``prompts``, one per line). ``load_model`` builds diffusers'
 (diffusers is imported there, so this module imports without it); ``velocity`` is the C++ denoiser's
 (adapters/torch/branchgrpo/torch/flux/denoiser.hpp): latent rows [C, H, W] packed 2 x 2 into tokens, image ids
 (0, row, col), text ids 0, time sigma (embedded as 1000 sigma), prompt index p selecting row p of the embeddings.
+The packing, ids and transformer call are ``branchgrpo.diffusers.flux``'s, which FLUX pipelines use too.
 
 >>> model = load_model("models/shapes-tiny")
 >>> prompts = load_prompts("models/shapes-tiny")
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from safetensors.torch import load_file
+
+from branchgrpo.diffusers.flux import transformer_velocity
 
 if TYPE_CHECKING:
     from diffusers import FluxTransformer2DModel
@@ -266,38 +269,6 @@ def load_prompts(directory: str | Path) -> Prompts:
     return Prompts(context, pooled, lines)
 
 
-def _pack(x: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] -> [B, H/2 W/2, 4C]: token (i, j) is the 2 x 2 patch at rows 2i, 2i+1, columns 2j, 2j+1,
-    channel-major (pack_latents of flux/transformer.hpp).
-
-    >>> _pack(torch.arange(4.0).view(1, 1, 2, 2)).tolist()
-    [[[0.0, 1.0, 2.0, 3.0]]]
-    """
-    b, c, h, w = x.shape
-    return x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), 4 * c)
-
-
-def _unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The inverse of ``_pack``: [B, H/2 W/2, 4C] -> [B, C, H, W].
-
-    >>> _unpack(_pack(torch.arange(8.0).view(1, 2, 2, 2)), 2, 2).flatten().tolist()
-    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
-    """
-    b, _, f = tokens.shape
-    grid = tokens.reshape(b, height // 2, width // 2, f // 4, 2, 2)
-    return grid.permute(0, 3, 1, 4, 2, 5).reshape(b, f // 4, height, width)
-
-
-def _image_ids(rows: int, cols: int) -> torch.Tensor:
-    """Position ids (0, i, j) of the packed tokens, row-major, [rows cols, 3] (flux_image_ids).
-
-    >>> _image_ids(1, 2).tolist()
-    [[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
-    """
-    i, j = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    return torch.stack([torch.zeros_like(i), i, j], -1).reshape(rows * cols, 3).double()
-
-
 def velocity(
     model: FluxTransformer2DModel, prompts: Prompts, *, guidance: float = 3.5, gradients: bool = False
 ) -> Callable[..., torch.Tensor]:
@@ -319,28 +290,15 @@ def velocity(
     Traceback (most recent call last):
     ValueError: velocity: latents (3, 2, 16, 16): must be [rows, 3, H, W]
     """
-    parameter = next(model.parameters())
 
     def call(latents: torch.Tensor, sigma: float, step: int, rows: torch.Tensor, trees: Any) -> torch.Tensor:
-        if latents.dim() != 4 or 4 * latents.shape[1] != model.config.in_channels:
-            channels = model.config.in_channels // 4
-            raise ValueError(f"velocity: latents {tuple(latents.shape)}: must be [rows, {channels}, H, W]")
-        b, _, height, width = latents.shape
-        x = torch.nn.functional.pad(latents, (0, width % 2, 0, height % 2)).to(parameter.device, parameter.dtype)
         index = torch.as_tensor(rows, dtype=torch.int64).cpu()
-        full = torch.full((b,), float(sigma), dtype=parameter.dtype, device=parameter.device)
+        txt_ids = torch.zeros(prompts.context.shape[1], 3, dtype=torch.float64)
+        guided = guidance if model.config.guidance_embeds else None
         with contextlib.nullcontext() if gradients else torch.no_grad():
-            tokens = model(
-                hidden_states=_pack(x),
-                encoder_hidden_states=prompts.context[index].to(parameter.device, parameter.dtype),
-                pooled_projections=prompts.pooled[index].to(parameter.device, parameter.dtype),
-                timestep=full,
-                img_ids=_image_ids(x.shape[2] // 2, x.shape[3] // 2).to(parameter.device),
-                txt_ids=torch.zeros(prompts.context.shape[1], 3, dtype=torch.float64, device=parameter.device),
-                guidance=torch.full_like(full, guidance) if model.config.guidance_embeds else None,
-                return_dict=False,
-            )[0]
-        out = _unpack(tokens, x.shape[2], x.shape[3])[:, :, :height, :width]
+            out = transformer_velocity(
+                model, latents, sigma, prompts.context[index], prompts.pooled[index], txt_ids, guided
+            )
         return out.to(latents.device, latents.dtype)
 
     return call

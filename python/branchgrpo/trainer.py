@@ -169,7 +169,9 @@ class Trainer:
     rank passes the same prompts), scores the leaves with ``reward(leaves, prompts)`` (``groupwise``:
     ``reward(leaves, prompts, groups)``, each leaf's tree; a mapping of named parts as ``score`` takes it; with
     ``win_rate``, each score's win rate within its tree), assigns the credit on the whole forest and runs the
-    method's objective on this rank's rows, ``updates_per_iteration`` optimizer steps. ``loss`` takes the run
+    method's objective on this rank's rows, ``updates_per_iteration`` optimizer steps. The schedule is the shifted
+    linear one (``shift``) or ``sigmas`` (steps + 1 values from at most 1 to 0, as ``rollout`` takes them; e.g. a
+    diffusers pipeline's, ``branchgrpo.diffusers``). ``loss`` takes the run
     config's [loss] keys (clip_range, advantage_clip, kl_beta, ratio_norm, step_weight) with their rules.
     ``group`` is a torch.distributed process group (None: the default one when initialized, else one process).
 
@@ -196,6 +198,7 @@ class Trainer:
         method: str | Method = "branch",
         steps: int = 20,
         shift: float = 3.0,
+        sigmas: Sequence[float] | None = None,
         seed: int = 0,
         max_batch: int = 64,
         updates_per_iteration: int = 1,
@@ -220,7 +223,7 @@ class Trainer:
         self.rank, self.size = _distributed.rank_and_size(group)
         self.iteration = 0
         self.rollout_arguments = rollout_arguments(
-            "Trainer", latent_shape, steps, shift, seed, max_batch, device, dtype
+            "Trainer", latent_shape, steps, shift, seed, max_batch, device, dtype, sigmas
         )
         self.options = _core.training_options(
             max_batch,
@@ -229,7 +232,7 @@ class Trainer:
             integer("Trainer", "total_iterations", total_iterations, 1, 2**31 - 1),
             dict(loss or {}),
         )
-        latent, _, _, _, _, torch_device, torch_dtype = self.rollout_arguments
+        latent, _, _, _, _, _, torch_device, torch_dtype = self.rollout_arguments
         policy.template = torch.zeros([1, *latent], device=torch_device, dtype=torch_dtype)
 
     def step(self, prompts: Sequence[int]) -> dict[str, float]:
@@ -240,7 +243,7 @@ class Trainer:
         counts launches, not kernels).
         """
         prompt_list = integers("Trainer.step", "prompts", prompts, 0)
-        latent, steps, shift, _, _, device, dtype = self.rollout_arguments
+        latent, steps, shift, sigma_list, _, _, device, dtype = self.rollout_arguments
         seconds = self.policy.seconds
         seconds.update(dict.fromkeys(TIMED_PARTS, 0.0))
 
@@ -260,6 +263,7 @@ class Trainer:
             latent,
             steps,
             shift,
+            sigma_list,
             self.iteration,
             self.options,
             device,

@@ -105,7 +105,7 @@ struct edge_table {
 // Example: kind none -> 1 per step; equal_steps with edges per step {2, 4, 0, 10} -> {2.666667, 1.333333, 0, 0.533333}.
 inline std::vector<double> step_weights_of(const rollout_output& result, const bg::run_recipe& recipe,
                                            std::span<const std::int32_t> edge_steps, bg::step_weighting kind) {
-  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(result.steps, result.shift);
+  const bg::sigma_schedule& schedule = result.schedule;
   if (kind == bg::step_weighting::equal_steps) {
     std::vector<double> edges_per_step(static_cast<std::size_t>(result.steps), 0.0);
     for (const std::int32_t s : edge_steps) edges_per_step[static_cast<std::size_t>(s)] += 1;
@@ -121,7 +121,7 @@ inline std::vector<double> step_weights_of(const rollout_output& result, const b
 inline edge_table trained_edges(const rollout_output& result, const credit_output& credit,
                                 bg::step_weighting step_weight) {
   const bg::rollout_tree& tree = result.trees.tree;
-  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(result.steps, result.shift);
+  const bg::sigma_schedule& schedule = result.schedule;
   const bg::run_recipe& recipe = nb::cast<const method_spec&>(result.method).recipe;
   edge_table out;
   for (const std::int32_t n : credit.trained) {

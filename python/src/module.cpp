@@ -10,7 +10,8 @@
 //   Method(name, **sections)         a method with the run config's sections overriding its components, and its
 //                                    normalizer's state (method.hpp)
 //   rollout(method, velocity, ...)   the engine's frontier-batched rollout of a method's trees on torch latents,
-//                                    calling the Python velocity once per batch (torch_backend.hpp)
+//                                    calling the Python velocity once per batch (torch_backend.hpp), on the given
+//                                    sigmas or the shifted linear schedule
 //   credit(method, tree, scores)     stages 2 and 3: keep_finite_trees, then the method's fusion, normalizer, pruner
 //   trained_edges(result, credit)    where each trained edge's latents are and how its transition is scored
 //   check_ppo, ppo_defaults          ppo_options' rules and defaults, for the Python PPO loss
@@ -43,6 +44,7 @@
 #include "credit.hpp"
 #include "forest.hpp"
 #include "method.hpp"
+#include "numpy_arrays.hpp"
 #include "rollout.hpp"
 #include "trainer.hpp"
 
@@ -123,6 +125,8 @@ NB_MODULE(_core, m) {
                    [](nb::handle self) { return view(self, nb::cast<const rollout_output&>(self).log_probs); })
       .def_prop_ro("edge_std",
                    [](nb::handle self) { return view(self, nb::cast<const rollout_output&>(self).edge_std); })
+      .def_prop_ro("sigmas",
+                   [](nb::handle self) { return numpy_copy(nb::cast<const rollout_output&>(self).schedule.values()); })
       .def_ro("evaluations", &rollout_output::evaluations)
       .def_ro("denoiser_calls", &rollout_output::denoiser_calls);
 
@@ -146,11 +150,12 @@ NB_MODULE(_core, m) {
 
   // rollout and _linear_reference take one iteration's request with the same arguments.
   const auto request = [](const method_spec& method, std::vector<std::int64_t> prompts,
-                          std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed,
-                          std::uint32_t iteration, std::int64_t max_batch) {
+                          std::vector<std::int64_t> latent, int steps, double shift, std::vector<double> sigmas,
+                          std::uint64_t seed, std::uint32_t iteration, std::int64_t max_batch) {
     return rollout_request{.method = &method,
                            .steps = steps,
                            .shift = shift,
+                           .sigmas = std::move(sigmas),
                            .prompts = std::move(prompts),
                            .latent = std::move(latent),
                            .seed = seed,
@@ -160,25 +165,28 @@ NB_MODULE(_core, m) {
   m.def(
       "rollout",
       [request](nb::object method, nb::object velocity, std::vector<std::int64_t> prompts,
-                std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
-                std::int64_t max_batch, nb::object device, nb::object dtype) {
+                std::vector<std::int64_t> latent, int steps, double shift, std::vector<double> sigmas,
+                std::uint64_t seed, std::uint32_t iteration, std::int64_t max_batch, nb::object device,
+                nb::object dtype) {
         const rollout_request r = request(nb::cast<const method_spec&>(method), std::move(prompts), std::move(latent),
-                                          steps, shift, seed, iteration, max_batch);
+                                          steps, shift, std::move(sigmas), seed, iteration, max_batch);
         return run_rollout(r, std::move(method), std::move(velocity), std::move(device), std::move(dtype));
       },
       nb::arg("method"), nb::arg("velocity"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
-      nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"), nb::arg("device"), nb::arg("dtype"));
+      nb::arg("sigmas"), nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"), nb::arg("device"),
+      nb::arg("dtype"));
 
   m.def(
       "_linear_reference",
       [request](const method_spec& method, double a, std::vector<std::int64_t> prompts,
                 std::vector<std::int64_t> latent, int steps, double shift, std::uint64_t seed, std::uint32_t iteration,
-                std::int64_t max_batch) {
-        return linear_reference(
-            request(method, std::move(prompts), std::move(latent), steps, shift, seed, iteration, max_batch), a);
+                std::int64_t max_batch, std::vector<double> sigmas) {
+        return linear_reference(request(method, std::move(prompts), std::move(latent), steps, shift, std::move(sigmas),
+                                        seed, iteration, max_batch),
+                                a);
       },
       nb::arg("method"), nb::arg("a"), nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"),
-      nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"));
+      nb::arg("seed"), nb::arg("iteration"), nb::arg("max_batch"), nb::arg("sigmas") = std::vector<double>{});
 
   nb::class_<credit_output>(m, "Credit")
       .def_prop_ro("kept_trees",
@@ -243,20 +251,22 @@ NB_MODULE(_core, m) {
   m.def(
       "train_step",
       [](method_spec& method, nb::object policy, nb::object reward, bool groupwise, bool win_rate,
-         std::vector<std::int64_t> prompts, std::vector<std::int64_t> latent, int steps, double shift, int iteration,
-         const bg::training_options& options, nb::object device, nb::object dtype, nb::object group) {
+         std::vector<std::int64_t> prompts, std::vector<std::int64_t> latent, int steps, double shift,
+         std::vector<double> sigmas, int iteration, const bg::training_options& options, nb::object device,
+         nb::object dtype, nb::object group) {
         const train_request r{.prompts = std::move(prompts),
                               .latent = std::move(latent),
                               .steps = steps,
                               .shift = shift,
+                              .sigmas = std::move(sigmas),
                               .iteration = iteration,
                               .options = options};
         return train_step(method, std::move(policy), std::move(reward), groupwise, win_rate, r, std::move(device),
                           std::move(dtype), std::move(group));
       },
       nb::arg("method"), nb::arg("policy"), nb::arg("reward"), nb::arg("groupwise"), nb::arg("win_rate"),
-      nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"), nb::arg("iteration"),
-      nb::arg("options"), nb::arg("device"), nb::arg("dtype"), nb::arg("group").none());
+      nb::arg("prompts"), nb::arg("latent"), nb::arg("steps"), nb::arg("shift"), nb::arg("sigmas"),
+      nb::arg("iteration"), nb::arg("options"), nb::arg("device"), nb::arg("dtype"), nb::arg("group").none());
 
   nb::class_<forest>(m, "Tree")
       .def(nb::init<const bg::tree_plan&, std::int32_t>(), nb::arg("plan"), nb::arg("trees") = 1)

@@ -1,11 +1,12 @@
 #pragma once
 // One iteration's rollout for Python, as train_iteration's stage 1 runs it (the method's pruner-shaped plan, ODE where
-// its stepper draws no noise, one tree per prompt keyed by its position, the shifted linear schedule): on torch
-// latents through python_torch_backend (run_rollout), or on the core's host_backend with v = a x computed in C++
-// (linear_reference: the tests' reference for the former).
+// its stepper draws no noise, one tree per prompt keyed by its position, the given sigmas or the shifted linear
+// schedule): on torch latents through python_torch_backend (run_rollout), or on the core's host_backend with v = a x
+// computed in C++ (linear_reference: the tests' reference for the former).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -33,7 +34,7 @@ namespace bg = branchgrpo;
 struct rollout_output {
   nb::object method;  ///< the Method (method_spec) it ran
   int steps = 0;
-  double shift = 0;
+  bg::sigma_schedule schedule;  ///< the schedule it ran (credit's trained edges read their steps' sigmas from it)
   forest trees;
   std::vector<nb::object> latents;
   std::vector<double> log_probs, edge_std;
@@ -44,11 +45,24 @@ struct rollout_request {
   const method_spec* method = nullptr;
   int steps = 20;
   double shift = 3.0;
+  std::vector<double> sigmas;  ///< the schedule's steps + 1 values; empty: the shifted linear schedule (shift)
   std::vector<std::int64_t> prompts, latent;
   std::uint64_t seed = 0;
   std::uint32_t iteration = 0;
   std::int64_t max_batch = 64;
 };
+
+// The schedule of an iteration: `sigmas` when given (steps + 1 values, strictly decreasing from at most 1 to 0, as
+// a diffusers pipeline's scheduler makes them), else the shifted linear schedule.
+// Example: (2, 3.0, {}) -> {1, 0.75, 0}; (2, 3.0, {0.9, 0.4, 0}) -> {0.9, 0.4, 0}; (2, 3.0, {0.9, 0}) -> invalid_input
+//   "sigmas has 2 values: needs steps + 1 = 3".
+inline bg::sigma_schedule iteration_schedule(int steps, double shift, std::vector<double> sigmas) {
+  if (sigmas.empty()) return bg::shifted_linear_schedule(steps, shift);
+  bg::require(steps >= 1 && sigmas.size() == static_cast<std::size_t>(steps) + 1, "sigmas has ", sigmas.size(),
+              " values: needs steps + 1 = ", steps + 1);
+  bg::require(sigmas.back() == 0.0, "sigmas[", steps, "] = ", sigmas.back(), ": the schedule must end at 0");
+  return bg::sigma_schedule(std::move(sigmas));
+}
 
 // The plan of one iteration of the request's method, as train_iteration's stage 1 makes it: shaped by the pruner at
 // this iteration, ODE where the stepper draws no noise.
@@ -59,8 +73,8 @@ inline bg::tree_plan iteration_plan(const rollout_request& r, const bg::sigma_sc
 }
 
 // One iteration's rollout as train_iteration's stage 1 does it: the method's plan shaped by its pruner at this
-// iteration and made ODE where its stepper draws no noise, one tree per prompt keyed by its position, the shifted
-// linear schedule.
+// iteration and made ODE where its stepper draws no noise, one tree per prompt keyed by its position, the request's
+// schedule (iteration_schedule).
 inline rollout_output run_rollout(const rollout_request& r, nb::object method, nb::object velocity, nb::object device,
                                   nb::object dtype) {
   bg::require(!r.prompts.empty(), "rollout: prompts is empty: give one prompt index per tree");
@@ -68,14 +82,14 @@ inline rollout_output run_rollout(const rollout_request& r, nb::object method, n
   bg::python::python_torch_backend backend{.ops = ops, .device = device, .dtype = dtype};
   bg::python::python_velocity denoiser{.ops = ops, .velocity = std::move(velocity), .iteration = r.iteration};
   const bg::latent_shape shape{r.latent};
-  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  const bg::sigma_schedule schedule = iteration_schedule(r.steps, r.shift, r.sigmas);
   const bg::run_recipe& recipe = r.method->recipe;
   auto result = bg::rollout(backend, denoiser, recipe.stepper, recipe.correlator, schedule,
                             bg::rollout_tree(iteration_plan(r, schedule), bg::detail::iteration_trees(r.prompts)),
                             shape, {.max_batch = r.max_batch, .seed = r.seed, .iteration = r.iteration});
   return rollout_output{.method = std::move(method),
                         .steps = r.steps,
-                        .shift = r.shift,
+                        .schedule = schedule,
                         .trees = forest(result.tree),
                         .latents = std::move(result.latents),
                         .log_probs = {result.tree.log_probs().begin(), result.tree.log_probs().end()},
@@ -90,7 +104,7 @@ inline std::vector<std::vector<double>> linear_reference(const rollout_request& 
   bg::host_backend backend;
   auto velocity = [&](const bg::host_tensor& x, const bg::denoise_batch&) { return backend.affine(a, x, 0.0, x); };
   const bg::latent_shape shape{r.latent};
-  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  const bg::sigma_schedule schedule = iteration_schedule(r.steps, r.shift, r.sigmas);
   const bg::run_recipe& recipe = r.method->recipe;
   const auto result = bg::rollout(backend, velocity, recipe.stepper, recipe.correlator, schedule,
                                   bg::rollout_tree(iteration_plan(r, schedule), bg::detail::iteration_trees(r.prompts)),

@@ -28,6 +28,7 @@
 #include "branchgrpo/training/trainer.hpp"
 #include "method.hpp"
 #include "parameters.hpp"
+#include "rollout.hpp"
 #include "torch_backend.hpp"
 
 namespace branchgrpo::python {
@@ -171,6 +172,7 @@ struct train_request {
   std::vector<std::int64_t> prompts, latent;
   int steps = 20;
   double shift = 3.0;
+  std::vector<double> sigmas;  ///< the schedule's steps + 1 values; empty: the shifted linear schedule (shift)
   int iteration = 0;
   bg::training_options options = {};
 };
@@ -225,7 +227,7 @@ inline nb::dict train_step(method_spec& method, nb::object policy, nb::object re
   python_reward pointwise{
       .ops = ops, .reward = std::move(reward), .iteration = iteration, .groupwise = groupwise, .win_rate = win_rate};
   const bg::latent_shape shape{r.latent};
-  const bg::sigma_schedule schedule = bg::shifted_linear_schedule(r.steps, r.shift);
+  const bg::sigma_schedule schedule = iteration_schedule(r.steps, r.shift, r.sigmas);
   if (r.options.loss.kl_beta > 0)
     bg::require(nb::cast<bool>(model.policy.attr("has_reference")), "loss.kl_beta = ", r.options.loss.kl_beta,
                 ": needs the policy's reference velocity (Policy(..., reference=...))");

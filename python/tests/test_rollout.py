@@ -14,9 +14,18 @@ import branchgrpo
 from branchgrpo import _core
 
 
-def reference(method: str, a: float, prompts, latent, steps=20, seed=0, iteration=0, max_batch=64):
+def reference(method, a: float, prompts, latent, steps=20, seed=0, iteration=0, max_batch=64, sigmas=()):
     return _core._linear_reference(
-        branchgrpo.Method(method), a, list(prompts), list(latent), steps, 3.0, seed, iteration, max_batch
+        branchgrpo.Method(method) if isinstance(method, str) else method,
+        a,
+        list(prompts),
+        list(latent),
+        steps,
+        3.0,
+        seed,
+        iteration,
+        max_batch,
+        list(sigmas),
     )
 
 
@@ -40,6 +49,50 @@ def test_float64_rollout_is_the_host_engine_bit_for_bit(method: str) -> None:
     for step, (latents, expected) in enumerate(zip(got.latents, want, strict=True)):
         assert latents.dtype == torch.float64
         assert np.array_equal(latents.numpy().reshape(-1), np.array(expected)), (method, step)
+
+
+# A schedule of a diffusers pipeline's kind: FLUX's dynamic shift (mu 0.8) of linspace(1, 1/8, 8), then 0.
+PIPELINE_SIGMAS = [float(np.exp(0.8) / (np.exp(0.8) + 1 / s - 1)) for s in np.linspace(1.0, 1 / 8, 8)] + [0.0]
+
+
+def test_given_sigmas_are_the_schedule_of_the_rollout() -> None:
+    def velocity(x, sigma, step, prompts, trees):
+        seen.append((step, sigma))
+        return -0.5 * x
+
+    seen: list[tuple[int, float]] = []
+    method = branchgrpo.Method("branch-mix", topology={"split_steps": [0, 2, 5], "branching": [2]})
+    options = {"prompts": [3, 1], "latent_shape": [2, 3], "seed": 7, "steps": 8, "dtype": torch.float64}
+    got = branchgrpo.rollout(velocity, method=method, sigmas=PIPELINE_SIGMAS, **options)
+    want = reference(method, -0.5, [3, 1], [2, 3], steps=8, seed=7, sigmas=PIPELINE_SIGMAS)
+    for latents, expected in zip(got.latents, want, strict=True):  # the host engine on the same schedule
+        assert np.array_equal(latents.numpy().reshape(-1), np.array(expected))
+    assert got.sigmas.tolist() == PIPELINE_SIGMAS
+    assert {sigma for step, sigma in seen} == set(PIPELINE_SIGMAS[:-1]) and all(
+        sigma == PIPELINE_SIGMAS[step] for step, sigma in seen
+    )
+    linear = branchgrpo.rollout(lambda x, *_: -0.5 * x, method=method, **options)
+    same = branchgrpo.rollout(lambda x, *_: -0.5 * x, method=method, sigmas=linear.sigmas, **options)
+    assert all(torch.equal(a, b) for a, b in zip(linear.latents, same.latents, strict=True))
+    assert not torch.equal(linear.latents[-1], got.latents[-1])
+
+
+@pytest.mark.parametrize(
+    ("sigmas", "error", "message"),
+    [
+        ([1.0, 0.5], ValueError, "rollout: sigmas has 2 values: must have steps + 1 = 3"),
+        ([1.0, 0.5, 0.1], ValueError, "rollout: sigmas[2] = 0.1: the schedule must end at 0"),
+        ([1.5, 0.5, 0.0], ValueError, "rollout: sigmas[0] = 1.5: must be in [0, 1]"),
+        ([1.0, 1.0, 0.0], ValueError, "rollout: sigmas[1] = 1.0: must be below sigmas[0] = 1.0"),
+        ([1.0, float("nan"), 0.0], ValueError, "rollout: sigmas[1] = nan: must be in [0, 1]"),
+        ("1, 0", TypeError, "rollout: sigmas = '1, 0': must be a sequence of numbers"),
+        ([[1.0, 0.5, 0.0]], TypeError, "rollout: sigmas = [[1.0, 0.5, 0.0]]: must be a sequence of numbers"),
+    ],
+)
+def test_bad_sigmas_are_one_exception_naming_the_value(sigmas, error, message) -> None:
+    with pytest.raises(error) as raised:
+        branchgrpo.rollout(lambda x, *_: x, prompts=[0], latent_shape=[2], method="dance", steps=2, sigmas=sigmas)
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)
 
 
 def test_float32_rollout_agrees_to_float_rounding() -> None:

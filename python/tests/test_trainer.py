@@ -154,6 +154,11 @@ for _ in range(2):
 if rank == 0:
     torch.save({{"model": model.state_dict(), "loss": stats["loss"]}}, out)
 if size > 1:
+    # The DDP wrapper's reducer and gloo's threads wind down before the group goes: every rank here, then the
+    # wrapper released, then the group destroyed.
+    dist.barrier()
+    del trainer, policy, velocity
+    dist.barrier()
     dist.destroy_process_group()
 """
 
@@ -186,6 +191,7 @@ def test_two_gloo_processes_end_where_one_ends(mode: str) -> None:
         ({"loss": {"clip_range": 2.0}}, ValueError, "loss.clip_range = 2.0: must be in (0, 1)"),
         ({"updates_per_iteration": 0}, ValueError, "Trainer: updates_per_iteration = 0: must be in [1,"),
         ({"latent_shape": [0]}, ValueError, "Trainer: latent_shape = [0]: every value must be at least 1"),
+        ({"sigmas": [1.0, 0.5, 0.0]}, ValueError, "Trainer: sigmas has 3 values: must have steps + 1 = 9"),
     ],
 )
 def test_bad_trainer_settings_are_one_exception_naming_the_value(change, error, message) -> None:
@@ -195,6 +201,26 @@ def test_bad_trainer_settings_are_one_exception_naming_the_value(change, error, 
     with pytest.raises(error) as raised:
         Trainer(Policy(model, torch.optim.SGD(model.parameters(), lr=0.1)), reward, **options).step([0])
     assert str(raised.value).startswith(message), str(raised.value)
+
+
+def test_the_trainer_runs_the_given_sigmas() -> None:
+    linear_sigmas = branchgrpo.rollout(lambda x, *_: -x, prompts=[0], latent_shape=[1], method="dance", steps=8).sigmas
+    linear, same = trainer_for(Affine(4), seed=2), trainer_for(Affine(4), seed=2, sigmas=linear_sigmas.tolist())
+    linear.step([0, 1])
+    same.step([0, 1])
+    assert all(torch.equal(a, b) for a, b in zip(linear.policy.parameters, same.policy.parameters, strict=True))
+
+    sigmas, seen, model = [1.0, 0.7, 0.45, 0.3, 0.2, 0.12, 0.06, 0.02, 0.0], [], Affine(4)
+
+    def velocity(x, sigma, *rest):
+        seen.append(sigma)
+        return model(x)
+
+    other = trainer_for(model, seed=2, sigmas=sigmas)
+    other.policy.velocity = other.policy.sample_velocity = velocity
+    other.step([0, 1])
+    assert set(seen) == set(sigmas[:-1])  # the rollout's calls and the update's
+    assert not torch.equal(model.linear.weight, linear.policy.parameters[0])
 
 
 def test_a_bad_velocity_or_reward_during_training_names_where() -> None:

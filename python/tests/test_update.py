@@ -77,3 +77,18 @@ def test_step_weights_are_the_engines() -> None:
     assert max(per_step) - min(per_step) < 1e-12  # every step carries the same total weight
     with pytest.raises(ValueError, match='ppo step_weight "dt" is not none, inverse_dt, noise_std or equal_steps'):
         branchgrpo.edges(result, credit, step_weight="dt")
+
+
+def test_the_edges_take_the_rollouts_sigmas() -> None:
+    sigmas = [1.0, 0.7, 0.45, 0.3, 0.2, 0.12, 0.06, 0.02, 0.0]
+    method = branchgrpo.Method("branch", topology={"split_steps": [0, 2], "branching": [2]})
+    options = {"prompts": [0, 1], "latent_shape": [3], "method": method, "steps": 8, "dtype": torch.float64}
+    result = branchgrpo.rollout(lambda x, *_: -0.7 * x, sigmas=sigmas, **options)
+    credit = branchgrpo.credit(result, branchgrpo.score(result, lambda leaves, prompts: -leaves.square().sum(1)))
+    edges = branchgrpo.edges(result, credit, step_weight="inverse_dt")
+    assert edges.sigma.tolist() == [sigmas[s] for s in edges.step.tolist()]
+    plain = branchgrpo.edges(result, credit)
+    inverse_dt = torch.tensor([1 / (sigmas[s] - sigmas[s + 1]) for s in edges.step.tolist()], dtype=torch.float64)
+    assert torch.allclose(edges.weight, plain.weight * inverse_dt, rtol=1e-12, atol=0)
+    log_prob = branchgrpo.transition_log_prob(edges, -0.7 * edges.latent)  # the coefficients are the schedule's
+    assert torch.allclose(log_prob, edges.old_log_prob, rtol=1e-12, atol=1e-12)
