@@ -2,7 +2,7 @@
 #   python_package_install  scripts/python_package.sh: pip install . into .venv (incremental), the fixture
 #   python_tests            pytest python/tests (the C++ tool's `tree` reports as the reference)
 #   python_doctests         the package's docstrings and docs/python.md's quickstart, as doctests
-#   python_ruff             ruff check and ruff format --check over python/ and bench/python_*.py
+#   python_ruff             ruff check and ruff format --check over python/, bench/python_*.py and examples/python
 set(venv_python ${PROJECT_SOURCE_DIR}/.venv/bin/python)
 if(NOT EXISTS ${venv_python})
   message(STATUS "branchgrpo: skipping the Python package's tests (no .venv: run scripts/setup.sh)")
@@ -18,7 +18,7 @@ endif()
 add_test(NAME python_doctests COMMAND ${pytest} --doctest-modules --pyargs branchgrpo --doctest-glob=python.md
                                       docs/python.md WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 add_test(NAME python_ruff
-         COMMAND sh -c "${PROJECT_SOURCE_DIR}/.venv/bin/ruff check python bench && ${PROJECT_SOURCE_DIR}/.venv/bin/ruff format --check python bench"
+         COMMAND sh -c "${PROJECT_SOURCE_DIR}/.venv/bin/ruff check python bench examples/python && ${PROJECT_SOURCE_DIR}/.venv/bin/ruff format --check python bench examples/python"
          WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(python_tests python_doctests PROPERTIES FIXTURES_REQUIRED python_package LABELS python)
 set_tests_properties(python_ruff PROPERTIES LABELS python)

@@ -1,0 +1,500 @@
+"""Train a diffusers model with branchgrpo: LoRA (peft) or full fine-tuning of FLUX.1, SD3, Wan2.1 or Qwen-Image.
+
+One file, top to bottom: arguments, processes, the pipeline, the prompts, the reward, the trainable weights, the
+Trainer, the loop with its logs and checkpoints, the final LoRA in diffusers' format (docs/python.md, "Training a
+diffusers model").
+
+    python examples/python/train.py --model flux --tiny --prompts prompts.txt --reward my_reward:score --output out
+    torchrun --nproc_per_node 8 examples/python/train.py --model flux --pretrained /models/FLUX.1-dev \\
+        --prompts prompts.jsonl --reward-server http://127.0.0.1:8000 --dtype bfloat16 --output out
+    accelerate launch --num_processes 8 examples/python/train.py ...   (the same arguments)
+
+The reward is ``--reward module:function``, called as ``function(images, prompts)`` with the leaves decoded by the
+pipeline's VAE (float32 RGB in [-1, 1], [N, 3, H, W]; a video [N, F, 3, H, W]) and their prompt strings, returning
+N scores; or ``--reward-server URL``, a reward server of scripts/reward_server.py (docs/rewards.md, "Remote rewards").
+A ``--tiny`` pipeline has no VAE: its "images" are the first three latent channels, clamped to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import importlib
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import branchgrpo
+from branchgrpo import diffusers as adapters
+
+DEFAULT_TARGETS = {
+    "flux": "to_q,to_k,to_v,to_out.0",
+    "sd3": "to_q,to_k,to_v,to_out.0",
+    "wan": "to_q,to_k,to_v,to_out.0",
+    "qwenimage": "to_q,to_k,to_v,to_out.0",
+}
+# The tiny pipelines have no text encoder: their "encoder" maps a string to seeded random embeddings of these widths
+# (sequence length, context width, pooled width or None), the ones each family's tiny transformer takes.
+TINY_TEXT = {"flux": (5, 32, 32), "sd3": (6, 32, 64), "wan": (6, 32, None), "qwenimage": (6, 16, None)}
+
+
+class Failure(Exception):
+    """A bad input: the script prints its one line and exits with status 2."""
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", required=True, help=f"the adapter family: {', '.join(adapters.families())}")
+    source = model.add_mutually_exclusive_group(required=True)
+    source.add_argument("--pretrained", help="a diffusers pipeline directory (or hub name) of that family")
+    source.add_argument("--tiny", action="store_true", help="the family's tiny random pipeline (no download)")
+    model.add_argument("--full", action="store_true", help="fine-tune every transformer weight instead of a LoRA")
+    model.add_argument("--lora-rank", type=int, default=16)
+    model.add_argument("--lora-alpha", type=float, default=None, help="default: the rank (scale 1)")
+    model.add_argument("--lora-targets", default=None, help="comma-separated module names (default: attention)")
+    model.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bfloat16: autocast, float32 trained weights",
+    )
+    model.add_argument("--device", default=None, help="default: cuda (this process's local rank) if any, else cpu")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--prompts", required=True, help="a .txt (one prompt a line) or .jsonl (prompt, negative_prompt)")
+    data.add_argument("--height", type=int, default=None, help="default: 512 (64 with --tiny)")
+    data.add_argument("--width", type=int, default=None, help="default: 512 (64 with --tiny)")
+    data.add_argument("--num-frames", type=int, default=None, help="wan only (default: 81, 5 with --tiny)")
+    data.add_argument("--guidance-scale", type=float, default=None, help="default: the pipeline's (Qwen: true CFG)")
+
+    reward = parser.add_argument_group("reward").add_mutually_exclusive_group(required=True)
+    reward.add_argument("--reward", help="module:function, called as function(images, prompts) -> N scores")
+    reward.add_argument("--reward-server", metavar="URL", help="a reward server (scripts/reward_server.py)")
+    parser.add_argument("--reward-scorer", default=None, help="the server's scorer (default: its only one)")
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--method", default="branch", help=f"one of {', '.join(branchgrpo.methods())}")
+    run.add_argument("--steps", type=int, default=20)
+    run.add_argument("--iterations", type=int, default=100)
+    run.add_argument("--prompts-per-iteration", type=int, default=4)
+    run.add_argument("--learning-rate", type=float, default=1e-4)
+    run.add_argument("--max-grad-norm", type=float, default=1.0)
+    run.add_argument("--max-batch", type=int, default=16, help="rows per model call")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--output", required=True, help="directory for metrics, checkpoints and the final weights")
+    run.add_argument("--checkpoint-every", type=int, default=10, help="iterations between checkpoints (0: at end)")
+    run.add_argument("--resume", default=None, help="a checkpoint file (OUTPUT/checkpoints/iteration-*.pt)")
+    args = parser.parse_args(argv)
+    if args.model not in adapters.families():
+        parser.error(f"--model {args.model!r}: unknown (known: {', '.join(adapters.families())})")
+    if args.method not in branchgrpo.methods():
+        parser.error(f"--method {args.method!r}: unknown (known: {', '.join(branchgrpo.methods())})")
+    for name in ("steps", "iterations", "prompts_per_iteration", "lora_rank", "max_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    size = 64 if args.tiny else 512
+    args.height, args.width = args.height or size, args.width or size
+    args.num_frames = args.num_frames or (5 if args.tiny else 81)
+    return args
+
+
+# --- Processes: torchrun and accelerate launch set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT ---
+
+
+def start_processes(args: argparse.Namespace) -> tuple[int, int, torch.device]:
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.device is None:
+        args.device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return dist.get_rank(), dist.get_world_size(), device
+    return 0, 1, device
+
+
+# --- The pipeline and its prompts ---
+
+
+def load_pipeline(args: argparse.Namespace) -> Any:
+    family = getattr(adapters, args.model)
+    if args.tiny:
+        return family.tiny_pipeline(args.seed)
+    import diffusers
+
+    pipeline_class = getattr(diffusers, adapters.ADAPTERS[adapters.families().index(args.model)].pipelines[0])
+    # Text encoders and VAE in bfloat16 with --dtype bfloat16; the transformer's trained weights are cast back below.
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    return pipeline_class.from_pretrained(args.pretrained, torch_dtype=dtype)
+
+
+def read_prompts(path: str) -> tuple[list[str], list[str] | None]:
+    """The prompts of a .txt (one a line, blank lines skipped) or .jsonl file ("prompt", optional "negative_prompt"),
+    and the negative prompts ("" where a line has none) if any line has one."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise Failure(f"--prompts {path}: cannot read it ({error})") from None
+    prompts, negatives = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.endswith(".jsonl"):
+            try:
+                record = json.loads(line)
+                prompts.append(str(record["prompt"]))
+                negatives.append(str(record.get("negative_prompt", "")))
+            except (ValueError, KeyError, TypeError) as error:
+                raise Failure(f"--prompts {path}, line {number}: not a JSON object with a prompt ({error})") from None
+        else:
+            prompts.append(line.strip())
+            negatives.append("")
+    if not prompts:
+        raise Failure(f"--prompts {path}: no prompts in it")
+    return prompts, negatives if any(negatives) else None
+
+
+def tiny_embeddings(family: str, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tiny pipelines' stand-in text encoder: each string's embeddings drawn from a generator seeded by its CRC."""
+    length, width, pooled_width = TINY_TEXT[family]
+    context, pooled = [], []
+    for text in texts:
+        generator = torch.Generator().manual_seed(zlib.crc32(text.encode()))
+        context.append(torch.randn(length, width, generator=generator))
+        pooled.append(torch.randn(pooled_width or 1, generator=generator))
+    return torch.stack(context), torch.stack(pooled) if pooled_width else None
+
+
+def make_adapter(args: argparse.Namespace, pipeline: Any, prompts: list[str], negatives: list[str] | None) -> Any:
+    """The family's adapter over every prompt of the file (prompt index p is line p), encoded once."""
+    options: dict[str, Any] = {}
+    if args.guidance_scale is not None:
+        options["true_cfg_scale" if args.model == "qwenimage" else "guidance_scale"] = args.guidance_scale
+    if not args.tiny:
+        return adapters.adapter_for(pipeline, prompts, negative_prompt=negatives, **options)
+    if args.model == "flux" and negatives:  # the adapter's own refusal, in its words
+        return adapters.adapter_for(pipeline, prompts, negative_prompt=negatives, **options)
+    context, pooled = tiny_embeddings(args.model, prompts)
+    options["prompt_embeds"] = context
+    if pooled is not None:
+        options["pooled_prompt_embeds"] = pooled
+    cfg = {"sd3": options.get("guidance_scale", 7.0) > 1, "wan": options.get("guidance_scale", 5.0) > 1}
+    if negatives or cfg.get(args.model, False):  # sd3 and wan run CFG by default, with "" as the negative prompt
+        negative_context, negative_pooled = tiny_embeddings(args.model, negatives or [""] * len(prompts))
+        options["negative_prompt_embeds"] = negative_context
+        if negative_pooled is not None:
+            options["negative_pooled_prompt_embeds"] = negative_pooled
+    return adapters.adapter_for(pipeline, **options)
+
+
+def free_text_encoders(pipeline: Any) -> None:
+    """The prompts are encoded: the text encoders are not needed any more."""
+    for name in ("text_encoder", "text_encoder_2", "text_encoder_3"):
+        if getattr(pipeline, name, None) is not None:
+            setattr(pipeline, name, None)
+
+
+# --- The reward ---
+
+
+def decode(pipeline: Any, family: str, leaves: torch.Tensor) -> torch.Tensor:
+    """Leaves (engine rows) as float32 RGB in [-1, 1]: [N, 3, H, W], or [N, F, 3, H, W] for Wan's videos."""
+    vae = getattr(pipeline, "vae", None)
+    if vae is None:  # a tiny pipeline: the first three latent channels
+        rgb = leaves[:, :3].float().clamp(-1, 1)
+        return rgb.transpose(1, 2).contiguous() if family == "wan" else rgb
+    config, parameter = vae.config, next(vae.parameters())
+    with torch.no_grad():
+        z = leaves.to(parameter.device, parameter.dtype)
+        if family in ("flux", "sd3"):
+            z = z / config.scaling_factor + (config.shift_factor or 0.0)
+            return vae.decode(z, return_dict=False)[0].float().clamp(-1, 1)
+        mean = torch.tensor(config.latents_mean, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
+        std = torch.tensor(config.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
+        z = (z.unsqueeze(2) if family == "qwenimage" else z) * std + mean
+        video = vae.decode(z, return_dict=False)[0].float().clamp(-1, 1)  # [N, 3, F, H, W]
+        return video[:, :, 0] if family == "qwenimage" else video.transpose(1, 2).contiguous()
+
+
+def local_reward(spec: str) -> Any:
+    module_name, _, function_name = spec.partition(":")
+    sys.path.insert(0, os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise Failure(f"--reward {spec}: cannot load it as module:function ({error})") from None
+    if not callable(function):
+        raise Failure(f"--reward {spec}: not callable")
+    return function
+
+
+class RemoteReward:
+    """A client of the reward server protocol v1 (docs/rewards.md): float32 pixels, one POST /score per call."""
+
+    def __init__(self, url: str, scorer: str | None, media: str, timeout: float = 300.0) -> None:
+        self.url, self.media, self.timeout = url.rstrip("/"), media, timeout
+        try:
+            info = self._request("GET", "/info", None, 10.0)
+        except (OSError, ValueError) as error:
+            raise Failure(f"--reward-server {url}: not reachable ({error})") from None
+        scorers = {s["name"]: s for s in info.get("scorers", [])}
+        if scorer is None and len(scorers) == 1:
+            scorer = next(iter(scorers))
+        if scorer not in scorers:
+            raise Failure(f"--reward-scorer {scorer}: {url} runs {', '.join(scorers)} (name one)")
+        if media not in scorers[scorer]["media"]:
+            raise Failure(f"--reward-server {url}: scorer {scorer} takes {scorers[scorer]['media']}, not {media}")
+        self.scorer = scorer
+
+    def _request(self, method: str, path: str, body: Any, timeout: float) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            raise ValueError(f"{self.url}{path}: HTTP {error.code}: {error.read().decode(errors='replace')}") from None
+
+    def __call__(self, images: torch.Tensor, prompts: list[str], indices: list[int]) -> list[float]:
+        items, leaf_in_group = [], {}
+        for image, prompt, index in zip(images, prompts, indices, strict=True):
+            pixels = image.detach().cpu().float().contiguous().numpy().astype("<f4")
+            leaf_in_group[index] = leaf_in_group.get(index, -1) + 1
+            data = {"shape": list(pixels.shape), "base64": base64.b64encode(pixels.tobytes()).decode()}
+            items.append({"prompt": prompt, "prompt_index": index, "group": index, "leaf": leaf_in_group[index],
+                          "data": data})  # fmt: skip
+        body = {"protocol": 1, "scorer": self.scorer, "media": self.media, "encoding": "float32", "items": items}
+        return self._request("POST", "/score", body, self.timeout)["scores"]
+
+
+def make_reward(args: argparse.Namespace, pipeline: Any, prompts: list[str]) -> Any:
+    """reward(leaves, prompt indices) for the Trainer: decode, then the user's function or the server."""
+    if args.reward_server:
+        server = RemoteReward(args.reward_server, args.reward_scorer, "video" if args.model == "wan" else "image")
+    else:
+        function = local_reward(args.reward)
+
+    def reward(leaves: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        images = torch.cat([decode(pipeline, args.model, chunk) for chunk in leaves.split(8)])
+        index_list = indices.tolist()
+        texts = [prompts[i] for i in index_list]
+        scores = server(images, texts, index_list) if args.reward_server else function(images, texts)
+        return torch.as_tensor(scores, dtype=torch.float64).flatten().cpu()
+
+    return reward
+
+
+# --- The trainable weights ---
+
+
+def add_lora(args: argparse.Namespace, transformer: torch.nn.Module) -> None:
+    from peft import LoraConfig
+
+    targets = (args.lora_targets or DEFAULT_TARGETS[args.model]).split(",")
+    names = [name for name, _ in transformer.named_modules()]
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in names):
+            raise Failure(f"--lora-targets {target}: the {type(transformer).__name__} has no module of that name")
+    transformer.requires_grad_(False)
+    alpha = args.lora_alpha if args.lora_alpha is not None else args.lora_rank
+    config = LoraConfig(r=args.lora_rank, lora_alpha=alpha, target_modules=targets, init_lora_weights="gaussian")
+    transformer.add_adapter(config)
+    for parameter in transformer.parameters():
+        if parameter.requires_grad:
+            parameter.data = parameter.data.float()  # fp32 master weights of the LoRA, beside a bf16 base
+
+
+def trainable(transformer: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in transformer.named_parameters() if p.requires_grad}
+
+
+class DistributedTransformer(torch.nn.parallel.DistributedDataParallel):
+    """DDP that also answers the wrapped transformer's attributes (its config, dtype), as the adapters read them."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def autocast_velocity(velocity: Any, device: torch.device, dtype: str) -> Any:
+    if dtype == "float32":
+        return velocity
+
+    def in_bfloat16(*arguments: Any) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return velocity(*arguments)
+
+    return in_bfloat16
+
+
+# --- Checkpoints ---
+
+
+def save_checkpoint(path: Path, transformer: torch.nn.Module, optimizer: Any, trainer: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": {name: p.detach().cpu() for name, p in trainable(transformer).items()},
+        "optimizer": optimizer.state_dict(),
+        "trainer": trainer.state_dict(),
+    }
+    torch.save(state, str(path) + ".tmp")
+    os.replace(str(path) + ".tmp", path)
+
+
+def load_checkpoint(path: str, transformer: torch.nn.Module, optimizer: Any, trainer: Any) -> None:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as error:
+        raise Failure(f"--resume {path}: cannot read it ({error})") from None
+    parameters = trainable(transformer)
+    if sorted(state["model"]) != sorted(parameters):
+        raise Failure(f"--resume {path}: its weights are not this run's trainable ones (other --full / LoRA options?)")
+    with torch.no_grad():
+        for name, value in state["model"].items():
+            parameters[name].copy_(value)
+    optimizer.load_state_dict(state["optimizer"])
+    trainer.load_state_dict(state["trainer"])
+
+
+def save_final(args: argparse.Namespace, pipeline: Any, transformer: torch.nn.Module, output: Path) -> Path:
+    if args.full:
+        transformer.save_pretrained(output / "transformer")
+        return output / "transformer"
+    from peft.utils import get_peft_model_state_dict
+
+    layers = get_peft_model_state_dict(transformer)
+    type(pipeline).save_lora_weights(output / "lora", transformer_lora_layers=layers)
+    return output / "lora"
+
+
+# --- The run ---
+
+
+def train(args: argparse.Namespace) -> None:
+    rank, size, device = start_processes(args)
+    output = Path(args.output)
+    prompts, negatives = read_prompts(args.prompts)
+    pipeline = load_pipeline(args)
+    pipeline.to(device)
+    adapter = make_adapter(args, pipeline, prompts, negatives)
+    free_text_encoders(pipeline)
+    reward = make_reward(args, pipeline, prompts)
+
+    transformer = pipeline.transformer
+    torch.manual_seed(args.seed)  # the LoRA's initial weights, equal on every rank
+    if args.full:
+        transformer.float().requires_grad_(True)
+    else:
+        add_lora(args, transformer)
+    transformer.train()
+    optimizer = torch.optim.AdamW(trainable(transformer).values(), lr=args.learning_rate)
+
+    # The rollout calls the plain transformer; the update calls it through DDP on several processes.
+    sample_adapter, train_adapter = adapter, copy.copy(adapter)
+    train_adapter.gradients = True
+    if size > 1:
+        device_ids = [device.index] if device.type == "cuda" else None
+        train_adapter.transformer = DistributedTransformer(transformer, device_ids=device_ids)
+    policy = branchgrpo.Policy(
+        autocast_velocity(train_adapter.velocity, device, args.dtype),
+        optimizer,
+        sample_velocity=autocast_velocity(sample_adapter.velocity, device, args.dtype),
+        parameters=trainable(transformer).values(),
+        gradients="averaged" if size > 1 else "sum",
+        max_grad_norm=args.max_grad_norm,
+    )
+    latent_shape = (
+        adapter.latent_shape(args.height, args.width, num_frames=args.num_frames)
+        if args.model == "wan"
+        else adapter.latent_shape(args.height, args.width)
+    )
+    trainer = branchgrpo.Trainer(
+        policy,
+        reward,
+        latent_shape=latent_shape,
+        method=args.method,
+        steps=args.steps,
+        sigmas=adapter.sigmas(args.steps, args.height, args.width),
+        seed=args.seed,
+        max_batch=args.max_batch,
+        total_iterations=args.iterations,
+        device=device,
+        dtype=torch.float32,
+    )
+    if args.resume:
+        load_checkpoint(args.resume, transformer, optimizer, trainer)
+
+    writer = None
+    if rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(output / "tensorboard"))
+        except ImportError:
+            print("note: tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them)")
+        print(f"{args.model}: {len(prompts)} prompts, latents {latent_shape}, {size} process(es) on {device}, "
+              f"{sum(p.numel() for p in trainable(transformer).values())} trained weights")  # fmt: skip
+
+    while trainer.iteration < args.iterations:
+        iteration = trainer.iteration
+        start = iteration * args.prompts_per_iteration
+        batch = [(start + j) % len(prompts) for j in range(min(args.prompts_per_iteration, len(prompts)))]
+        began = time.perf_counter()
+        stats = trainer.step(batch)
+        stats["iteration_seconds"] = time.perf_counter() - began
+        done = trainer.iteration
+        checkpoint = args.checkpoint_every and done % args.checkpoint_every == 0 or done == args.iterations
+        if rank == 0:
+            with open(output / "metrics.jsonl", "a", encoding="utf-8") as metrics:
+                metrics.write(json.dumps({**stats, "iteration": done}) + "\n")
+            if writer is not None:
+                for key, value in stats.items():
+                    writer.add_scalar(key, value, done)
+            print(f"iteration {done}: reward {stats['reward_mean']:.4f}, loss {stats['loss']:.4g}, "
+                  f"{stats['edges_trained']:.0f} edges, {stats['iteration_seconds']:.2f} s")  # fmt: skip
+            if checkpoint:
+                save_checkpoint(output / "checkpoints" / f"iteration-{done:06d}.pt", transformer, optimizer, trainer)
+        if size > 1 and checkpoint:
+            dist.barrier()
+
+    if rank == 0:
+        if writer is not None:
+            writer.close()
+        print(f"saved {save_final(args, pipeline, transformer, output)}")
+    if size > 1:
+        # DDP's reducer and gloo's threads wind down before the group goes: every rank here, the wrapper
+        # released, every rank again, then the group destroyed.
+        dist.barrier()
+        del trainer, policy, train_adapter
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    try:
+        train(args)
+    except (Failure, ValueError, TypeError) as error:
+        # One line naming the value (the package's and the adapters' errors are written that way).
+        print(f"train.py: error: {' '.join(str(error).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""examples/python/train.py on the tiny diffusers pipelines (docs/python.md, "Training a diffusers model"): LoRA runs
+of FLUX.1 and SD3, a resumed run equal to an uninterrupted one bit for bit, two gloo processes under torchrun, a
+remote reward, the saved LoRA loaded by the pipeline's ``load_lora_weights``, and bad input as one line each."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from branchgrpo.diffusers import flux, sd3
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "python" / "train.py"
+spec = importlib.util.spec_from_file_location("train_script", SCRIPT)
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+
+REWARD = "def score(images, prompts):\n    return -(images - 0.3).square().flatten(1).mean(1)\n"
+# dance on 4 steps: 16 leaves and 64 trained edges per prompt; 32 x 32 pixels are 4 x 4 latents.
+SMALL = ["--tiny", "--method", "dance", "--steps", "4", "--height", "32", "--width", "32", "--reward", "reward:score"]
+
+
+@pytest.fixture()
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "prompts.txt").write_text("a red circle\na blue square\n\na green triangle\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def run(*arguments: str, model: str = "flux", output: str = "out", iterations: int = 2) -> list[dict]:
+    options = ["--model", model, *SMALL, "--prompts", "prompts.txt", "--output", output]
+    train.main([*options, "--iterations", str(iterations), "--prompts-per-iteration", "2", *arguments])
+    return [json.loads(line) for line in Path(output, "metrics.jsonl").read_text().splitlines()]
+
+
+def checkpoint(output: str, iteration: int) -> dict:
+    return torch.load(Path(output, "checkpoints", f"iteration-{iteration:06d}.pt"), weights_only=True)
+
+
+def assert_lora_loads(pipeline, folder: Path) -> None:
+    """The saved LoRA loads with ``load_lora_weights`` and holds the trained weights."""
+    saved = load_file(folder / "pytorch_lora_weights.safetensors")
+    pipeline.load_lora_weights(str(folder))
+    loaded = {n: p for n, p in pipeline.transformer.named_parameters() if "lora" in n}
+    assert len(loaded) == len(saved) > 0
+    for key, value in saved.items():
+        name = key.removeprefix("transformer.").replace(".weight", ".default_0.weight")
+        assert torch.equal(loaded[name], value), key
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in saved.items())  # it trained
+
+
+def test_two_sd3_lora_iterations_and_the_lora_loads(folder: Path) -> None:
+    rows = run(model="sd3")
+    assert [r["iteration"] for r in rows] == [1, 2] and all(r["edges_trained"] == 128 for r in rows)
+    assert_lora_loads(sd3.tiny_pipeline(), folder / "out" / "lora")
+
+
+def test_flux_resumed_equals_uninterrupted_and_the_lora_loads(folder: Path) -> None:
+    rows = run("--checkpoint-every", "1", output="straight")
+    assert [r["iteration"] for r in rows] == [1, 2] and all(r["edges_trained"] == 128 for r in rows)
+    run("--checkpoint-every", "1", output="first", iterations=1)
+    run("--resume", "first/checkpoints/iteration-000001.pt", output="resumed")
+    straight, resumed = checkpoint("straight", 2), checkpoint("resumed", 2)
+    assert straight["trainer"]["iteration"] == resumed["trainer"]["iteration"] == 2
+    for name, value in straight["model"].items():
+        assert torch.equal(value, resumed["model"][name]), name
+    a = load_file(folder / "straight" / "lora" / "pytorch_lora_weights.safetensors")
+    b = load_file(folder / "resumed" / "lora" / "pytorch_lora_weights.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_lora_loads(flux.tiny_pipeline(), folder / "straight" / "lora")
+
+
+def test_two_gloo_processes_under_torchrun(folder: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    options = ["--model", "flux", *SMALL, "--prompts", "prompts.txt", "--iterations", "1"]
+    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(SCRIPT), *options]
+    environment = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": "1"}
+    # 3 prompts on 2 ranks: rank 0 rolls out 2 trees, rank 1 one (DDP's padding calls).
+    done = subprocess.run([*command, "--prompts-per-iteration", "3", "--output", "two"], env=environment, timeout=120)
+    assert done.returncode == 0
+    run("--prompts-per-iteration", "3", output="one", iterations=1)
+    one, two = checkpoint("one", 1), checkpoint("two", 1)
+    for name, value in one["model"].items():
+        assert torch.allclose(value, two["model"][name], rtol=0, atol=1e-6), name
+    assert_lora_loads(flux.tiny_pipeline(), folder / "two" / "lora")
+
+
+def test_a_remote_reward(folder: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import python_flux_side_by_side as side
+
+    with side.reward_server(folder) as url:
+        options = ["--model", "flux", *SMALL[:-2], "--prompts", "prompts.txt", "--output", "out"]
+        train.main([*options, "--reward-server", url, "--iterations", "1", "--prompts-per-iteration", "1"])
+    (row,) = [json.loads(line) for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert row["edges_trained"] == 64
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--model": "sdxl"}, "--model 'sdxl': unknown (known: flux, sd3, wan, qwenimage)"),
+        ({"--lora-targets": "to_q,attn_qkv"}, "--lora-targets attn_qkv: the FluxTransformer2DModel has no module"),
+        ({"--prompts": "missing.txt"}, "--prompts missing.txt: cannot read it"),
+        ({"--prompts": "negative.jsonl"}, "flux: a negative prompt was given, but FLUX.1 has no classifier-free"),
+        ({"--reward": None, "--reward-server": "http://127.0.0.1:9"}, "--reward-server http://127.0.0.1:9: not reach"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_value(folder: Path, capsys, change: dict, message: str) -> None:
+    (folder / "negative.jsonl").write_text('{"prompt": "a cat", "negative_prompt": "blurry"}\n')
+    options = {"--model": "flux", "--prompts": "prompts.txt", "--output": "out", "--reward": "reward:score"}
+    options.update(change)
+    arguments = [*SMALL[:-2], "--iterations", "1"]
+    arguments += [item for flag, value in options.items() if value is not None for item in (flag, value)]
+    with pytest.raises(SystemExit) as exit_:
+        train.main(arguments)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in error, error
