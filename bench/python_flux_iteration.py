@@ -3,12 +3,15 @@ package's iteration"), measured in one run:
 
 1. its own overhead: Trainer.step's engine_seconds (the time outside the model's sampling, forward and backward
    calls, the optimizer and the reward) as a share of the iteration; the issue's target is at most 5 %;
-2. against a batch-1 Python loop in the official BranchGRPO code's structure (one tree node per transformer call in
-   the rollout, one edge per forward and backward pass in the update, the noise from torch.randn): the ratio of the
-   iteration times, alternating the two.
+2. against batch-1 Python loops in the structure of the official BranchGRPO code (its tree: one node per
+   transformer call in the rollout, one edge per forward and backward pass in the update, the noise from
+   torch.randn) and of DanceGRPO's (the same loop over its 16 independent chains per prompt): the ratios of the
+   iteration times, alternating.
 
-Both train every parameter of models/shapes-tiny (diffusers' FluxTransformer2DModel, branchgrpo.flux) with AdamW
-on the same prompts and tree. Run: .venv/bin/python bench/python_flux_iteration.py [--iterations 3] [--prompts 4]
+All train every parameter of the model with AdamW on the same prompts: models/shapes-tiny in diffusers'
+FluxTransformer2DModel (branchgrpo.flux, --model shapes-tiny) or the tiny random diffusers FLUX pipeline of
+branchgrpo.diffusers (--model tiny-flux, 32 x 32 pixels).
+Run: .venv/bin/python bench/python_flux_iteration.py [--model shapes-tiny] [--iterations 3] [--prompts 4]
 """
 
 from __future__ import annotations
@@ -17,14 +20,31 @@ import argparse
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import branchgrpo
 from branchgrpo import flux
+from branchgrpo.diffusers import flux as diffusers_flux
 
 MODEL = Path(__file__).resolve().parent.parent / "models" / "shapes-tiny"
-LATENT = [3, 16, 16]
+
+
+def load(model: str) -> tuple[torch.nn.Module, Any, list[int]]:
+    """A fresh copy of ``model``: the trained module, its velocity with gradients, and one latent row's shape."""
+    if model == "shapes-tiny":
+        transformer, prompts = flux.load_model(MODEL), flux.load_prompts(MODEL)
+        return transformer, flux.velocity(transformer, prompts, gradients=True), [3, 16, 16]
+    pipeline = diffusers_flux.tiny_pipeline(seed=0)
+    embeddings = torch.Generator().manual_seed(1)
+    adapter = diffusers_flux.FluxAdapter(
+        pipeline,
+        prompt_embeds=torch.randn(8, 5, 32, generator=embeddings),
+        pooled_prompt_embeds=torch.randn(8, 32, generator=embeddings),
+        gradients=True,
+    )
+    return pipeline.transformer, adapter.velocity, adapter.latent_shape(32, 32)
 
 
 def reward(leaves: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
@@ -32,20 +52,19 @@ def reward(leaves: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
     return leaves.flatten(1).mean(1)
 
 
-def trainer_for(method: str, seed: int) -> tuple[branchgrpo.Trainer, torch.nn.Module]:
-    model, prompts = flux.load_model(MODEL), flux.load_prompts(MODEL)
-    velocity = flux.velocity(model, prompts, gradients=True)
+def trainer_for(model_name: str, method: str, seed: int) -> branchgrpo.Trainer:
+    model, velocity, latent = load(model_name)
     policy = branchgrpo.Policy(velocity, torch.optim.AdamW(model.parameters(), lr=1e-5))
-    return branchgrpo.Trainer(policy, reward, method=method, latent_shape=LATENT, seed=seed), model
+    return branchgrpo.Trainer(policy, reward, method=method, latent_shape=latent, seed=seed)
 
 
-def official_loop(method: str, prompt_rows: list[int], iteration: int) -> float:
-    """One iteration in the official code's structure; its seconds (the model load excluded)."""
-    model, table = flux.load_model(MODEL), flux.load_prompts(MODEL)
-    velocity = flux.velocity(model, table, gradients=True)
+def batch_one_loop(model_name: str, method: str, prompt_rows: list[int], iteration: int) -> float:
+    """One iteration of ``method``'s tree in the official code's structure (batch 1 everywhere); its seconds (the
+    model load excluded). With dance's tree it is DanceGRPO's structure: 16 independent chains per prompt."""
+    model, velocity, latent = load(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     # The tree and each step's transition from the engine (a rollout of it, not timed).
-    probe = branchgrpo.rollout(velocity, method=method, prompts=prompt_rows, latent_shape=LATENT, iteration=iteration)
+    probe = branchgrpo.rollout(velocity, method=method, prompts=prompt_rows, latent_shape=latent, iteration=iteration)
     probe_edges = branchgrpo.edges(probe, branchgrpo.credit(probe, branchgrpo.score(probe, reward)))
     step_of = {int(s): i for i, s in enumerate(probe_edges.step.tolist())}
     tree = probe.tree
@@ -54,7 +73,7 @@ def official_loop(method: str, prompt_rows: list[int], iteration: int) -> float:
         if parent >= 0:
             children.setdefault(parent, []).append(node)
     start = time.perf_counter()
-    x = {int(n): torch.randn(1, *LATENT) for n in range(tree.node_count) if tree.parent[n] < 0}
+    x = {int(n): torch.randn(1, *latent) for n in range(tree.node_count) if tree.parent[n] < 0}
     old_log_prob: dict[int, float] = {}
     for s in range(tree.step.max()):
         i = step_of[s]
@@ -87,22 +106,25 @@ def official_loop(method: str, prompt_rows: list[int], iteration: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", choices=("shapes-tiny", "tiny-flux"), default="shapes-tiny")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=4)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     prompt_rows = list(range(args.prompts))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {MODEL.name}, {args.prompts} prompts")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.model}, {args.prompts} prompts")
+    loops: dict[str, float] = {}
     for method in ("dance", "branch"):
-        trainer, _ = trainer_for(method, seed=1)
+        trainer = trainer_for(args.model, method, seed=1)
         trainer.step(prompt_rows)  # warm-up
         package, engine, loop = [], [], []
         for _ in range(args.iterations):  # alternating
             stats = trainer.step(prompt_rows)
             package.append(stats["seconds"])
             engine.append(stats["engine_seconds"])
-            loop.append(official_loop(method, prompt_rows, trainer.iteration))
+            loop.append(batch_one_loop(args.model, method, prompt_rows, trainer.iteration))
+        loops[method] = min(loop)
         parts = {k: stats[k] for k in stats if k.endswith("_seconds")}
         print(
             f"{method}: package iteration {min(package):.3f} s (median of {args.iterations}: "
@@ -110,6 +132,11 @@ def main() -> None:
             f"batch-1 loop {min(loop):.3f} s: ratio {min(loop) / min(package):.2f}x"
         )
         print("  last iteration's parts: " + ", ".join(f"{k[:-8]} {v:.3f}" for k, v in parts.items()))
+    print(
+        f"the package's branch iteration against the official structure (branch, batch 1): "
+        f"{loops['branch'] / min(package):.2f}x; against DanceGRPO's (16 chains, batch 1): "
+        f"{loops['dance'] / min(package):.2f}x"
+    )
 
 
 if __name__ == "__main__":
