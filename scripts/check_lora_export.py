@@ -226,7 +226,8 @@ def verify_mode(fixture):
     plain = relative_error(wan_velocity(fresh("wan", base)), io["velocity"])
     print(f"info wan without the LoRA differs from the C++ adapted model by {plain:.2e} (the LoRA matters)")
     for name in ["wan_diffusers", "wan_comfyui"]:
-        report(f"{name} in diffusers vs C++", relative_error(wan_velocity(with_lora("wan", base, out / f"{name}.safetensors")), io["velocity"]))
+        adapted = with_lora("wan", base, out / f"{name}.safetensors")
+        report(f"{name} in diffusers vs C++", relative_error(wan_velocity(adapted), io["velocity"]))
     merged = load_file(out / "wan_merged.safetensors")
     report("wan_merged in diffusers vs C++", relative_error(wan_velocity(fresh("wan", merged)), io["velocity"]))
 
