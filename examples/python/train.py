@@ -21,6 +21,7 @@ import argparse
 import base64
 import copy
 import importlib
+import itertools
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 import branchgrpo
 from branchgrpo import diffusers as adapters
+from branchgrpo.vlm_judge import DEFAULT_QUESTION, VLMJudge, png_bytes
 
 DEFAULT_TARGETS = {
     "flux": "to_q,to_k,to_v,to_out.0",
@@ -78,10 +80,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--num-frames", type=int, default=None, help="wan only (default: 81, 5 with --tiny)")
     data.add_argument("--guidance-scale", type=float, default=None, help="default: the pipeline's (Qwen: true CFG)")
 
-    reward = parser.add_argument_group("reward").add_mutually_exclusive_group(required=True)
+    data.add_argument("--eval-prompts", default=None, help="held-out prompts (.txt / .jsonl) sampled by the ODE")
+    data.add_argument("--eval-every", type=int, default=10, help="iterations between evaluations (0: start and end)")
+
+    rewards = parser.add_argument_group("reward")
+    reward = rewards.add_mutually_exclusive_group(required=True)
     reward.add_argument("--reward", help="module:function, called as function(images, prompts) -> N scores")
     reward.add_argument("--reward-server", metavar="URL", help="a reward server (scripts/reward_server.py)")
-    parser.add_argument("--reward-scorer", default=None, help="the server's scorer (default: its only one)")
+    reward.add_argument("--vlm-judge", metavar="URL", help="an OpenAI-compatible VLM server (vLLM, SGLang) as judge")
+    rewards.add_argument("--reward-scorer", default=None, help="the server's scorer (default: its only one)")
+    rewards.add_argument("--vlm-model", default=None, help="the judge's model, as the server's /v1/models lists it")
+    rewards.add_argument(
+        "--vlm-question", default=DEFAULT_QUESTION, help="the judge's question; {prompt} is the prompt"
+    )
 
     run = parser.add_argument_group("run")
     run.add_argument("--method", default="branch", help=f"one of {', '.join(branchgrpo.methods())}")
@@ -103,6 +114,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "iterations", "prompts_per_iteration", "lora_rank", "max_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if args.eval_every < 0:
+        parser.error(f"--eval-every {args.eval_every}: must be at least 0")
+    if args.vlm_judge and not args.vlm_model:
+        parser.error("--vlm-judge needs --vlm-model (the served model's name)")
     size = 64 if args.tiny else 512
     args.height, args.width = args.height or size, args.width or size
     args.num_frames = args.num_frames or (5 if args.tiny else 81)
@@ -281,9 +296,14 @@ class RemoteReward:
 
 
 def make_reward(args: argparse.Namespace, pipeline: Any, prompts: list[str]) -> Any:
-    """reward(leaves, prompt indices) for the Trainer: decode, then the user's function or the server."""
+    """reward(leaves, prompt indices) for the Trainer: decode, then the user's function, the server or the judge."""
     if args.reward_server:
         server = RemoteReward(args.reward_server, args.reward_scorer, "video" if args.model == "wan" else "image")
+    elif args.vlm_judge:
+        try:
+            judge = VLMJudge(args.vlm_judge, args.vlm_model, question=args.vlm_question)
+        except RuntimeError as error:
+            raise Failure(f"--vlm-judge {args.vlm_judge}: {error}") from None
     else:
         function = local_reward(args.reward)
 
@@ -291,7 +311,10 @@ def make_reward(args: argparse.Namespace, pipeline: Any, prompts: list[str]) -> 
         images = torch.cat([decode(pipeline, args.model, chunk) for chunk in leaves.split(8)])
         index_list = indices.tolist()
         texts = [prompts[i] for i in index_list]
-        scores = server(images, texts, index_list) if args.reward_server else function(images, texts)
+        if args.reward_server:
+            scores = server(images, texts, index_list)
+        else:
+            scores = judge(images, texts) if args.vlm_judge else function(images, texts)
         return torch.as_tensor(scores, dtype=torch.float64).flatten().cpu()
 
     return reward
@@ -342,6 +365,65 @@ def autocast_velocity(velocity: Any, device: torch.device, dtype: str) -> Any:
     return in_bfloat16
 
 
+# --- Held-out evaluation ---
+
+
+def sample_ode(velocity: Any, noise: torch.Tensor, sigmas: list[float], indices: list[int], max_batch: int) -> Any:
+    """The ODE's sample of each row of ``noise`` with its prompt index: Euler steps x + (sigma' - sigma) v on the
+    sigmas, the pipeline's own sampler (eta = 0), at most ``max_batch`` rows per model call."""
+    out = []
+    for start in range(0, len(indices), max_batch):
+        x = noise[start : start + max_batch]
+        rows = torch.tensor(indices[start : start + max_batch], device=noise.device)
+        for step, (sigma, sigma_next) in enumerate(itertools.pairwise(sigmas)):
+            x = x + (sigma_next - sigma) * velocity(x, sigma, step, rows, None)
+        out.append(x)
+    return torch.cat(out)
+
+
+def image_grid(images: torch.Tensor, columns: int = 8) -> torch.Tensor:
+    """Images [N, 3, H, W] (a video's middle frame) tiled row-major into one [3, rows H, columns W] image, the
+    empty cells black."""
+    if images.dim() == 5:
+        images = images[:, images.shape[1] // 2]
+    n, _, h, w = images.shape
+    columns = min(columns, n)
+    rows = -(-n // columns)
+    grid = torch.full((3, rows * h, columns * w), -1.0)
+    for i, image in enumerate(images):
+        grid[:, (i // columns) * h : (i // columns + 1) * h, (i % columns) * w : (i % columns + 1) * w] = image
+    return grid
+
+
+class Evaluation:
+    """The held-out prompts (indices ``first`` on in the adapter's rows), each sampled by the ODE from the same
+    noise at every evaluation with the weights of that moment, decoded, scored by the run's reward and tiled into
+    OUTPUT/eval/iteration-NNNNNN.png."""
+
+    def __init__(self, args: argparse.Namespace, first: int, count: int, latent_shape: list[int], output: Path) -> None:
+        self.args, self.indices, self.output = args, list(range(first, first + count)), output / "eval"
+        generator = torch.Generator().manual_seed(args.seed + 1)  # not the training noise's keys
+        self.noise = torch.randn([count, *latent_shape], generator=generator)
+
+    def due(self, iteration: int) -> bool:
+        every = self.args.eval_every
+        return iteration == 0 or iteration == self.args.iterations or bool(every and iteration % every == 0)
+
+    def __call__(self, iteration: int, velocity: Any, sigmas: list[float], pipeline: Any, reward: Any) -> dict:
+        transformer = pipeline.transformer
+        was_training = transformer.training
+        transformer.eval()
+        noise = self.noise.to(next(transformer.parameters()).device)
+        leaves = sample_ode(velocity, noise, sigmas, self.indices, self.args.max_batch)
+        transformer.train(was_training)
+        scores = reward(leaves, torch.tensor(self.indices))
+        images = torch.cat([decode(pipeline, self.args.model, chunk) for chunk in leaves.split(8)])
+        self.output.mkdir(parents=True, exist_ok=True)
+        grid = image_grid(images)
+        (self.output / f"iteration-{iteration:06d}.png").write_bytes(png_bytes(grid))
+        return {"eval_reward_mean": float(scores.mean()), "eval_rewards": scores.tolist(), "grid": grid}
+
+
 # --- Checkpoints ---
 
 
@@ -389,6 +471,12 @@ def train(args: argparse.Namespace) -> None:
     rank, size, device = start_processes(args)
     output = Path(args.output)
     prompts, negatives = read_prompts(args.prompts)
+    train_count = len(prompts)
+    if args.eval_prompts:  # held out: after the training prompts in the adapter's rows
+        eval_prompts, eval_negatives = read_prompts(args.eval_prompts)
+        if negatives or eval_negatives:
+            negatives = (negatives or [""] * train_count) + (eval_negatives or [""] * len(eval_prompts))
+        prompts = prompts + eval_prompts
     pipeline = load_pipeline(args)
     pipeline.to(device)
     adapter = make_adapter(args, pipeline, prompts, negatives)
@@ -410,10 +498,11 @@ def train(args: argparse.Namespace) -> None:
     if size > 1:
         device_ids = [device.index] if device.type == "cuda" else None
         train_adapter.transformer = DistributedTransformer(transformer, device_ids=device_ids)
+    sample_velocity = autocast_velocity(sample_adapter.velocity, device, args.dtype)
     policy = branchgrpo.Policy(
         autocast_velocity(train_adapter.velocity, device, args.dtype),
         optimizer,
-        sample_velocity=autocast_velocity(sample_adapter.velocity, device, args.dtype),
+        sample_velocity=sample_velocity,
         parameters=trainable(transformer).values(),
         gradients="averaged" if size > 1 else "sum",
         max_grad_norm=args.max_grad_norm,
@@ -423,13 +512,14 @@ def train(args: argparse.Namespace) -> None:
         if args.model == "wan"
         else adapter.latent_shape(args.height, args.width)
     )
+    sigmas = adapter.sigmas(args.steps, args.height, args.width)
     trainer = branchgrpo.Trainer(
         policy,
         reward,
         latent_shape=latent_shape,
         method=args.method,
         steps=args.steps,
-        sigmas=adapter.sigmas(args.steps, args.height, args.width),
+        sigmas=sigmas,
         seed=args.seed,
         max_batch=args.max_batch,
         total_iterations=args.iterations,
@@ -448,13 +538,36 @@ def train(args: argparse.Namespace) -> None:
             writer = SummaryWriter(str(output / "tensorboard"))
         except ImportError:
             print("note: tensorboard is not installed: no TensorBoard scalars (metrics.jsonl has them)")
-        print(f"{args.model}: {len(prompts)} prompts, latents {latent_shape}, {size} process(es) on {device}, "
+        print(f"{args.model}: {train_count} prompts ({len(prompts) - train_count} held out), latents {latent_shape}, "
+              f"{size} process(es) on {device}, "
               f"{sum(p.numel() for p in trainable(transformer).values())} trained weights")  # fmt: skip
+    evaluation = None
+    if args.eval_prompts:
+        evaluation = Evaluation(args, train_count, len(prompts) - train_count, latent_shape, output)
 
+    def evaluate(iteration: int) -> None:
+        """On rank 0 with the plain transformer (no collective), the other ranks waiting."""
+        if evaluation is None or not evaluation.due(iteration):
+            return
+        if rank == 0:
+            result = evaluation(iteration, sample_velocity, sigmas, pipeline, reward)
+            record = {"iteration": iteration, "eval_reward_mean": result["eval_reward_mean"],
+                      "eval_rewards": result["eval_rewards"]}  # fmt: skip
+            with open(output / "eval.jsonl", "a", encoding="utf-8") as log:
+                log.write(json.dumps(record) + "\n")
+            if writer is not None:
+                writer.add_scalar("eval_reward_mean", result["eval_reward_mean"], iteration)
+                writer.add_image("eval", (result["grid"] + 1) / 2, iteration)
+            print(f"evaluation at iteration {iteration}: reward {result['eval_reward_mean']:.4f}")
+        if size > 1:
+            dist.barrier()
+
+    if not args.resume:
+        evaluate(0)
     while trainer.iteration < args.iterations:
         iteration = trainer.iteration
         start = iteration * args.prompts_per_iteration
-        batch = [(start + j) % len(prompts) for j in range(min(args.prompts_per_iteration, len(prompts)))]
+        batch = [(start + j) % train_count for j in range(min(args.prompts_per_iteration, train_count))]
         began = time.perf_counter()
         stats = trainer.step(batch)
         stats["iteration_seconds"] = time.perf_counter() - began
@@ -472,6 +585,7 @@ def train(args: argparse.Namespace) -> None:
                 save_checkpoint(output / "checkpoints" / f"iteration-{done:06d}.pt", transformer, optimizer, trainer)
         if size > 1 and checkpoint:
             dist.barrier()
+        evaluate(done)
 
     if rank == 0:
         if writer is not None:

@@ -1,14 +1,17 @@
 """examples/python/train.py on the tiny diffusers pipelines (docs/python.md, "Training a diffusers model"): LoRA runs
-of FLUX.1 and SD3, a resumed run equal to an uninterrupted one bit for bit, two gloo processes under torchrun, a
-remote reward, the saved LoRA loaded by the pipeline's ``load_lora_weights``, and bad input as one line each."""
+of every family, held-out evaluation with its grids and TensorBoard scalars, the VLM judge as reward, a resumed run
+equal to an uninterrupted one bit for bit, two gloo processes under torchrun, a remote reward, the saved LoRA loaded
+by the pipeline's ``load_lora_weights``, and bad input as one line each."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,62 @@ def test_two_sd3_lora_iterations_and_the_lora_loads(folder: Path) -> None:
     assert_lora_loads(sd3.tiny_pipeline(), folder / "out" / "lora")
 
 
+@pytest.mark.parametrize("model", ["wan", "qwenimage"])
+def test_two_lora_iterations_of_the_other_families(folder: Path, model: str) -> None:
+    extra = ["--num-frames", "5"] if model == "wan" else []
+    rows = run(*extra, model=model)
+    assert [r["iteration"] for r in rows] == [1, 2] and all(r["edges_trained"] == 128 for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    assert (folder / "out" / "lora" / "pytorch_lora_weights.safetensors").exists()
+
+
+def test_held_out_evaluation_writes_grids_and_tensorboard_scalars(folder: Path) -> None:
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (folder / "held_out.txt").write_text("a yellow star\na purple moon\na grey cloud\n")
+    run("--eval-prompts", "held_out.txt", "--eval-every", "2", iterations=3, model="sd3")
+    evaluations = [json.loads(line) for line in (folder / "out" / "eval.jsonl").read_text().splitlines()]
+    assert [e["iteration"] for e in evaluations] == [0, 2, 3]  # the start, every 2, the end
+    assert all(len(e["eval_rewards"]) == 3 for e in evaluations)
+    assert evaluations[0]["eval_rewards"] != evaluations[2]["eval_rewards"]  # the weights changed the samples
+    with Image.open(folder / "out" / "eval" / "iteration-000002.png") as grid:
+        assert grid.size == (3 * 4, 4) and grid.mode == "RGB"  # three 4 x 4 latent "images" side by side
+    events = EventAccumulator(str(folder / "out" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]
+    assert [round(e.value, 5) for e in events.Scalars("eval_reward_mean")] == [
+        round(e["eval_reward_mean"], 5) for e in evaluations
+    ]
+    assert [e.step for e in events.Images("eval")] == [0, 2, 3]
+
+
+def test_a_vlm_judge_reward(folder: Path) -> None:
+    port_file = folder / "port"
+    server = ROOT / "tests" / "rewards" / "fake_openai_server.py"
+    command = [sys.executable, str(server), "--model", "judge", "--port-file", str(port_file)]
+    process = subprocess.Popen([*command, "--log", str(folder / "judged.jsonl")])
+    try:
+        for _ in range(200):
+            if port_file.exists():
+                break
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        options = ["--model", "flux", *SMALL[:-2], "--prompts", "prompts.txt", "--output", "out"]
+        train.main(
+            [*options, "--vlm-judge", url, "--vlm-model", "judge", "--iterations", "1", "--prompts-per-iteration", "2"]
+        )
+    finally:
+        process.kill()
+        process.wait()
+    judged = [json.loads(line) for line in (folder / "judged.jsonl").read_text().splitlines()]
+    assert len(judged) == 2 * 16  # dance on 4 steps: 16 leaves per prompt, one question each
+    assert judged[0]["question"] == "Does this image show a red circle? Answer yes or no."
+    (row,) = [json.loads(line) for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
+    mean = sum((0.05 + 0.8 * j["red"]) / 0.9 for j in judged) / len(judged)
+    assert row["reward_mean"] == pytest.approx(mean, abs=1e-9)
+
+
 def test_flux_resumed_equals_uninterrupted_and_the_lora_loads(folder: Path) -> None:
     rows = run("--checkpoint-every", "1", output="straight")
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["edges_trained"] == 128 for r in rows)
@@ -114,6 +173,9 @@ def test_a_remote_reward(folder: Path) -> None:
         ({"--prompts": "missing.txt"}, "--prompts missing.txt: cannot read it"),
         ({"--prompts": "negative.jsonl"}, "flux: a negative prompt was given, but FLUX.1 has no classifier-free"),
         ({"--reward": None, "--reward-server": "http://127.0.0.1:9"}, "--reward-server http://127.0.0.1:9: not reach"),
+        ({"--reward": None, "--vlm-judge": "http://127.0.0.1:9", "--vlm-model": "m"}, "--vlm-judge http://127.0.0.1:9"),
+        ({"--height": "36"}, "flux: height = 36: must be a positive multiple of 16"),
+        ({"--eval-prompts": "missing.txt"}, "--prompts missing.txt: cannot read it"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_value(folder: Path, capsys, change: dict, message: str) -> None:
