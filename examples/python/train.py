@@ -1,8 +1,8 @@
 """Train a diffusers model with branchgrpo: LoRA (peft) or full fine-tuning of FLUX.1, SD3, Wan2.1 or Qwen-Image.
 
-One file, top to bottom: arguments, processes, the pipeline, the prompts, the reward, the trainable weights, the
-Trainer, the loop with its logs and checkpoints, the final LoRA in diffusers' format (docs/python.md, "Training a
-diffusers model").
+One file, top to bottom: arguments, processes, the pipeline, the prompts, the reward, the trainable weights (DDP or
+FSDP2), the held-out evaluation, the checkpoints, the Trainer, the loop with its logs, the final LoRA in diffusers'
+format (docs/python.md, "Training a diffusers model").
 
     python examples/python/train.py --model flux --tiny --prompts prompts.txt --reward my_reward:score --output out
     torchrun --nproc_per_node 8 examples/python/train.py --model flux --pretrained /models/FLUX.1-dev \\
@@ -11,7 +11,12 @@ diffusers model").
 
 The reward is ``--reward module:function``, called as ``function(images, prompts)`` with the leaves decoded by the
 pipeline's VAE (float32 RGB in [-1, 1], [N, 3, H, W]; a video [N, F, 3, H, W]) and their prompt strings, returning
-N scores; or ``--reward-server URL``, a reward server of scripts/reward_server.py (docs/rewards.md, "Remote rewards").
+N scores; ``--reward-server URL``, a reward server of scripts/reward_server.py (docs/rewards.md, "Remote rewards");
+or ``--vlm-judge URL --vlm-model NAME``, a vision-language model served by vLLM or SGLang asked whether each image
+shows its prompt (branchgrpo.vlm_judge; docs/rewards.md, "VLM judge").
+``--eval-prompts FILE`` samples each held-out prompt by the ODE from the same noise at the start, every
+``--eval-every`` iterations and at the end, and writes its scores (eval.jsonl, TensorBoard) and an image grid
+(OUTPUT/eval/iteration-NNNNNN.png).
 A ``--tiny`` pipeline has no VAE: its "images" are the first three latent channels, clamped to [-1, 1].
 """
 
@@ -62,6 +67,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--pretrained", help="a diffusers pipeline directory (or hub name) of that family")
     source.add_argument("--tiny", action="store_true", help="the family's tiny random pipeline (no download)")
     model.add_argument("--full", action="store_true", help="fine-tune every transformer weight instead of a LoRA")
+    model.add_argument("--fsdp", action="store_true", help="shard the transformer with FSDP2 (default: DDP)")
     model.add_argument("--lora-rank", type=int, default=16)
     model.add_argument("--lora-alpha", type=float, default=None, help="default: the rank (scale 1)")
     model.add_argument("--lora-targets", default=None, help="comma-separated module names (default: attention)")
@@ -424,21 +430,92 @@ class Evaluation:
         return {"eval_reward_mean": float(scores.mean()), "eval_rewards": scores.tolist(), "grid": grid}
 
 
+# --- FSDP2 ---
+
+
+def shard(transformer: torch.nn.Module) -> None:
+    """FSDP2 (``fully_shard``) over each block of the transformer's block lists, then over the whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    for child in transformer.children():
+        if isinstance(child, torch.nn.ModuleList):
+            for block in child:
+                fully_shard(block)
+    fully_shard(transformer)
+
+
+class GatheredWeights:
+    """FSDP2 for the rollout and the evaluation: their forwards run on whole weights, gathered once per iteration
+    on every rank (``gather``, a collective) and kept through any number of forwards, so that a rank with fewer trees
+    may make fewer calls. The update's first forward lets them go (``release``, local) and runs sharded, every rank
+    making the same number of calls (the Trainer pads them). The rollout's memory is then that of DDP's."""
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.root = transformer
+        self.modules = [m for m in transformer.modules() if isinstance(m, FSDPModule)]
+        self.gathered = False
+
+    def gather(self) -> None:
+        if not self.gathered:
+            for module in self.modules:
+                module.unshard()
+            self.root.set_reshard_after_forward(False)
+            self.gathered = True
+
+    def release(self) -> None:
+        if self.gathered:
+            for module in self.modules:
+                module.reshard()
+            self.root.set_reshard_after_forward(True)
+            self.gathered = False
+
+    def releasing(self, velocity: Any) -> Any:
+        def sharded(*arguments: Any) -> torch.Tensor:
+            self.release()
+            return velocity(*arguments)
+
+        return sharded
+
+
 # --- Checkpoints ---
 
 
-def save_checkpoint(path: Path, transformer: torch.nn.Module, optimizer: Any, trainer: Any) -> None:
+def full_weights(args: argparse.Namespace, transformer: torch.nn.Module, only_trained: bool = True) -> dict:
+    """The (trained) weights, whole on the CPU: under FSDP2 gathered from the shards (a collective: every rank calls
+    it; rank 0 holds the result)."""
+    names = trainable(transformer)
+    if not args.fsdp:
+        return {k: p.detach().cpu() for k, p in transformer.state_dict().items() if k in names or not only_trained}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    model = get_model_state_dict(transformer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v for k, v in model.items() if k in names or not only_trained}
+
+
+def optimizer_state(args: argparse.Namespace, transformer: torch.nn.Module, optimizer: Any) -> dict:
+    """The optimizer's state (under FSDP2 whole, keyed by weight names: a collective)."""
+    if not args.fsdp:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(transformer, optimizer, options=options)
+
+
+def save_checkpoint(args: argparse.Namespace, path: Path, transformer: Any, optimizer: Any, trainer: Any) -> None:
+    """Every rank calls it; rank 0 writes (atomically)."""
+    model, optimizer_state_ = full_weights(args, transformer), optimizer_state(args, transformer, optimizer)
+    if trainer.rank != 0:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {
-        "model": {name: p.detach().cpu() for name, p in trainable(transformer).items()},
-        "optimizer": optimizer.state_dict(),
-        "trainer": trainer.state_dict(),
-    }
+    state = {"model": model, "optimizer": optimizer_state_, "trainer": trainer.state_dict(), "fsdp": args.fsdp}
     torch.save(state, str(path) + ".tmp")
     os.replace(str(path) + ".tmp", path)
 
 
-def load_checkpoint(path: str, transformer: torch.nn.Module, optimizer: Any, trainer: Any) -> None:
+def load_checkpoint(args: argparse.Namespace, path: str, transformer: Any, optimizer: Any, trainer: Any) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as error:
@@ -446,20 +523,45 @@ def load_checkpoint(path: str, transformer: torch.nn.Module, optimizer: Any, tra
     parameters = trainable(transformer)
     if sorted(state["model"]) != sorted(parameters):
         raise Failure(f"--resume {path}: its weights are not this run's trainable ones (other --full / LoRA options?)")
-    with torch.no_grad():
-        for name, value in state["model"].items():
-            parameters[name].copy_(value)
-    optimizer.load_state_dict(state["optimizer"])
+    if state.get("fsdp", False) != args.fsdp:
+        raise Failure(f"--resume {path}: written {'with' if args.fsdp else 'without'} --fsdp, resumed the other way")
+    if args.fsdp:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(transformer, state["model"], options=options)
+        set_optimizer_state_dict(transformer, optimizer, state["optimizer"], options=options)
+    else:
+        with torch.no_grad():
+            for name, value in state["model"].items():
+                parameters[name].copy_(value)
+        optimizer.load_state_dict(state["optimizer"])
     trainer.load_state_dict(state["trainer"])
 
 
-def save_final(args: argparse.Namespace, pipeline: Any, transformer: torch.nn.Module, output: Path) -> Path:
+def save_final(args: argparse.Namespace, pipeline: Any, transformer: torch.nn.Module, output: Path, rank: int) -> Path:
+    """The LoRA in diffusers' format (``load_lora_weights`` loads it), or with --full the transformer's weights and
+    config (``from_pretrained`` loads them). Every rank calls it; rank 0 writes."""
+    weights = full_weights(args, transformer, only_trained=not args.full) if args.fsdp else {}
+    if rank != 0:
+        return output
     if args.full:
-        transformer.save_pretrained(output / "transformer")
-        return output / "transformer"
+        folder = output / "transformer"
+        if not args.fsdp:
+            transformer.save_pretrained(folder)
+            return folder
+        from safetensors.torch import save_file
+
+        transformer.save_config(folder)
+        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "diffusion_pytorch_model.safetensors")
+        return folder
     from peft.utils import get_peft_model_state_dict
 
-    layers = get_peft_model_state_dict(transformer)
+    layers = get_peft_model_state_dict(transformer, state_dict=weights or None)
     type(pipeline).save_lora_weights(output / "lora", transformer_lora_layers=layers)
     return output / "lora"
 
@@ -490,21 +592,27 @@ def train(args: argparse.Namespace) -> None:
     else:
         add_lora(args, transformer)
     transformer.train()
+    gathered = None
+    if args.fsdp:  # sharded in place: the adapters call it as before
+        shard(transformer)
+        gathered = GatheredWeights(transformer)
     optimizer = torch.optim.AdamW(trainable(transformer).values(), lr=args.learning_rate)
 
-    # The rollout calls the plain transformer; the update calls it through DDP on several processes.
+    # The rollout calls the plain transformer (under FSDP2 on gathered weights); the update calls it through DDP
+    # on several processes (under FSDP2 sharded).
     sample_adapter, train_adapter = adapter, copy.copy(adapter)
     train_adapter.gradients = True
-    if size > 1:
+    if size > 1 and not args.fsdp:
         device_ids = [device.index] if device.type == "cuda" else None
         train_adapter.transformer = DistributedTransformer(transformer, device_ids=device_ids)
     sample_velocity = autocast_velocity(sample_adapter.velocity, device, args.dtype)
+    train_velocity = autocast_velocity(train_adapter.velocity, device, args.dtype)
     policy = branchgrpo.Policy(
-        autocast_velocity(train_adapter.velocity, device, args.dtype),
+        gathered.releasing(train_velocity) if gathered else train_velocity,
         optimizer,
         sample_velocity=sample_velocity,
         parameters=trainable(transformer).values(),
-        gradients="averaged" if size > 1 else "sum",
+        gradients="averaged" if size > 1 or args.fsdp else "sum",
         max_grad_norm=args.max_grad_norm,
     )
     latent_shape = (
@@ -527,7 +635,7 @@ def train(args: argparse.Namespace) -> None:
         dtype=torch.float32,
     )
     if args.resume:
-        load_checkpoint(args.resume, transformer, optimizer, trainer)
+        load_checkpoint(args, args.resume, transformer, optimizer, trainer)
 
     writer = None
     if rank == 0:
@@ -549,6 +657,8 @@ def train(args: argparse.Namespace) -> None:
         """On rank 0 with the plain transformer (no collective), the other ranks waiting."""
         if evaluation is None or not evaluation.due(iteration):
             return
+        if gathered:
+            gathered.gather()
         if rank == 0:
             result = evaluation(iteration, sample_velocity, sigmas, pipeline, reward)
             record = {"iteration": iteration, "eval_reward_mean": result["eval_reward_mean"],
@@ -569,6 +679,8 @@ def train(args: argparse.Namespace) -> None:
         start = iteration * args.prompts_per_iteration
         batch = [(start + j) % train_count for j in range(min(args.prompts_per_iteration, train_count))]
         began = time.perf_counter()
+        if gathered:
+            gathered.gather()
         stats = trainer.step(batch)
         stats["iteration_seconds"] = time.perf_counter() - began
         done = trainer.iteration
@@ -581,16 +693,18 @@ def train(args: argparse.Namespace) -> None:
                     writer.add_scalar(key, value, done)
             print(f"iteration {done}: reward {stats['reward_mean']:.4f}, loss {stats['loss']:.4g}, "
                   f"{stats['edges_trained']:.0f} edges, {stats['iteration_seconds']:.2f} s")  # fmt: skip
-            if checkpoint:
-                save_checkpoint(output / "checkpoints" / f"iteration-{done:06d}.pt", transformer, optimizer, trainer)
-        if size > 1 and checkpoint:
-            dist.barrier()
+        if checkpoint:
+            path = output / "checkpoints" / f"iteration-{done:06d}.pt"
+            save_checkpoint(args, path, transformer, optimizer, trainer)
+            if size > 1:
+                dist.barrier()
         evaluate(done)
 
+    saved = save_final(args, pipeline, transformer, output, rank)
     if rank == 0:
         if writer is not None:
             writer.close()
-        print(f"saved {save_final(args, pipeline, transformer, output)}")
+        print(f"saved {saved}")
     if size > 1:
         # DDP's reducer and gloo's threads wind down before the group goes: every rank here, the wrapper
         # released, every rank again, then the group destroyed.

@@ -1,7 +1,8 @@
 """examples/python/train.py on the tiny diffusers pipelines (docs/python.md, "Training a diffusers model"): LoRA runs
 of every family, held-out evaluation with its grids and TensorBoard scalars, the VLM judge as reward, a resumed run
-equal to an uninterrupted one bit for bit, two gloo processes under torchrun, a remote reward, the saved LoRA loaded
-by the pipeline's ``load_lora_weights``, and bad input as one line each."""
+equal to an uninterrupted one bit for bit, DDP under accelerate launch and FSDP2 under torchrun on two gloo
+processes, a remote reward, the saved LoRA loaded by the pipeline's ``load_lora_weights``, and bad input as one line
+each."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from branchgrpo.diffusers import flux, sd3
+from branchgrpo.diffusers import families, flux, sd3
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "python" / "train.py"
@@ -139,10 +140,11 @@ def test_flux_resumed_equals_uninterrupted_and_the_lora_loads(folder: Path) -> N
     assert_lora_loads(flux.tiny_pipeline(), folder / "straight" / "lora")
 
 
-def test_two_gloo_processes_under_torchrun(folder: Path) -> None:
-    torchrun = Path(sys.executable).parent / "torchrun"
+def test_ddp_on_two_gloo_processes_under_accelerate_launch(folder: Path) -> None:
+    accelerate = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2"]
+    accelerate += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # gloo on the CPU
     options = ["--model", "flux", *SMALL, "--prompts", "prompts.txt", "--iterations", "1"]
-    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(SCRIPT), *options]
+    command = [*accelerate, str(SCRIPT), *options]
     environment = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": "1"}
     # 3 prompts on 2 ranks: rank 0 rolls out 2 trees, rank 1 one (DDP's padding calls).
     done = subprocess.run([*command, "--prompts-per-iteration", "3", "--output", "two"], env=environment, timeout=120)
@@ -152,6 +154,26 @@ def test_two_gloo_processes_under_torchrun(folder: Path) -> None:
     for name, value in one["model"].items():
         assert torch.allclose(value, two["model"][name], rtol=0, atol=1e-6), name
     assert_lora_loads(flux.tiny_pipeline(), folder / "two" / "lora")
+
+
+def test_fsdp2_on_two_gloo_processes_equals_one_and_resumes_exactly(folder: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    options = ["--model", "flux", *SMALL, "--prompts", "prompts.txt", "--prompts-per-iteration", "3", "--fsdp"]
+    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(SCRIPT), *options, "--checkpoint-every", "1"]
+    environment = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": "1"}
+    (folder / "held_out.txt").write_text("a yellow star\n")  # evaluated on rank 0 between sharded iterations
+    straight = ["--eval-prompts", "held_out.txt", "--iterations", "2", "--output", "straight"]
+    assert subprocess.run([*command, *straight], env=environment).returncode == 0
+    resume = ["--resume", "straight/checkpoints/iteration-000001.pt", "--iterations", "2", "--output", "resumed"]
+    assert subprocess.run([*command, *resume], env=environment).returncode == 0
+    run("--prompts-per-iteration", "3", output="one")  # one process, no FSDP
+    one, straight, resumed = checkpoint("one", 2), checkpoint("straight", 2), checkpoint("resumed", 2)
+    assert straight["fsdp"] and sorted(straight["model"]) == sorted(one["model"])
+    for name, value in one["model"].items():
+        assert torch.allclose(value, straight["model"][name], rtol=0, atol=1e-6), name
+        assert torch.equal(straight["model"][name], resumed["model"][name]), name
+    assert len((folder / "straight" / "eval.jsonl").read_text().splitlines()) == 2  # iterations 0 and 2
+    assert_lora_loads(flux.tiny_pipeline(), folder / "straight" / "lora")
 
 
 def test_a_remote_reward(folder: Path) -> None:
@@ -168,7 +190,7 @@ def test_a_remote_reward(folder: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"--model": "sdxl"}, "--model 'sdxl': unknown (known: flux, sd3, wan, qwenimage)"),
+        ({"--model": "sdxl"}, f"--model 'sdxl': unknown (known: {', '.join(families())})"),
         ({"--lora-targets": "to_q,attn_qkv"}, "--lora-targets attn_qkv: the FluxTransformer2DModel has no module"),
         ({"--prompts": "missing.txt"}, "--prompts missing.txt: cannot read it"),
         ({"--prompts": "negative.jsonl"}, "flux: a negative prompt was given, but FLUX.1 has no classifier-free"),
