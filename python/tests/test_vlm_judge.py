@@ -72,7 +72,7 @@ def test_a_clip_is_judged_by_its_middle_frame_and_a_non_finite_leaf_is_not_sent(
 @pytest.mark.parametrize(
     ("fault", "message"),
     [
-        ("neither", "neither yes nor no among the first token's 2 top_logprobs: \"Maybe\" -0.693147, \"The\" -1.20"),
+        ("neither", 'neither yes nor no among the first token\'s 2 top_logprobs: "Maybe" -0.693147, "The" -1.20'),
         ("no-logprobs", "the answer has no choices[0].logprobs.content[0].top_logprobs (does the server return"),
         ("http-500", "HTTP 500: fake failure (after 2 attempts)"),
         ("garbage", "(after 2 attempts)"),

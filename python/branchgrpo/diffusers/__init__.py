@@ -8,7 +8,7 @@ weights, for tests); adding a family is one module and one entry in ``ADAPTERS``
 
 >>> import torch
 >>> families()
-['flux', 'sd3', 'wan', 'qwenimage']
+['flux', 'sd3', 'wan', 'qwenimage', 'flux2']
 >>> pipe = flux.tiny_pipeline()
 >>> adapter = adapter_for(pipe, prompt_embeds=torch.ones(2, 5, 32), pooled_prompt_embeds=torch.ones(2, 32))
 >>> adapter.family, adapter.latent_shape(64, 64)
@@ -19,20 +19,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from branchgrpo.diffusers import flux, qwenimage, sd3, wan
+from branchgrpo.diffusers import flux, flux2, qwenimage, sd3, wan
 from branchgrpo.diffusers._adapter import Adapter
 
-__all__ = ["ADAPTERS", "Adapter", "adapter_for", "families", "flux", "qwenimage", "sd3", "wan"]
+__all__ = ["ADAPTERS", "Adapter", "adapter_for", "families", "flux", "flux2", "qwenimage", "sd3", "wan"]
 
 # The registry: each family's adapter, which names the pipeline classes it adapts.
-ADAPTERS: tuple[type[Adapter], ...] = (flux.FluxAdapter, sd3.SD3Adapter, wan.WanAdapter, qwenimage.QwenImageAdapter)
+ADAPTERS: tuple[type[Adapter], ...] = (
+    flux.FluxAdapter,
+    sd3.SD3Adapter,
+    wan.WanAdapter,
+    qwenimage.QwenImageAdapter,
+    flux2.Flux2Adapter,
+)
 
 
 def families() -> list[str]:
     """The model families with an adapter, in registry order.
 
     >>> families()
-    ['flux', 'sd3', 'wan', 'qwenimage']
+    ['flux', 'sd3', 'wan', 'qwenimage', 'flux2']
     """
     return [adapter.family for adapter in ADAPTERS]
 
