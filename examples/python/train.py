@@ -1,4 +1,5 @@
-"""Train a diffusers model with branchgrpo: LoRA (peft) or full fine-tuning of FLUX.1, SD3, Wan2.1 or Qwen-Image.
+"""Train a diffusers model with branchgrpo: LoRA (peft) or full fine-tuning of FLUX.1, FLUX.2, SD3 / SD3.5, Wan2.1,
+Wan2.2 (A14B's two experts, TI2V-5B) or Qwen-Image.
 
 One file, top to bottom: arguments, processes, the pipeline, the prompts, the reward, the trainable weights (DDP or
 FSDP2), the held-out evaluation, the checkpoints, the Trainer, the loop with its logs, the final LoRA in diffusers'
@@ -26,6 +27,7 @@ import argparse
 import base64
 import copy
 import importlib
+import inspect
 import itertools
 import json
 import os
@@ -49,10 +51,17 @@ DEFAULT_TARGETS = {
     "sd3": "to_q,to_k,to_v,to_out.0",
     "wan": "to_q,to_k,to_v,to_out.0",
     "qwenimage": "to_q,to_k,to_v,to_out.0",
+    "flux2": "to_q,to_k,to_v,to_out.0,to_qkv_mlp_proj",  # the last: the single-stream blocks' fused projection
 }
 # The tiny pipelines have no text encoder: their "encoder" maps a string to seeded random embeddings of these widths
 # (sequence length, context width, pooled width or None), the ones each family's tiny transformer takes.
-TINY_TEXT = {"flux": (5, 32, 32), "sd3": (6, 32, 64), "wan": (6, 32, None), "qwenimage": (6, 16, None)}
+TINY_TEXT = {
+    "flux": (5, 32, 32),
+    "sd3": (6, 32, 64),
+    "wan": (6, 32, None),
+    "qwenimage": (6, 16, None),
+    "flux2": (5, 32, None),
+}
 
 
 class Failure(Exception):
@@ -66,6 +75,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     source = model.add_mutually_exclusive_group(required=True)
     source.add_argument("--pretrained", help="a diffusers pipeline directory (or hub name) of that family")
     source.add_argument("--tiny", action="store_true", help="the family's tiny random pipeline (no download)")
+    model.add_argument("--tiny-variant", default=None, help="wan: wan2.1, a14b, ti2v; flux2: dev, klein-base, klein")
     model.add_argument("--full", action="store_true", help="fine-tune every transformer weight instead of a LoRA")
     model.add_argument("--fsdp", action="store_true", help="shard the transformer with FSDP2 (default: DDP)")
     model.add_argument("--lora-rank", type=int, default=16)
@@ -120,6 +130,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "iterations", "prompts_per_iteration", "lora_rank", "max_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    variants = getattr(getattr(adapters, args.model), "VARIANTS", ())
+    if args.tiny_variant is not None and (not args.tiny or args.tiny_variant not in variants):
+        known = f"with --tiny: {', '.join(variants)}" if variants else "none"
+        parser.error(f"--tiny-variant {args.tiny_variant!r}: {args.model}'s variants are {known}")
     if args.eval_every < 0:
         parser.error(f"--eval-every {args.eval_every}: must be at least 0")
     if args.vlm_judge and not args.vlm_model:
@@ -152,13 +166,21 @@ def start_processes(args: argparse.Namespace) -> tuple[int, int, torch.device]:
 def load_pipeline(args: argparse.Namespace) -> Any:
     family = getattr(adapters, args.model)
     if args.tiny:
-        return family.tiny_pipeline(args.seed)
+        variant = {"variant": args.tiny_variant} if args.tiny_variant else {}
+        return family.tiny_pipeline(args.seed, **variant)
     import diffusers
 
-    pipeline_class = getattr(diffusers, adapters.ADAPTERS[adapters.families().index(args.model)].pipelines[0])
-    # Text encoders and VAE in bfloat16 with --dtype bfloat16; the transformer's trained weights are cast back below.
+    # The pipeline class its model_index.json names (FLUX.2 [dev] or [klein], Wan2.1 or Wan2.2 ...). Text encoders
+    # and VAE in bfloat16 with --dtype bfloat16; the transformer's trained weights are cast back below.
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-    return pipeline_class.from_pretrained(args.pretrained, torch_dtype=dtype)
+    pipeline = diffusers.DiffusionPipeline.from_pretrained(args.pretrained, torch_dtype=dtype)
+    adapter = adapters.ADAPTERS[adapters.families().index(args.model)]
+    if not any(cls.__name__ in adapter.pipelines for cls in type(pipeline).__mro__):
+        raise Failure(
+            f"--pretrained {args.pretrained}: a {type(pipeline).__name__}, not a --model {args.model} pipeline "
+            f"({', '.join(adapter.pipelines)})"
+        )
+    return pipeline
 
 
 def read_prompts(path: str) -> tuple[list[str], list[str] | None]:
@@ -198,21 +220,33 @@ def tiny_embeddings(family: str, texts: list[str]) -> tuple[torch.Tensor, torch.
     return torch.stack(context), torch.stack(pooled) if pooled_width else None
 
 
+def runs_cfg(args: argparse.Namespace, pipeline: Any) -> bool:
+    """Whether the family's adapter runs CFG by its guidance scale (--guidance-scale or the adapter's default) with
+    no negative prompt given: SD3, Wan, FLUX.2 [klein] not distilled, where the scale is > 1. (FLUX.1 and FLUX.2
+    [dev] embed their guidance; Qwen-Image runs true CFG only with a negative prompt.)"""
+    if args.model == "flux2":
+        if type(pipeline).__name__ != "Flux2KleinPipeline" or pipeline.config.get("is_distilled", False):
+            return False
+    elif args.model not in ("sd3", "wan"):
+        return False
+    adapter = adapters.ADAPTERS[adapters.families().index(args.model)]
+    default = inspect.signature(adapter.__init__).parameters["guidance_scale"].default
+    return (default if args.guidance_scale is None else args.guidance_scale) > 1
+
+
 def make_adapter(args: argparse.Namespace, pipeline: Any, prompts: list[str], negatives: list[str] | None) -> Any:
     """The family's adapter over every prompt of the file (prompt index p is line p), encoded once."""
     options: dict[str, Any] = {}
     if args.guidance_scale is not None:
         options["true_cfg_scale" if args.model == "qwenimage" else "guidance_scale"] = args.guidance_scale
-    if not args.tiny:
-        return adapters.adapter_for(pipeline, prompts, negative_prompt=negatives, **options)
-    if args.model == "flux" and negatives:  # the adapter's own refusal, in its words
+    cfg = runs_cfg(args, pipeline)
+    if not args.tiny or (negatives and not cfg and args.model != "qwenimage"):  # (the adapter's refusal, its words)
         return adapters.adapter_for(pipeline, prompts, negative_prompt=negatives, **options)
     context, pooled = tiny_embeddings(args.model, prompts)
     options["prompt_embeds"] = context
     if pooled is not None:
         options["pooled_prompt_embeds"] = pooled
-    cfg = {"sd3": options.get("guidance_scale", 7.0) > 1, "wan": options.get("guidance_scale", 5.0) > 1}
-    if negatives or cfg.get(args.model, False):  # sd3 and wan run CFG by default, with "" as the negative prompt
+    if negatives or cfg:  # CFG's default negative prompt is "", as the pipelines'
         negative_context, negative_pooled = tiny_embeddings(args.model, negatives or [""] * len(prompts))
         options["negative_prompt_embeds"] = negative_context
         if negative_pooled is not None:
@@ -230,9 +264,9 @@ def free_text_encoders(pipeline: Any) -> None:
 # --- The reward ---
 
 
-def decode(pipeline: Any, family: str, leaves: torch.Tensor) -> torch.Tensor:
+def decode(adapter: Any, family: str, leaves: torch.Tensor) -> torch.Tensor:
     """Leaves (engine rows) as float32 RGB in [-1, 1]: [N, 3, H, W], or [N, F, 3, H, W] for Wan's videos."""
-    vae = getattr(pipeline, "vae", None)
+    vae = getattr(adapter.pipeline, "vae", None)
     if vae is None:  # a tiny pipeline: the first three latent channels
         rgb = leaves[:, :3].float().clamp(-1, 1)
         return rgb.transpose(1, 2).contiguous() if family == "wan" else rgb
@@ -242,6 +276,8 @@ def decode(pipeline: Any, family: str, leaves: torch.Tensor) -> torch.Tensor:
         if family in ("flux", "sd3"):
             z = z / config.scaling_factor + (config.shift_factor or 0.0)
             return vae.decode(z, return_dict=False)[0].float().clamp(-1, 1)
+        if family == "flux2":  # de-normalized by the VAE's batch norm and unpatchified, as the pipeline does
+            return vae.decode(adapter.vae_latents(z), return_dict=False)[0].float().clamp(-1, 1)
         mean = torch.tensor(config.latents_mean, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
         std = torch.tensor(config.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1, 1)
         z = (z.unsqueeze(2) if family == "qwenimage" else z) * std + mean
@@ -301,7 +337,7 @@ class RemoteReward:
         return self._request("POST", "/score", body, self.timeout)["scores"]
 
 
-def make_reward(args: argparse.Namespace, pipeline: Any, prompts: list[str]) -> Any:
+def make_reward(args: argparse.Namespace, adapter: Any, prompts: list[str]) -> Any:
     """reward(leaves, prompt indices) for the Trainer: decode, then the user's function, the server or the judge."""
     if args.reward_server:
         server = RemoteReward(args.reward_server, args.reward_scorer, "video" if args.model == "wan" else "image")
@@ -314,7 +350,7 @@ def make_reward(args: argparse.Namespace, pipeline: Any, prompts: list[str]) -> 
         function = local_reward(args.reward)
 
     def reward(leaves: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        images = torch.cat([decode(pipeline, args.model, chunk) for chunk in leaves.split(8)])
+        images = torch.cat([decode(adapter, args.model, chunk) for chunk in leaves.split(8)])
         index_list = indices.tolist()
         texts = [prompts[i] for i in index_list]
         if args.reward_server:
@@ -415,15 +451,17 @@ class Evaluation:
         every = self.args.eval_every
         return iteration == 0 or iteration == self.args.iterations or bool(every and iteration % every == 0)
 
-    def __call__(self, iteration: int, velocity: Any, sigmas: list[float], pipeline: Any, reward: Any) -> dict:
-        transformer = pipeline.transformer
-        was_training = transformer.training
-        transformer.eval()
-        noise = self.noise.to(next(transformer.parameters()).device)
+    def __call__(self, iteration: int, velocity: Any, sigmas: list[float], adapter: Any, reward: Any) -> dict:
+        experts = getattr(adapter, "transformers", (adapter.transformer,))
+        was_training = experts[0].training
+        for expert in experts:
+            expert.eval()
+        noise = self.noise.to(next(experts[0].parameters()).device)
         leaves = sample_ode(velocity, noise, sigmas, self.indices, self.args.max_batch)
-        transformer.train(was_training)
+        for expert in experts:
+            expert.train(was_training)
         scores = reward(leaves, torch.tensor(self.indices))
-        images = torch.cat([decode(pipeline, self.args.model, chunk) for chunk in leaves.split(8)])
+        images = torch.cat([decode(adapter, self.args.model, chunk) for chunk in leaves.split(8)])
         self.output.mkdir(parents=True, exist_ok=True)
         grid = image_grid(images)
         (self.output / f"iteration-{iteration:06d}.png").write_bytes(png_bytes(grid))
@@ -543,27 +581,31 @@ def load_checkpoint(args: argparse.Namespace, path: str, transformer: Any, optim
     trainer.load_state_dict(state["trainer"])
 
 
-def save_final(args: argparse.Namespace, pipeline: Any, transformer: torch.nn.Module, output: Path, rank: int) -> Path:
-    """The LoRA in diffusers' format (``load_lora_weights`` loads it), or with --full the transformer's weights and
-    config (``from_pretrained`` loads them). Every rank calls it; rank 0 writes."""
-    weights = full_weights(args, transformer, only_trained=not args.full) if args.fsdp else {}
+def save_final(args: argparse.Namespace, pipeline: Any, experts: list, output: Path, rank: int) -> list[Path]:
+    """Each trained expert's LoRA in diffusers' format (``load_lora_weights`` loads it; Wan2.2 A14B's second with
+    ``load_into_transformer_2=True``): OUTPUT/lora (and lora_2); with --full its weights and config
+    (``from_pretrained`` loads them): OUTPUT/transformer (and transformer_2). Every rank calls it; rank 0 writes."""
+    weights = full_weights(args, experts[0], only_trained=not args.full) if args.fsdp else {}  # one expert
     if rank != 0:
-        return output
-    if args.full:
-        folder = output / "transformer"
-        if not args.fsdp:
-            transformer.save_pretrained(folder)
-            return folder
-        from safetensors.torch import save_file
+        return []
+    folders = []
+    for number, expert in enumerate(experts):
+        suffix = f"_{number + 1}" if number else ""
+        folder = output / (f"transformer{suffix}" if args.full else f"lora{suffix}")
+        if args.full and not args.fsdp:
+            expert.save_pretrained(folder)
+        elif args.full:
+            from safetensors.torch import save_file
 
-        transformer.save_config(folder)
-        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "diffusion_pytorch_model.safetensors")
-        return folder
-    from peft.utils import get_peft_model_state_dict
+            expert.save_config(folder)
+            save_file({k: v.contiguous() for k, v in weights.items()}, folder / "diffusion_pytorch_model.safetensors")
+        else:
+            from peft.utils import get_peft_model_state_dict
 
-    layers = get_peft_model_state_dict(transformer, state_dict=weights or None)
-    type(pipeline).save_lora_weights(output / "lora", transformer_lora_layers=layers)
-    return output / "lora"
+            layers = get_peft_model_state_dict(expert, state_dict=weights or None)
+            type(pipeline).save_lora_weights(folder, transformer_lora_layers=layers)
+        folders.append(folder)
+    return folders
 
 
 # --- The run ---
@@ -583,15 +625,23 @@ def train(args: argparse.Namespace) -> None:
     pipeline.to(device)
     adapter = make_adapter(args, pipeline, prompts, negatives)
     free_text_encoders(pipeline)
-    reward = make_reward(args, pipeline, prompts)
+    reward = make_reward(args, adapter, prompts)
 
-    transformer = pipeline.transformer
+    # The trained transformers: one, or Wan2.2 A14B's two experts (each with its LoRA), as one module.
+    experts = list(getattr(adapter, "transformers", (pipeline.transformer,)))
+    if len(experts) > 1 and args.fsdp:
+        raise Failure(
+            "--fsdp: not with Wan2.2 A14B's two experts (each rank's update calls them in its own order); without "
+            "--fsdp they train on several processes with their gradients summed over the ranks"
+        )
     torch.manual_seed(args.seed)  # the LoRA's initial weights, equal on every rank
-    if args.full:
-        transformer.float().requires_grad_(True)
-    else:
-        add_lora(args, transformer)
-    transformer.train()
+    for expert in experts:
+        if args.full:
+            expert.float().requires_grad_(True)
+        else:
+            add_lora(args, expert)
+        expert.train()
+    transformer = experts[0] if len(experts) == 1 else torch.nn.ModuleDict({"high": experts[0], "low": experts[1]})
     gathered = None
     if args.fsdp:  # sharded in place: the adapters call it as before
         shard(transformer)
@@ -599,12 +649,16 @@ def train(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(trainable(transformer).values(), lr=args.learning_rate)
 
     # The rollout calls the plain transformer (under FSDP2 on gathered weights); the update calls it through DDP
-    # on several processes (under FSDP2 sharded).
+    # on several processes (under FSDP2 sharded). Two experts: both plain, the Trainer sums their gradients over the
+    # ranks after the backward passes (DDP would pair one rank's high-noise pass with another's low-noise one).
     sample_adapter, train_adapter = adapter, copy.copy(adapter)
     train_adapter.gradients = True
-    if size > 1 and not args.fsdp:
+    ddp = size > 1 and not args.fsdp and len(experts) == 1
+    if ddp:
         device_ids = [device.index] if device.type == "cuda" else None
         train_adapter.transformer = DistributedTransformer(transformer, device_ids=device_ids)
+        if hasattr(adapter, "transformers"):  # Wan calls its experts through this tuple
+            train_adapter.transformers = (train_adapter.transformer,)
     sample_velocity = autocast_velocity(sample_adapter.velocity, device, args.dtype)
     train_velocity = autocast_velocity(train_adapter.velocity, device, args.dtype)
     policy = branchgrpo.Policy(
@@ -612,7 +666,7 @@ def train(args: argparse.Namespace) -> None:
         optimizer,
         sample_velocity=sample_velocity,
         parameters=trainable(transformer).values(),
-        gradients="averaged" if size > 1 or args.fsdp else "sum",
+        gradients="averaged" if ddp or args.fsdp else "sum",
         max_grad_norm=args.max_grad_norm,
     )
     latent_shape = (
@@ -660,7 +714,7 @@ def train(args: argparse.Namespace) -> None:
         if gathered:
             gathered.gather()
         if rank == 0:
-            result = evaluation(iteration, sample_velocity, sigmas, pipeline, reward)
+            result = evaluation(iteration, sample_velocity, sigmas, adapter, reward)
             record = {"iteration": iteration, "eval_reward_mean": result["eval_reward_mean"],
                       "eval_rewards": result["eval_rewards"]}  # fmt: skip
             with open(output / "eval.jsonl", "a", encoding="utf-8") as log:
@@ -700,11 +754,11 @@ def train(args: argparse.Namespace) -> None:
                 dist.barrier()
         evaluate(done)
 
-    saved = save_final(args, pipeline, transformer, output, rank)
+    saved = save_final(args, pipeline, experts, output, rank)
     if rank == 0:
         if writer is not None:
             writer.close()
-        print(f"saved {saved}")
+        print(f"saved {', '.join(str(folder) for folder in saved)}")
     if size > 1:
         # DDP's reducer and gloo's threads wind down before the group goes: every rank here, the wrapper
         # released, every rank again, then the group destroyed.

@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from branchgrpo import diffusers as adapters
 from branchgrpo.diffusers import families, flux, sd3
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,11 +52,13 @@ def checkpoint(output: str, iteration: int) -> dict:
     return torch.load(Path(output, "checkpoints", f"iteration-{iteration:06d}.pt"), weights_only=True)
 
 
-def assert_lora_loads(pipeline, folder: Path) -> None:
-    """The saved LoRA loads with ``load_lora_weights`` and holds the trained weights."""
+def assert_lora_loads(pipeline, folder: Path, second_expert: bool = False) -> None:
+    """The saved LoRA loads with ``load_lora_weights`` (Wan2.2 A14B's second expert's into ``transformer_2``) and
+    holds the trained weights."""
     saved = load_file(folder / "pytorch_lora_weights.safetensors")
-    pipeline.load_lora_weights(str(folder))
-    loaded = {n: p for n, p in pipeline.transformer.named_parameters() if "lora" in n}
+    pipeline.load_lora_weights(str(folder), **({"load_into_transformer_2": True} if second_expert else {}))
+    expert = pipeline.transformer_2 if second_expert else pipeline.transformer
+    loaded = {n: p for n, p in expert.named_parameters() if "lora" in n}
     assert len(loaded) == len(saved) > 0
     for key, value in saved.items():
         name = key.removeprefix("transformer.").replace(".weight", ".default_0.weight")
@@ -69,13 +72,26 @@ def test_two_sd3_lora_iterations_and_the_lora_loads(folder: Path) -> None:
     assert_lora_loads(sd3.tiny_pipeline(), folder / "out" / "lora")
 
 
-@pytest.mark.parametrize("model", ["wan", "qwenimage"])
-def test_two_lora_iterations_of_the_other_families(folder: Path, model: str) -> None:
-    extra = ["--num-frames", "5"] if model == "wan" else []
-    rows = run(*extra, model=model)
+@pytest.mark.parametrize(
+    ("model", "variant", "extra"),
+    [
+        ("wan", None, ["--num-frames", "5"]),
+        ("wan", "a14b", ["--guidance-scale", "1"]),  # the two experts, each with its LoRA
+        ("wan", "ti2v", []),
+        ("qwenimage", None, []),
+        ("flux2", None, []),
+        ("flux2", "klein-base", []),  # CFG with the negative prompt ""
+    ],
+)
+def test_two_lora_iterations_of_every_family(folder: Path, model: str, variant: str | None, extra: list) -> None:
+    rows = run(*extra, *(["--tiny-variant", variant] if variant else []), model=model)
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["edges_trained"] == 128 for r in rows)
     assert all(math.isfinite(r["loss"]) for r in rows)
-    assert (folder / "out" / "lora" / "pytorch_lora_weights.safetensors").exists()
+    family = getattr(adapters, model)
+    pipeline = lambda: family.tiny_pipeline(0, **({"variant": variant} if variant else {}))  # noqa: E731
+    assert_lora_loads(pipeline(), folder / "out" / "lora")
+    if variant == "a14b":
+        assert_lora_loads(pipeline(), folder / "out" / "lora_2", second_expert=True)
 
 
 def test_held_out_evaluation_writes_grids_and_tensorboard_scalars(folder: Path) -> None:
@@ -198,6 +214,8 @@ def test_a_remote_reward(folder: Path) -> None:
         ({"--reward": None, "--vlm-judge": "http://127.0.0.1:9", "--vlm-model": "m"}, "--vlm-judge http://127.0.0.1:9"),
         ({"--height": "36"}, "flux: height = 36: must be a positive multiple of 16"),
         ({"--eval-prompts": "missing.txt"}, "--prompts missing.txt: cannot read it"),
+        ({"--tiny-variant": "a14b"}, "--tiny-variant 'a14b': flux's variants are none"),
+        ({"--model": "flux2", "--prompts": "negative.jsonl"}, "flux2: a negative prompt was given, but FLUX.2 [dev]"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_value(folder: Path, capsys, change: dict, message: str) -> None:
