@@ -192,6 +192,22 @@ def test_fsdp2_on_two_gloo_processes_equals_one_and_resumes_exactly(folder: Path
     assert_lora_loads(flux.tiny_pipeline(), folder / "straight" / "lora")
 
 
+def test_wan22_experts_on_two_gloo_processes_equal_one(folder: Path) -> None:
+    """A14B's two experts train unwrapped, their gradients summed over the ranks by the Trainer."""
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2"]
+    options = ["--model", "wan", *SMALL, "--prompts", "prompts.txt", "--tiny-variant", "a14b", "--guidance-scale", "1"]
+    options += ["--iterations", "1", "--prompts-per-iteration", "3"]
+    environment = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": "1"}
+    assert subprocess.run([*torchrun, str(SCRIPT), *options, "--output", "two"], env=environment).returncode == 0
+    train.main([*options, "--output", "one"])
+    one, two = checkpoint("one", 1), checkpoint("two", 1)
+    assert any(name.startswith("low.") for name in one["model"]) and sorted(one["model"]) == sorted(two["model"])
+    for name, value in one["model"].items():
+        assert torch.allclose(value, two["model"][name], rtol=0, atol=1e-6), name
+    with pytest.raises(SystemExit):
+        train.main([*options, "--output", "sharded", "--fsdp"])
+
+
 def test_a_remote_reward(folder: Path) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     import python_flux_side_by_side as side
