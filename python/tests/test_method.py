@@ -60,6 +60,7 @@ def test_overrides_reach_the_rollout_and_the_plan() -> None:
         ({"pruning": {"window": 2}}, ValueError, "pruning.window: unknown key (pruning has: active_fraction, pruners)"),
         ({"rollout": {"shift": 2.0}}, ValueError, "rollout.shift: is rollout()'s argument, not a Method key"),
         ({"objective": {"kind": "nft", "beta": -1.0}}, ValueError, "objective.beta = -1"),
+        ({"objective": {"kind": "dppo", "kl_threshold": 0.0}}, ValueError, "objective.kl_threshold = 0"),
         ({"advantage": {"per_reward": 1}}, TypeError, "advantage.per_reward = 1: must be True or False"),
     ],
 )

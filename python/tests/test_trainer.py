@@ -105,6 +105,17 @@ def test_every_objective_trains_the_torch_model(method, loss, reference) -> None
     assert abs(sum(stats[f"{p}_seconds"] for p in parts) + stats["engine_seconds"] - stats["seconds"]) < 1e-9
 
 
+@pytest.mark.parametrize(("kl_threshold", "masked"), [(1e-30, True), (1e9, False)])
+def test_flow_dppo_masks_second_step_edges_by_the_step_kl(kl_threshold: float, masked: bool) -> None:
+    model = Affine(4)
+    before = model.linear.weight.detach().clone()
+    sections = {**SMALL, "objective": {"kind": "dppo", "kl_threshold": kl_threshold}}
+    trainer = trainer_for(model, "branch", sections=sections, steps=8, updates_per_iteration=2, max_batch=5)
+    stats = trainer.step([0, 1, 2])
+    assert (stats["clip_fraction"] > 0) == masked and stats["clip_fraction"] <= 0.5  # first-step edges: never
+    assert not torch.equal(model.linear.weight, before)
+
+
 def run_iterations(count: int, state: bytes | None = None) -> tuple[torch.nn.Module, bytes]:
     model = Affine(4)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)

@@ -99,7 +99,7 @@ TEST_CASE("method_variant: an override the method cannot take is one line naming
                     "transition's importance ratio, and this objective has none (objective ppo only)");
   CHECK_THROWS_WITH(parse_method_variant("awm:step_weight=noise_std"),
                     "--methods awm:step_weight=noise_std: step_weight = noise_std with objective awm: per-step "
-                    "weights weigh denoising transitions, and this objective trains none (objective ppo only)");
+                    "weights weigh denoising transitions, and this objective trains none (objectives ppo and dppo)");
   CHECK_NOTHROW(parse_method_variant("branch:ratio_norm=on:step_weight=noise_std"));
 }
 

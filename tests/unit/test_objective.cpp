@@ -259,7 +259,8 @@ TEST_CASE("on-policy, NFT (any beta) and AWM with uniform weighting take the sam
 
 TEST_CASE("an any_objective trains as the objective it holds (a run config's [objective])", "[objective]") {
   for (const any_objective& chosen : {any_objective{ppo_ratio{}}, any_objective{diffusion_nft{.beta = 0.5}},
-                                      any_objective{advantage_weighted_matching{.times_per_sample = 2}}}) {
+                                      any_objective{advantage_weighted_matching{.times_per_sample = 2}},
+                                      any_objective{flow_dppo{.kl_threshold = 1e-3}}}) {
     DYNAMIC_SECTION(chosen.name()) {
       std::vector<double> held, visited;
       const auto direct = std::visit(
@@ -271,6 +272,50 @@ TEST_CASE("an any_objective trains as the objective it holds (a run config's [ob
       CHECK(direct[1].loss == through[1].loss);
     }
   }
+}
+
+TEST_CASE("Flow-DPPO's edge term: the worked examples of dppo_edge_loss", "[objective][dppo]") {
+  const double ln2 = std::log(2.0);
+  // kl past the bound and the ratio (2) moved with the advantage (+1): masked.
+  const dppo_edge cut = dppo_edge_loss(ln2, 0.0, 0.1, 1.0, 0.01);
+  CHECK((cut.masked && cut.loss == 0.0 && cut.loss_gradient == 0.0));
+  // Inside the trust region: -A ratio = -2, its derivative in the log-prob the same.
+  const dppo_edge inside = dppo_edge_loss(ln2, 0.0, 0.001, 1.0, 0.01);
+  CHECK((!inside.masked && inside.loss == Approx(-2.0).epsilon(1e-15) && inside.loss_gradient == inside.loss));
+  // Past the bound but against the advantage: kept, -(-1) 2 = 2.
+  const dppo_edge against = dppo_edge_loss(ln2, 0.0, 0.1, -1.0, 0.01);
+  CHECK((!against.masked && against.loss == Approx(2.0).epsilon(1e-15)));
+  // Ratio below 1 with a negative advantage past the bound: masked; ratio exactly 1: never; kl at the bound counts.
+  CHECK(dppo_edge_loss(-ln2, 0.0, 0.5, -1.0, 0.01).masked);
+  CHECK(!dppo_edge_loss(0.3, 0.3, 1e9, 1.0, 0.01).masked);
+  CHECK(dppo_edge_loss(ln2, 0.0, 0.01, 1.0, 0.01).masked);
+  CHECK(!dppo_edge_loss(ln2, 0.0, 0.0099, 1.0, 0.01).masked);
+}
+
+TEST_CASE("Flow-DPPO's first optimizer step is PPO's; later steps are masked by the step KL", "[objective][dppo]") {
+  // One optimizer step: the policy is the rollout's, every ratio 1 and KL 0, and PPO's clipped term has PPO's
+  // unclipped gradient -A there: the same parameters, bit for bit, and the same evaluations.
+  std::vector<double> ppo, dppo;
+  const auto ppo_stats = train_toy(with_objective(branch_method(), ppo_ratio{}), 1, 64, 1, &ppo);
+  const auto dppo_stats = train_toy(with_objective(branch_method(), flow_dppo{}), 1, 64, 1, &dppo);
+  CHECK(ppo == dppo);
+  CHECK(dppo_stats[0].update_evaluations == ppo_stats[0].update_evaluations);
+  CHECK(dppo_stats[0].clip_fraction == 0.0);
+  // Two optimizer steps: the second step's edges get two forwards more each (the old and the current means). A
+  // bound no KL reaches masks nothing; a bound of 1e-30 masks every second-step edge whose ratio moved with its
+  // advantage, and the parameters differ.
+  std::vector<double> open_region, tight_region;
+  const auto open_stats =
+      train_toy(with_objective(branch_method(), flow_dppo{.kl_threshold = 1e9}), 1, 64, 2, &open_region);
+  const auto tight_stats =
+      train_toy(with_objective(branch_method(), flow_dppo{.kl_threshold = 1e-30}), 1, 64, 2, &tight_region);
+  const std::int64_t edges = open_stats[0].edges_trained;
+  const auto second_step = edges - static_cast<std::int64_t>(update_group_ends(edges, 2).front());
+  CHECK(open_stats[0].update_evaluations == edges + 2 * second_step);
+  CHECK(open_stats[0].clip_fraction == 0.0);
+  CHECK(tight_stats[0].clip_fraction > 0.05);
+  CHECK(tight_stats[0].clip_fraction <= 0.5);  // first-step edges are never masked
+  CHECK(open_region != tight_region);
 }
 
 TEST_CASE("intermediate nodes add the trees' internal split nodes, one row each", "[objective]") {

@@ -508,7 +508,7 @@ TEST_CASE("[objective] chooses the update's objective; a transition option besid
         "run.toml: objective.times_per_sample = 0: must be in [1, 256]");
   CHECK(error_of("[objective]\nkind = \"awm\"\nclip_range = 1\n") ==
         "run.toml: objective.clip_range = 1: must be in (0, 1)");
-  CHECK(error_of("[objective]\nkind = \"dpo\"\n") == "run.toml: objective.kind = 'dpo': must be ppo, awm or nft");
+  CHECK(error_of("[objective]\nkind = \"dpo\"\n") == "run.toml: objective.kind = 'dpo': must be ppo, awm, nft or dppo");
   CHECK(error_of("[objective]\nkind = \"ppo\"\nbeta = 1\n") ==
         "run.toml: objective.beta = 1: is not used by objective.kind = \"ppo\"");
   CHECK(error_of("[objective]\nkind = \"nft\"\n[loss]\nratio_norm = true\n") ==
@@ -516,10 +516,15 @@ TEST_CASE("[objective] chooses the update's objective; a transition option besid
         "importance ratio, and this objective has none (objective ppo only)");
   CHECK(error_of("[objective]\nkind = \"awm\"\n[loss]\nkl_beta = 0.1\n") ==
         "run.toml: loss.kl_beta = 0.1 with objective.kind = \"awm\": the KL term is defined on transition log-probs "
-        "(objective ppo only)");
+        "(objectives ppo and dppo)");
   CHECK(error_of("[objective]\nkind = \"awm\"\n[loss]\nstep_weight = \"noise_std\"\n") ==
         "run.toml: loss.step_weight = \"noise_std\" with objective.kind = \"awm\": per-step weights weigh denoising "
-        "transitions, and this objective trains none (objective ppo only)");
+        "transitions, and this objective trains none (objectives ppo and dppo)");
+  CHECK(error_of("[objective]\nkind = \"dppo\"\nkl_threshold = 0\n") ==
+        "run.toml: objective.kl_threshold = 0: must be positive");
+  CHECK(error_of("[objective]\nkind = \"dppo\"\n[loss]\nratio_norm = true\n") ==
+        "run.toml: loss.ratio_norm = true with objective.kind = \"dppo\": RatioNorm normalizes the ratio PPO clips, "
+        "and this objective bounds the step KL instead (objective ppo only)");
 }
 
 TEST_CASE("method_recipe mirrors with_method") {

@@ -8,6 +8,9 @@
 //                                samples (loss/advantage_weighted_matching.hpp).
 //   diffusion_nft                DiffusionNFT (arXiv 2509.16117): implicit positive / negative velocities on the
 //                                samples (loss/diffusion_nft.hpp).
+//   flow_dppo                    Flow-DPPO (arXiv 2606.11025): the unclipped ratio of transition log-probs, masked
+//                                by a trust region on the step Gaussians' KL (loss/flow_dppo.hpp). Use it where PPO's
+//                                clip stalls edges whose Gaussians barely moved.
 // The two decoupled objectives need no transition log-prob (loss/matching.hpp): any sampler may make the samples.
 //
 // To add an objective: a header with a ListedPolicy struct (name, summary, parameters()), trains_transitions, and
@@ -23,6 +26,7 @@
 #include "branchgrpo/core/policy_list.hpp"
 #include "branchgrpo/loss/advantage_weighted_matching.hpp"
 #include "branchgrpo/loss/diffusion_nft.hpp"
+#include "branchgrpo/loss/flow_dppo.hpp"
 #include "branchgrpo/loss/matching.hpp"
 #include "branchgrpo/loss/ppo.hpp"
 #include "branchgrpo/loss/ppo_ratio.hpp"
@@ -30,7 +34,7 @@
 
 namespace branchgrpo {
 
-using objective_policies = policy_list<"objective", ppo_ratio, advantage_weighted_matching, diffusion_nft>;
+using objective_policies = policy_list<"objective", ppo_ratio, advantage_weighted_matching, diffusion_nft, flow_dppo>;
 
 /// One of the objectives, chosen at run time (a run config's [objective] table). train_iteration visits it once per
 /// iteration and runs the held objective's update. Default: ppo_ratio.
@@ -63,33 +67,42 @@ concept Objective = ObjectivePolicy<O> || detail::is_objective_choice<O>::value;
 enum class option_spelling { cpp, config };
 
 /// Why `loss` cannot go with `objective`, in one line, or "" when it can: the KL term, RatioNorm and the per-step
-/// weights act on a transition's log-prob, which an objective that trains no transition has not. The one rule, for
+/// weights act on a transition's log-prob, which an objective that trains no transition has not; RatioNorm also
+/// needs a clipped ratio (an objective with clips_ratio = false has none). The one rule, for
 /// train_iteration, the run config and compare's --methods.
 /// Example: (diffusion_nft{}, {.ratio_norm = true}, cpp) -> "ratio_norm = on with objective nft: RatioNorm
 ///   normalizes a transition's importance ratio, and this objective has none (objective ppo only)";
-///   (ppo_ratio{}, anything) -> "".
+///   (flow_dppo{}, {.ratio_norm = true}, cpp) -> "ratio_norm = on with objective dppo: RatioNorm normalizes the ratio
+///   PPO clips, and this objective bounds the step KL instead (objective ppo only)"; (ppo_ratio{}, anything) -> "".
 template <Objective O>
 std::string transition_option_conflict(const O& objective, const ppo_options& loss, option_spelling spelling) {
   if constexpr (!ObjectivePolicy<O>) {
     return std::visit([&](const auto& held) { return transition_option_conflict(held, loss, spelling); },
                       objective.policy);
   } else {
-    if constexpr (O::trains_transitions) return {};
     const bool config = spelling == option_spelling::config;
     const std::string key = config ? "loss." : "";
     const std::string with = config ? " with objective.kind = \"" + std::string(O::name) + "\": "
                                     : " with objective " + std::string(O::name) + ": ";
     std::ostringstream out;
+    if constexpr (O::trains_transitions) {
+      if constexpr (requires { O::clips_ratio; })
+        if (!O::clips_ratio && loss.ratio_norm)
+          out << key << "ratio_norm = " << (config ? "true" : "on") << with
+              << "RatioNorm normalizes the ratio PPO clips, and this objective bounds the step KL instead "
+                 "(objective ppo only)";
+      return out.str();
+    }
     if (loss.kl_beta != 0.0)
       out << key << "kl_beta = " << loss.kl_beta << with
-          << "the KL term is defined on transition log-probs (objective ppo only)";
+          << "the KL term is defined on transition log-probs (objectives ppo and dppo)";
     else if (loss.ratio_norm)
       out << key << "ratio_norm = " << (config ? "true" : "on") << with
           << "RatioNorm normalizes a transition's importance ratio, and this objective has none (objective ppo only)";
     else if (loss.step_weight != step_weighting::none)
       out << key << "step_weight = " << (config ? "\"" : "") << step_weighting_name(loss.step_weight)
           << (config ? "\"" : "") << with
-          << "per-step weights weigh denoising transitions, and this objective trains none (objective ppo only)";
+          << "per-step weights weigh denoising transitions, and this objective trains none (objectives ppo and dppo)";
     return out.str();
   }
 }

@@ -11,6 +11,7 @@
 // normalized ratio instead, at 3 more evaluations per edge after the first step.
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,16 +31,63 @@ namespace branchgrpo {
 
 namespace detail {
 
+/// One trained edge's term of a transition objective: its loss, d loss / d log-prob, and whether the rule cut it
+/// (a clip, a mask: counted in the report's clip_fraction).
+struct edge_term {
+  double loss = 0;
+  double loss_gradient = 0;
+  bool cut = false;
+};
+
+/// An edge rule of the transition update below: what one trained edge contributes, given its log-prob under the
+/// current and the old (rollout) policy, the mean gap b = mean (mu - mu_old)^2 / (2 std^2) between the two policies'
+/// transition Gaussians (0 unless needs_mean_gap), its advantage and its std.
+///   needs_mean_gap(loss)    whether b is computed (the old means kept, one forward per edge after the first step)
+///   gap_has_gradient(loss)  whether the loss depends on the current mean through b (one more accumulate per edge)
+///   term(...)               the edge_term
+template <class R>
+concept TransitionEdgeRule = requires(const R& rule, const ppo_options& loss, double log_prob, double old_log_prob,
+                                      double mean_gap, double advantage, double edge_std) {
+  { rule.needs_mean_gap(loss) } -> std::same_as<bool>;
+  { rule.gap_has_gradient(loss) } -> std::same_as<bool>;
+  { rule.term(log_prob, old_log_prob, mean_gap, advantage, edge_std, loss) } -> std::same_as<edge_term>;
+};
+
+/// ppo_ratio's rule: the PPO-clipped ratio, with GRPO-Guard's RatioNorm when loss.ratio_norm.
+struct ppo_clip_rule {
+  [[nodiscard]] bool needs_mean_gap(const ppo_options& loss) const { return loss.ratio_norm; }
+  [[nodiscard]] bool gap_has_gradient(const ppo_options& loss) const { return loss.ratio_norm; }
+  [[nodiscard]] edge_term term(double log_prob, double old_log_prob, double mean_gap, double advantage, double edge_std,
+                               const ppo_options& loss) const {
+    const double clip_range = loss.clip_range;
+    edge_term out;
+    double log_ratio = 0;
+    if (loss.ratio_norm) {
+      log_ratio = ratio_norm_log_ratio(log_prob, old_log_prob, mean_gap, edge_std);
+      out.loss = ppo_clipped_loss(log_ratio, 0.0, advantage, clip_range);
+      out.loss_gradient = ratio_norm_loss_gradient(log_prob, old_log_prob, mean_gap, advantage, clip_range, edge_std);
+    } else {
+      log_ratio = log_prob - old_log_prob;
+      out.loss = ppo_clipped_loss(log_prob, old_log_prob, advantage, clip_range);
+      out.loss_gradient = ppo_clipped_loss_gradient(log_prob, old_log_prob, advantage, clip_range);
+    }
+    out.cut = std::abs(std::exp(log_ratio) - 1.0) > clip_range;
+    return out;
+  }
+};
+
 // The update of the trained edges `trained` (nodes of this rank's forest, in the global update order) with the
-// advantage of each node in `advantage`; `per_edge` is 1 / (trained edges of all ranks).
-template <Backend B, Policy<B> Model, Stepper S, Communicator Comm>
-class ppo_edges_update {
+// advantage of each node in `advantage` by the edge rule `rule`; `per_edge` is 1 / (trained edges of all ranks).
+template <TransitionEdgeRule Rule, Backend B, Policy<B> Model, Stepper S, Communicator Comm>
+class transition_edges_update {
  public:
   using tensor = typename B::tensor;
 
-  ppo_edges_update(Model& policy, const update_input<B, S>& input, std::span<const std::int32_t> trained,
-                   std::span<const double> advantage, double per_edge, Comm& communicator)
-      : policy_(policy),
+  transition_edges_update(const Rule& rule, Model& policy, const update_input<B, S>& input,
+                          std::span<const std::int32_t> trained, std::span<const double> advantage, double per_edge,
+                          Comm& communicator)
+      : rule_(rule),
+        policy_(policy),
         in_(input),
         trained_(trained),
         advantage_(advantage),
@@ -52,10 +100,11 @@ class ppo_edges_update {
       return full.step(full.parent(trained_[row])) == full.step(full.parent(trained_[first]));
     });
     step_weight_ = step_weights();
-    if (in_.options.loss.ratio_norm) old_means_ = old_means(groups);
+    if (rule_.needs_mean_gap(in_.options.loss)) old_means_ = old_means(groups);
     const bool with_kl = ReferencePolicy<Model, B> && in_.options.loss.kl_beta > 0.0;
+    const bool gap_gradient = rule_.gap_has_gradient(in_.options.loss);
     const auto calls_per_chunk = [&](std::size_t group) {
-      return 1.0 + (with_kl ? 1.0 : 0.0) + (in_.options.loss.ratio_norm && group > 0 ? 1.0 : 0.0);
+      return 1.0 + (with_kl ? 1.0 : 0.0) + (gap_gradient && group > 0 ? 1.0 : 0.0);
     };
     std::size_t chunk_index = 0;
     run_optimizer_steps(policy_, communicator_, groups, calls_per_chunk,
@@ -96,7 +145,7 @@ class ppo_edges_update {
     return step_loss_weights(kind, in_.schedule, step_noise);
   }
 
-  // RatioNorm needs the old (rollout) policy's mean of every edge trained after the first optimizer step. Before
+  // The mean gap needs the old (rollout) policy's mean of every edge trained after the first optimizer step. Before
   // that step the parameters are the rollout's, so the old means are the policy's own: computed here, one forward
   // pass per such edge, and kept (one latent per edge) until their step. The first step needs none: its ratio is
   // exactly 1 and its mean gap 0. Indexed by chunk, empty for the first step's chunks.
@@ -110,22 +159,12 @@ class ppo_edges_update {
     return means;
   }
 
-  // The PPO loss of one edge and d loss / d log-prob, with RatioNorm's normalized ratio when on; counts a clip.
+  // The rule's loss of one edge and d loss / d log-prob; counts a cut edge.
   std::pair<double, double> edge_loss_and_gradient(double log_prob, double old_log_prob, double mean_gap,
                                                    double advantage, double edge_std) {
-    const double clip_range = in_.options.loss.clip_range;
-    double loss = 0, loss_gradient = 0, log_ratio = 0;
-    if (in_.options.loss.ratio_norm) {
-      log_ratio = ratio_norm_log_ratio(log_prob, old_log_prob, mean_gap, edge_std);
-      loss = ppo_clipped_loss(log_ratio, 0.0, advantage, clip_range);
-      loss_gradient = ratio_norm_loss_gradient(log_prob, old_log_prob, mean_gap, advantage, clip_range, edge_std);
-    } else {
-      log_ratio = log_prob - old_log_prob;
-      loss = ppo_clipped_loss(log_prob, old_log_prob, advantage, clip_range);
-      loss_gradient = ppo_clipped_loss_gradient(log_prob, old_log_prob, advantage, clip_range);
-    }
-    if (std::abs(std::exp(log_ratio) - 1.0) > clip_range) ++sums_.clipped;
-    return {loss, loss_gradient};
+    const edge_term term = rule_.term(log_prob, old_log_prob, mean_gap, advantage, edge_std, in_.options.loss);
+    if (term.cut) ++sums_.clipped;
+    return {term.loss, term.loss_gradient};
   }
 
   // The rows' weights d loss / d log-prob of one chunk, given the policy's log-probs; adds their losses.
@@ -157,10 +196,11 @@ class ppo_edges_update {
     return weights;
   }
 
-  // One chunk's accumulate calls: the PPO term, RatioNorm's mean gap after the first step, the KL term.
+  // One chunk's accumulate calls: the rule's term, the mean gap's gradient after the first step (RatioNorm), the KL
+  // term.
   void accumulate(const row_chunk& chunk, std::size_t group, std::size_t chunk_index) {
     const bool first_group = group == 0;
-    const bool with_mean_gap = in_.options.loss.ratio_norm && !first_group;
+    const bool with_mean_gap = rule_.needs_mean_gap(in_.options.loss) && !first_group;
     const edge_batch<tensor> edges = edges_of(chunk);
     // RatioNorm's mean gap b = mean (mu - mu_old)^2 / (2 std^2) per row, from the log-density of the old mean
     // under the current one (kl_from_log_prob_at_reference); 0 in the first step.
@@ -178,7 +218,7 @@ class ppo_edges_update {
                          return weights;
                        }));
     sums_.evaluations += static_cast<std::int64_t>(chunk.size());
-    if (with_mean_gap) {
+    if (with_mean_gap && rule_.gap_has_gradient(in_.options.loss)) {
       // The gap's gradient: b = -log p(mu_old) + const, so the rows' log-probs at mu_old get minus the weights.
       edge_batch<tensor> at_old_mean = edges;
       at_old_mean.next = old_means_.at(chunk_index);
@@ -199,6 +239,7 @@ class ppo_edges_update {
       }
   }
 
+  Rule rule_;
   Model& policy_;
   const update_input<B, S>& in_;
   std::span<const std::int32_t> trained_;
@@ -209,6 +250,27 @@ class ppo_edges_update {
   std::vector<tensor> old_means_ = {};
   update_sums sums_ = {};
 };
+
+/// A transition objective's update with the edge rule `rule`: this rank's share of the trained edges
+/// (input.credit.trained, in step order), the report of all ranks (ppo_ratio and flow_dppo).
+template <TransitionEdgeRule Rule, Backend B, Policy<B> Model, Stepper S, Communicator Comm>
+update_report update_transitions(const Rule& rule, Model& policy, const update_input<B, S>& input, Comm& communicator) {
+  const std::vector<std::int32_t>& all = input.credit.trained;
+  if (all.empty()) return {};  // every edge pruned: no step (the same on every rank)
+  const auto edges = static_cast<std::int64_t>(all.size());
+  const std::vector<std::size_t> global_ends = update_group_ends(edges, input.options.updates_per_iteration);
+  const rank_rows<std::int32_t> mine =
+      rows_of_rank(std::span<const std::int32_t>(all), std::span<const std::size_t>(global_ends), input.first_node(),
+                   input.end_node(), [](std::int32_t& node) -> std::int32_t& { return node; });
+  const std::span<const double> advantage =
+      std::span<const double>(input.credit.edge_advantage)
+          .subspan(static_cast<std::size_t>(input.first_node()),
+                   static_cast<std::size_t>(input.end_node() - input.first_node()));
+  const double per_edge = 1.0 / static_cast<double>(edges);
+  transition_edges_update<Rule, B, Model, S, Comm> update(rule, policy, input, mine.rows, advantage, per_edge,
+                                                          communicator);
+  return finish_update(communicator, update.run(mine.group_ends), per_edge, edges);
+}
 
 }  // namespace detail
 
@@ -229,20 +291,7 @@ struct ppo_ratio {
   ///       edge); report.rows == trained edges.
   template <Backend B, Policy<B> Model, Stepper S, Communicator Comm>
   update_report update(Model& policy, const update_input<B, S>& input, Comm& communicator) const {
-    const std::vector<std::int32_t>& all = input.credit.trained;
-    if (all.empty()) return {};  // every edge pruned: no step (the same on every rank)
-    const auto edges = static_cast<std::int64_t>(all.size());
-    const std::vector<std::size_t> global_ends = update_group_ends(edges, input.options.updates_per_iteration);
-    const rank_rows<std::int32_t> mine =
-        rows_of_rank(std::span<const std::int32_t>(all), std::span<const std::size_t>(global_ends), input.first_node(),
-                     input.end_node(), [](std::int32_t& node) -> std::int32_t& { return node; });
-    const std::span<const double> advantage =
-        std::span<const double>(input.credit.edge_advantage)
-            .subspan(static_cast<std::size_t>(input.first_node()),
-                     static_cast<std::size_t>(input.end_node() - input.first_node()));
-    const double per_edge = 1.0 / static_cast<double>(edges);
-    detail::ppo_edges_update<B, Model, S, Comm> update(policy, input, mine.rows, advantage, per_edge, communicator);
-    return finish_update(communicator, update.run(mine.group_ends), per_edge, edges);
+    return detail::update_transitions(detail::ppo_clip_rule{}, policy, input, communicator);
   }
 };
 
