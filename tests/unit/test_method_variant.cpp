@@ -19,8 +19,9 @@ namespace bg = branchgrpo;
 
 TEST_CASE("method_variant: the table's keys, in the order messages list them", "[method_variant]") {
   constexpr auto keys = override_keys();
-  CHECK(bg::name_list(keys) ==
-        "scope, s, fusion, stepper, updates, lr, ratio_norm, step_weight, intermediate, ode_stride or solver");
+  CHECK(
+      bg::name_list(keys) ==
+      "scope, s, fusion, stepper, objective, updates, lr, ratio_norm, step_weight, intermediate, ode_stride or solver");
 }
 
 TEST_CASE("method_variant: parsing fills the fields the keys name", "[method_variant]") {
@@ -41,18 +42,20 @@ TEST_CASE("method_variant: parsing fills the fields the keys name", "[method_var
 }
 
 TEST_CASE("method_variant: one line naming the entry for a bad key or value", "[method_variant]") {
-  CHECK_THROWS_WITH(parse_method_variant("branch:eta=1"),
-                    "--methods: unknown key 'eta' in 'branch:eta=1' (expected scope, s, fusion, stepper, updates, lr, "
-                    "ratio_norm, step_weight, intermediate, ode_stride or solver)");
+  CHECK_THROWS_WITH(
+      parse_method_variant("branch:eta=1"),
+      "--methods: unknown key 'eta' in 'branch:eta=1' (expected scope, s, fusion, stepper, objective, updates, lr, "
+      "ratio_norm, step_weight, intermediate, ode_stride or solver)");
   CHECK_THROWS_WITH(parse_method_variant("branch:s=1:s=2"), "--methods: 's' is set twice in 'branch:s=1:s=2'");
   CHECK_THROWS_WITH(parse_method_variant("branch:scope=per_node"),
                     "--methods branch:scope=per_node: scope = per_node: must be per_tree, per_batch, pooled or "
                     "leaf_scaled");
   CHECK_THROWS_WITH(parse_method_variant("branch-mix:solver=heun"),
                     "--methods branch-mix:solver=heun: solver = heun: must be euler or dpm_solver_2m");
-  CHECK_THROWS_WITH(parse_method_variant("branch:foo"),
-                    "--methods: 'foo' in 'branch:foo' is not key=value (keys: scope, s, fusion, stepper, updates, lr, "
-                    "ratio_norm, step_weight, intermediate, ode_stride, solver)");
+  CHECK_THROWS_WITH(
+      parse_method_variant("branch:foo"),
+      "--methods: 'foo' in 'branch:foo' is not key=value (keys: scope, s, fusion, stepper, objective, updates, lr, "
+      "ratio_norm, step_weight, intermediate, ode_stride, solver)");
 }
 
 TEST_CASE("method_variant: the toy's run holds the method's recipe with the overrides applied", "[method_variant]") {
@@ -101,6 +104,17 @@ TEST_CASE("method_variant: an override the method cannot take is one line naming
                     "--methods awm:step_weight=noise_std: step_weight = noise_std with objective awm: per-step "
                     "weights weigh denoising transitions, and this objective trains none (objectives ppo and dppo)");
   CHECK_NOTHROW(parse_method_variant("branch:ratio_norm=on:step_weight=noise_std"));
+  // Another objective: its own rules (RatioNorm is the clip's, and Flow-DPPO has none).
+  CHECK_NOTHROW(parse_method_variant("branch:objective=dppo:step_weight=noise_std"));
+  CHECK_THROWS_WITH(parse_method_variant("branch:objective=dppo:ratio_norm=on"),
+                    "--methods branch:objective=dppo:ratio_norm=on: ratio_norm = on with objective dppo: RatioNorm "
+                    "normalizes the ratio PPO clips, and this objective bounds the step KL instead (objective ppo "
+                    "only)");
+  CHECK_THROWS_WITH(parse_method_variant("branch:objective=grpo"),
+                    "unknown objective 'grpo' (expected ppo, awm, nft or dppo)");
+  const auto dppo = make_variant_run(parse_method_variant("branch:objective=dppo:updates=2"), 0.1);
+  CHECK(dppo.recipe.objective.name() == "dppo");
+  CHECK(dppo.updates == 2);
 }
 
 TEST_CASE("method_variant: the table applies to any view of a run's components and settings", "[method_variant]") {

@@ -10,6 +10,7 @@
 //   s             a number in [0, 1000]                         correlated sibling noise's s
 //   fusion        a fusion policy's name (fusion/catalog.hpp)   the fusion, with its default parameters
 //   stepper       a stepper policy's name                       the stepper, with its default parameters
+//   objective     an objective's name (loss/objective.hpp)      the objective, with its default parameters
 //   updates       an integer in [1, 1000]                       optimizer steps per iteration
 //   lr            a number in (0, 1]                            the optimizer's learning rate
 //   ratio_norm    on | off                                      ppo_options::ratio_norm (GRPO-Guard's RatioNorm)
@@ -55,7 +56,8 @@ struct method_overrides {
   std::optional<normalization_scope> scope = {};
   std::optional<double> correlation_s = {};
   std::optional<std::string> fusion = {};
-  std::optional<std::string> stepper = {};  ///< a stepper policy's name (its default parameters)
+  std::optional<std::string> stepper = {};    ///< a stepper policy's name (its default parameters)
+  std::optional<std::string> objective = {};  ///< an objective's name (its default parameters)
   std::optional<int> updates = {};
   std::optional<double> lr = {};
   std::optional<bool> ratio_norm = {};
@@ -190,6 +192,11 @@ inline constexpr auto override_table = std::tuple{
         .key = "stepper", .field = &method_overrides::stepper, .read = detail::policy_name<stepper_policies>,
         .apply = [](const std::string& value, const override_target& run, const override_owner&) {
           run.stepper.policy = make_policy<stepper_policies>(value);
+        }},
+    override_row<std::string>{
+        .key = "objective", .field = &method_overrides::objective, .read = detail::policy_name<objective_policies>,
+        .apply = [](const std::string& value, const override_target& run, const override_owner&) {
+          run.objective.policy = make_policy<objective_policies>(value);
         }},
     override_row<int>{
         .key = "updates", .field = &method_overrides::updates,

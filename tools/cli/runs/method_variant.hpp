@@ -10,6 +10,7 @@
 //   branch:s=1                    correlated siblings with s = 1 (correlation 1 / (1 + s^2) = 0.5)
 //   branch:fusion=path_softmax    another fusion weighting (fusion/catalog.hpp)
 //   branch:stepper=cps            another stepper, with its default parameters (schedule/stepper_catalog.hpp)
+//   branch:objective=dppo         another objective, with its default parameters (loss/objective.hpp)
 //   dance:updates=4               4 optimizer steps per iteration (the trained edges split in 4 groups)
 //   branch:lr=0.05                another learning rate (the toy's Adam, the shapes model's AdamW)
 //   branch:ratio_norm=on          GRPO-Guard's RatioNorm of the importance ratio (ppo_options::ratio_norm)
@@ -83,7 +84,8 @@ inline method_variant parse_method_variant(std::string_view entry) {
       fail("--methods: unknown key '", key, "' in '", entry, "' (expected ", name_list(override_keys()), ")");
   }
   // The loss options that act on a transition, beside an objective that trains none: the trainer's one rule.
-  const any_objective objective = with_method(out.method, [](auto r) { return any_objective{r.objective}; });
+  any_objective objective = with_method(out.method, [](auto r) { return any_objective{r.objective}; });
+  if (out.objective) objective.policy = make_policy<objective_policies>(*out.objective);
   const std::string conflict =
       transition_option_conflict(objective,
                                  ppo_options{.ratio_norm = out.ratio_norm.value_or(false),
