@@ -337,8 +337,14 @@ class RemoteReward:
         return self._request("POST", "/score", body, self.timeout)["scores"]
 
 
-def make_reward(args: argparse.Namespace, adapter: Any, prompts: list[str]) -> Any:
-    """reward(leaves, prompt indices) for the Trainer: decode, then the user's function, the server or the judge."""
+def decode_all(adapter: Any, family: str, leaves: torch.Tensor) -> torch.Tensor:
+    """``decode`` in chunks of 8 leaves (the VAE's memory)."""
+    return torch.cat([decode(adapter, family, chunk) for chunk in leaves.split(8)])
+
+
+def make_reward(args: argparse.Namespace, adapter: Any, prompts: list[str]) -> tuple[Any, Any]:
+    """reward(leaves, prompt indices) for the Trainer (decode, then score), and score(images, prompt indices): the
+    user's function, the server or the judge on decoded images."""
     if args.reward_server:
         server = RemoteReward(args.reward_server, args.reward_scorer, "video" if args.model == "wan" else "image")
     elif args.vlm_judge:
@@ -349,9 +355,7 @@ def make_reward(args: argparse.Namespace, adapter: Any, prompts: list[str]) -> A
     else:
         function = local_reward(args.reward)
 
-    def reward(leaves: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        images = torch.cat([decode(adapter, args.model, chunk) for chunk in leaves.split(8)])
-        index_list = indices.tolist()
+    def score(images: torch.Tensor, index_list: list[int]) -> torch.Tensor:
         texts = [prompts[i] for i in index_list]
         if args.reward_server:
             scores = server(images, texts, index_list)
@@ -359,7 +363,10 @@ def make_reward(args: argparse.Namespace, adapter: Any, prompts: list[str]) -> A
             scores = judge(images, texts) if args.vlm_judge else function(images, texts)
         return torch.as_tensor(scores, dtype=torch.float64).flatten().cpu()
 
-    return reward
+    def reward(leaves: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return score(decode_all(adapter, args.model, leaves), indices.tolist())
+
+    return reward, score
 
 
 # --- The trainable weights ---
@@ -451,7 +458,7 @@ class Evaluation:
         every = self.args.eval_every
         return iteration == 0 or iteration == self.args.iterations or bool(every and iteration % every == 0)
 
-    def __call__(self, iteration: int, velocity: Any, sigmas: list[float], adapter: Any, reward: Any) -> dict:
+    def __call__(self, iteration: int, velocity: Any, sigmas: list[float], adapter: Any, score: Any) -> dict:
         experts = getattr(adapter, "transformers", (adapter.transformer,))
         was_training = experts[0].training
         for expert in experts:
@@ -460,8 +467,8 @@ class Evaluation:
         leaves = sample_ode(velocity, noise, sigmas, self.indices, self.args.max_batch)
         for expert in experts:
             expert.train(was_training)
-        scores = reward(leaves, torch.tensor(self.indices))
-        images = torch.cat([decode(adapter, self.args.model, chunk) for chunk in leaves.split(8)])
+        images = decode_all(adapter, self.args.model, leaves)  # once: scored and tiled
+        scores = score(images, self.indices)
         self.output.mkdir(parents=True, exist_ok=True)
         grid = image_grid(images)
         (self.output / f"iteration-{iteration:06d}.png").write_bytes(png_bytes(grid))
@@ -625,7 +632,7 @@ def train(args: argparse.Namespace) -> None:
     pipeline.to(device)
     adapter = make_adapter(args, pipeline, prompts, negatives)
     free_text_encoders(pipeline)
-    reward = make_reward(args, adapter, prompts)
+    reward, score = make_reward(args, adapter, prompts)
 
     # The trained transformers: one, or Wan2.2 A14B's two experts (each with its LoRA), as one module.
     experts = list(getattr(adapter, "transformers", (pipeline.transformer,)))
@@ -714,7 +721,7 @@ def train(args: argparse.Namespace) -> None:
         if gathered:
             gathered.gather()
         if rank == 0:
-            result = evaluation(iteration, sample_velocity, sigmas, adapter, reward)
+            result = evaluation(iteration, sample_velocity, sigmas, adapter, score)
             record = {"iteration": iteration, "eval_reward_mean": result["eval_reward_mean"],
                       "eval_rewards": result["eval_rewards"]}  # fmt: skip
             with open(output / "eval.jsonl", "a", encoding="utf-8") as log:

@@ -230,7 +230,7 @@ class Flux2Adapter(Adapter):
         factor = self.pipeline.vae_scale_factor
         why = f"the VAE's factor {factor} times the 2 x 2 patchify"
         height, width = self._check_resolution(height, width, 2 * factor, why)
-        return [self.transformer.config.in_channels // 4 * 4, height // (2 * factor), width // (2 * factor)]
+        return [self.transformer.config.in_channels, height // (2 * factor), width // (2 * factor)]
 
     def sigmas(self, steps: int, height: int, width: int) -> list[float]:
         """The pipeline's schedule: ``linspace(1, 1/steps, steps)`` through its scheduler with mu =
