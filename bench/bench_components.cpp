@@ -1,11 +1,12 @@
 // Micro-benchmarks of every component family on the host (docs/performance.md):
-//   topology build, each noise correlator, each fusion, each normalizer, each pruner, one SDE step with its
-//   log-prob, keyed noise fill, and the method path "fusion + normalization + pruning" of 64 x 16 x 20
-//   (target <= 50 us).
+//   topology build, each noise correlator, each fusion, each normalizer, each pruner (value: on the tree it cut), one
+//   SDE step with its log-prob, keyed noise fill, and the method path "fusion + normalization + pruning" of 64 x 16 x
+//   20 (target <= 50 us).
 // Tree sizes: T trees x L leaves x 20 steps, T in {1, 8, 64}, L = 16 (K = 2) or 81 (K = 3), dense splits.
 // Items are nodes (tree policies), elements (noise, SDE step); bytes are the doubles read and written once.
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -83,11 +84,24 @@ BENCHMARK_TEMPLATE(BM_correlator, orthogonal)->Apply(correlator_sizes);
 
 // --- Fusion weightings ----------------------------------------------------------------------------------------
 
+// Values at every node with children (what a rollout valuing every step records), a smooth function of the index.
+void value_every_node(rollout_tree& tree) {
+  std::vector<std::int32_t> nodes;
+  std::vector<double> values;
+  for (std::int32_t n = 0; n < tree.node_count(); ++n)
+    if (!tree.is_leaf(n)) {
+      nodes.push_back(n);
+      values.push_back(std::sin(0.001 * n));
+    }
+  tree.set_values(nodes, values);
+}
+
 template <Fusion F>
 void BM_fusion(benchmark::State& state) {
-  const rollout_tree tree = forest(static_cast<std::int32_t>(state.range(0)), static_cast<int>(state.range(1)));
+  rollout_tree tree = forest(static_cast<std::int32_t>(state.range(0)), static_cast<int>(state.range(1)));
   const std::vector<double> rewards = leaf_rewards(tree);
   const F fusion{};
+  if (needs_node_values(fusion)) value_every_node(tree);
   for (auto _ : state) {
     std::vector<double> fused = fusion(tree, rewards);
     benchmark::DoNotOptimize(fused.data());
@@ -98,6 +112,7 @@ BENCHMARK_TEMPLATE(BM_fusion, uniform_mean)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_fusion, path_softmax)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_fusion, split_softmax)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_fusion, max_reward)->Apply(tree_sizes);
+BENCHMARK_TEMPLATE(BM_fusion, step_gain)->Apply(tree_sizes);
 
 // --- Advantage normalizers (on uniform_mean's fused rewards) -----------------------------------------------------
 
@@ -117,14 +132,26 @@ BENCHMARK_TEMPLATE(BM_normalizer, depth_wise)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_normalizer, leaf_group)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_normalizer, per_prompt_running)->Apply(tree_sizes);
 
-// --- Pruners (a RolloutShaper sees the tree it shaped) -----------------------------------------------------------
+// --- Pruners (a RolloutShaper sees the tree it shaped, a RolloutCutter the tree it cut)
+// -----------------------------------------------------------
 
 template <Pruner P>
 void BM_pruner(benchmark::State& state) {
   const P pruner{};
   const auto k = static_cast<int>(state.range(1));
   const tree_plan plan = shape_plan(pruner, split_schedule::dense(k)(steps), 0);
-  const rollout_tree tree = forest(static_cast<std::int32_t>(state.range(0)), k, &plan);
+  rollout_tree tree = forest(static_cast<std::int32_t>(state.range(0)), k, &plan);
+  if (const rollout_cut cut = rollout_cut_of(pruner, plan, 0); cut.active()) {
+    // A RolloutCutter sees the tree its cut stopped (values: a smooth function of the node index).
+    const std::vector<std::int32_t> frontier = tree.nodes_at_step(cut.step);
+    std::vector<double> values;
+    for (const std::int32_t n : frontier) values.push_back(std::sin(0.37 * n));
+    tree.set_values(frontier, values);
+    const std::vector<std::int32_t> stopped = nodes_to_stop(tree, frontier, values, cut.keep);
+    std::vector<double> stopped_values;
+    for (const std::int32_t n : stopped) stopped_values.push_back(tree.value(n));
+    tree.stop(stopped, stopped_values);
+  }
   const std::vector<double> rewards = leaf_rewards(tree);
   const std::vector<double> fused = uniform_mean{}(tree, rewards);
   const std::vector<double> advantages = depth_wise{}(tree, reward_view{.leaf = rewards, .fused = fused});
@@ -141,6 +168,7 @@ BENCHMARK_TEMPLATE(BM_pruner, depth_window)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_pruner, parent_top_k)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_pruner, extreme)->Apply(tree_sizes);
 BENCHMARK_TEMPLATE(BM_pruner, sde_window)->Apply(tree_sizes);
+BENCHMARK_TEMPLATE(BM_pruner, value_prune)->Apply(tree_sizes);
 
 // --- The method path: fusion + normalization + pruning (target <= 50 us at 64 x 16 x 20) -----------------------
 

@@ -113,7 +113,7 @@ if(TARGET branchgrpo_cli)
                       FILES toy_branch.csv reward_vs_time.png samples_before_after.png
                       CSV_HEADER "^iteration,method,reward_mean,reward_std,evaluations,edges_trained,seconds,cumulative_seconds,loss")
   branchgrpo_toy_test(json_first_iteration LINES 2 ARGS toy --method dance --iters 2 --prompts 1 --json --quiet
-                      STDOUT [=[^{"clip_fraction":[^}]*"evaluations":305,"iteration":0,"loss"]=])  # 305: dance, G = 16
+                      STDOUT [=[^{"clip_fraction":[^}]*"evaluations":305,"evaluations_saved":0,"iteration":0,"loss"]=])  # 305: dance, G = 16
   branchgrpo_toy_test(compare LINES 1 ARGS toy --compare --iters 2 --prompts 2 --json
                       KEYS dance branch branch-widpru branch-deppru branch-mix final_reward reward_gain evaluations
                            edges_trained seconds_per_iter time_ratio_vs_dance
@@ -463,7 +463,7 @@ if(TARGET branchgrpo_cli)
                        "-DARGS=train|--config|${train_dir}/run2.toml|--json|--quiet" -DOUT=${train_dir}/out -DLINES=2
                        "-DKEYS=iteration|reward_mean|reward/alignment|reward/jpeg_compressibility|evaluations|edges_trained|grad_norm"
                        "-DFILES=metrics.csv|metrics.jsonl|config.toml|grids/iter-000002.png|checkpoints/iter-000002/weights.safetensors|checkpoints/iter-000002/state.safetensors"
-                       "-DCSV_HEADER=^clip_fraction,edges,edges_trained,evaluations,grad_norm,iteration,loss,"
+                       "-DCSV_HEADER=^clip_fraction,edges,edges_trained,evaluations,evaluations_saved,grad_norm,iteration,loss,"
                        -P ${CMAKE_CURRENT_SOURCE_DIR}/package/check_toy_cli.cmake)
       set_tests_properties(cli_train PROPERTIES LABELS "cli;torch" TIMEOUT 600 FIXTURES_SETUP train_run)
       add_test(NAME cli_train_resume COMMAND branchgrpo_cli train --config ${train_dir}/run3.toml --resume --json)

@@ -10,7 +10,8 @@
 // kind starts from that policy's defaults (the config reader's rule).
 // Example: make_method("branch", {"correlator": {"s": 2.0}}) -> branch with correlated{.s = 2};
 //   {"correlator": {"kind": "scaled", "s": 2.0}} -> ValueError "correlator.s: unknown key (scaled has: scale)".
-// The recipe's normalizer may keep state across iterations (per_prompt_running): state() and load_state() carry it.
+// The recipe's normalizer (per_prompt_running) and topology (adaptive_branching) may keep state across iterations:
+// state() and load_state() carry it (method_state).
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
@@ -180,6 +181,26 @@ inline nb::dict component_names(const method_spec& m) {
   out["pruners"] = pruners;
   out["objective"] = std::string(m.recipe.objective.name());
   return out;
+}
+
+/// The recipe's state: the normalizer's buffers under their own keys (as before topologies kept state), the
+/// topology's records under "topology.<key>".
+/// Example: Method("branch", advantage={"kind": "per_prompt_running"}) after one step -> {"prompt.0": [...], ...};
+///   Method("branch", topology={"kind": "adaptive_branching"}) -> {"topology.prompt.0": [visits, spread, mean, gain]}.
+inline bg::component_state method_state(const method_spec& m) {
+  bg::component_state state = m.recipe.normalizer.save_state();
+  for (auto& [key, values] : m.recipe.topology.save_state()) state["topology." + key] = std::move(values);
+  return state;
+}
+
+/// Restores what method_state returned: "topology.*" keys to the topology, the others to the normalizer.
+inline void load_method_state(method_spec& m, const bg::component_state& state) {
+  constexpr std::string_view prefix = "topology.";
+  bg::component_state normalizer, topology;
+  for (const auto& [key, values] : state)
+    (key.starts_with(prefix) ? topology[key.substr(prefix.size())] : normalizer[key]) = values;
+  m.recipe.normalizer.load_state(normalizer);
+  m.recipe.topology.load_state(topology);
 }
 
 }  // namespace branchgrpo::python

@@ -105,6 +105,7 @@ NB_MODULE(_core, m) {
     std::vector<std::string_view> out(bg::method_names.begin(), bg::method_names.end());
     out.insert(out.end(), bg::flash_method_names.begin(), bg::flash_method_names.end());
     out.insert(out.end(), bg::decoupled_method_names.begin(), bg::decoupled_method_names.end());
+    out.insert(out.end(), bg::adaptive_method_names.begin(), bg::adaptive_method_names.end());
     return out;
   });
   m.def(
@@ -143,10 +144,8 @@ NB_MODULE(_core, m) {
       .def(
           "plan", [](const method_spec& m, int steps) { return bg::tree_plan(m.recipe.topology(steps)); },
           nb::arg("steps"))
-      .def("state", [](const method_spec& m) { return m.recipe.normalizer.save_state(); })
-      .def(
-          "load_state", [](method_spec& m, const bg::component_state& state) { m.recipe.normalizer.load_state(state); },
-          nb::arg("state"));
+      .def("state", &method_state)
+      .def("load_state", &load_method_state, nb::arg("state"));
 
   // rollout and _linear_reference take one iteration's request with the same arguments.
   const auto request = [](const method_spec& method, std::vector<std::int64_t> prompts,

@@ -199,6 +199,7 @@ inline nb::dict stats_dict(const bg::iteration_stats& s) {
   out["reward_min"] = s.reward_min;
   out["reward_max"] = s.reward_max;
   out["evaluations"] = s.rollout_evaluations;
+  out["evaluations_saved"] = s.rollout_evaluations_saved;
   out["update_evaluations"] = s.update_evaluations;
   out["edges"] = s.edges;
   out["edges_trained"] = s.edges_trained;

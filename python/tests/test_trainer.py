@@ -292,3 +292,32 @@ def test_the_trainer_takes_parts_and_win_rates() -> None:
     stats = trainer.step([0, 1])
     # Win rates of each part: each in [0, 1], so the weighted sum (1 + 0.5) has mean 0.75 over each tree.
     assert abs(stats["reward_mean"] - 0.75) < 1e-12 and stats["edges_trained"] == 88
+
+
+def test_value_pruning_stops_the_lowest_valued_branches_during_the_rollout() -> None:
+    # SMALL cut at its last split (step 4) keeping 2 of 4 nodes: each stopped node saves its 2 children's 3
+    # evaluations (steps 5-7) and their 2 x 4 edges.
+    pruned = {**SMALL, "pruning": {"pruners": [{"kind": "value", "keep": 2}]}}
+    stats = trainer_for(Affine(4), seed=5, sections=pruned).step([0, 1])
+    assert (stats["evaluations"], stats["evaluations_saved"]) == (2 * (37 - 12), 2 * 12)
+    assert stats["edges_trained"] == 2 * (44 - 16)
+    late = {**SMALL, "pruning": {"pruners": [{"kind": "value", "step": 6}]}}
+    with pytest.raises(ValueError, match=r"^value pruning step = 6 is past the last split \(step 4\)"):
+        trainer_for(Affine(4), sections=late).step([0])
+
+
+def test_adaptive_branching_shapes_each_prompt_and_its_state_round_trips() -> None:
+    # SMALL's envelope (splits 0, 2, 4 over 8 steps) costs 8, 11, 19, 37 evaluations at levels 0..3; a budget of 20
+    # per prompt lets two unseen prompts reach level 2 each (38 of 40).
+    adaptive = {"topology": {"kind": "adaptive_branching", "split_steps": [0, 2, 4], "budget": 20}}
+    trainer = trainer_for(Affine(4), seed=5, sections=adaptive)
+    stats = trainer.step([0, 1])
+    assert stats["evaluations"] == 38
+    state = trainer.method.state()
+    assert sorted(state) == ["topology.prompt.0", "topology.prompt.1"]
+    assert state["topology.prompt.0"][0] == 1.0  # visits
+    again = Method("branch", **adaptive)
+    again.load_state(state)
+    assert again.state() == state
+    with pytest.raises(ValueError, match=r"^adaptive_branching budget = 7 is below one chain per prompt \(8 eval"):
+        trainer_for(Affine(4), sections={"topology": {**adaptive["topology"], "budget": 7}}).step([0])

@@ -96,7 +96,9 @@ TEST_CASE("extension: a toy objective through one list entry trains as PPO's fir
   const std::vector<double> ppo = parameters_after_one_iteration(branch_method());
   // One optimizer step: the gradient weights -A / edges are PPO's bit for bit, so are the parameters.
   CHECK(trained == ppo);
-  CHECK(trained != std::vector<double>(make_toy_policy(7).parameters().begin(), make_toy_policy(7).parameters().end()));
+  // One base policy: begin() and end() of two temporaries' parameters would span two unrelated buffers.
+  const auto base = make_toy_policy(7);
+  CHECK(trained != std::vector<double>(base.parameters().begin(), base.parameters().end()));
   CHECK(stats.edges_trained == 218 * 4);
   CHECK(stats.update_evaluations == 218 * 4);
   CHECK(std::isfinite(stats.loss));

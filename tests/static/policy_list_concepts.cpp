@@ -20,7 +20,7 @@ static_assert(!ListedPolicy<unnamed>);
 static_assert(PolicyList<fusion_policies> && PolicyList<pruner_policies>);
 static_assert(!PolicyList<fusion_policies::variant> && !PolicyList<int>);
 static_assert(fusion_policies::family == "fusion" && fusion_policies::names[0] == "uniform_mean");
-static_assert(correlator_policies::names.size() == 5 && pruner_policies::names.size() == 5);
+static_assert(correlator_policies::names.size() == 5 && pruner_policies::names.size() == 6);
 
 // The run-time choices model their families' concepts.
 static_assert(Topology<any_topology>);

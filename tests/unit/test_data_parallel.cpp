@@ -131,6 +131,20 @@ TEST_CASE("data parallel: the decoupled objectives on 2 and 3 ranks end where on
                                 {0, 1, 2, 3, 4}, 3, 2);
 }
 
+TEST_CASE("data parallel: trees that adapt on 2 and 3 ranks end where one process ends",
+          "[distributed][trainer][value_pruning][step_gain][adaptive_branching]") {
+  // The cuts, the node values and the per-prompt shapes travel with the gathered forest, and adaptive_branching's
+  // records are updated from it on every rank.
+  for (const char* name : {"branch-value-dense", "branch-adaptive"}) {
+    INFO(name);
+    with_method(name, [](auto recipe) {
+      check_ranks_match_one_process(recipe, four_prompts, 2, 1);
+      check_ranks_match_one_process(recipe, {0, 1, 2, 3, 4}, 3, 2);  // uneven shares, two optimizer steps
+      return 0;
+    });
+  }
+}
+
 TEST_CASE("data parallel: stateful and cross-tree components see the whole forest", "[distributed][trainer]") {
   // per_prompt_running keeps per-prompt statistics across iterations and leaf_group normalizes over every tree:
   // both must see every rank's trees to stay identical to one process.

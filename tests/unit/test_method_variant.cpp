@@ -19,9 +19,9 @@ namespace bg = branchgrpo;
 
 TEST_CASE("method_variant: the table's keys, in the order messages list them", "[method_variant]") {
   constexpr auto keys = override_keys();
-  CHECK(
-      bg::name_list(keys) ==
-      "scope, s, fusion, stepper, objective, updates, lr, ratio_norm, step_weight, intermediate, ode_stride or solver");
+  CHECK(bg::name_list(keys) ==
+        "scope, s, fusion, stepper, objective, updates, lr, ratio_norm, step_weight, intermediate, ode_stride, solver, "
+        "value_keep, value_step, value_pruned, topology or budget");
 }
 
 TEST_CASE("method_variant: parsing fills the fields the keys name", "[method_variant]") {
@@ -45,7 +45,8 @@ TEST_CASE("method_variant: one line naming the entry for a bad key or value", "[
   CHECK_THROWS_WITH(
       parse_method_variant("branch:eta=1"),
       "--methods: unknown key 'eta' in 'branch:eta=1' (expected scope, s, fusion, stepper, objective, updates, lr, "
-      "ratio_norm, step_weight, intermediate, ode_stride or solver)");
+      "ratio_norm, step_weight, intermediate, ode_stride, solver, value_keep, value_step, value_pruned, topology or "
+      "budget)");
   CHECK_THROWS_WITH(parse_method_variant("branch:s=1:s=2"), "--methods: 's' is set twice in 'branch:s=1:s=2'");
   CHECK_THROWS_WITH(parse_method_variant("branch:scope=per_node"),
                     "--methods branch:scope=per_node: scope = per_node: must be per_tree, per_batch, pooled or "
@@ -55,7 +56,22 @@ TEST_CASE("method_variant: one line naming the entry for a bad key or value", "[
   CHECK_THROWS_WITH(
       parse_method_variant("branch:foo"),
       "--methods: 'foo' in 'branch:foo' is not key=value (keys: scope, s, fusion, stepper, objective, updates, lr, "
-      "ratio_norm, step_weight, intermediate, ode_stride, solver)");
+      "ratio_norm, step_weight, intermediate, ode_stride, solver, value_keep, value_step, value_pruned, topology, "
+      "budget)");
+  CHECK_THROWS_WITH(parse_method_variant("branch:value_pruned=keep"),
+                    "--methods branch:value_pruned=keep: value_pruned = keep: must be value or drop");
+}
+
+TEST_CASE("method_variant: value_* keys add the value pruner once and set it", "[method_variant][value_pruning]") {
+  const auto run = make_variant_run(parse_method_variant("branch:value_keep=2:value_pruned=drop"), 0.1);
+  REQUIRE(run.recipe.pruner.pruner.pruners.size() == 1);
+  CHECK(std::get<bg::value_prune>(run.recipe.pruner.pruner.pruners[0].policy) ==
+        bg::value_prune{.step = -1, .keep = 2, .pruned = bg::pruned_branch::drop});
+  const auto adaptive = make_variant_run(parse_method_variant("branch:topology=adaptive_branching:budget=90"), 0.1);
+  CHECK(std::get<bg::adaptive_branching>(adaptive.recipe.topology.policy).budget == 90);
+  CHECK_THROWS_WITH(make_variant_run(parse_method_variant("branch:budget=90"), 0.1),
+                    "--methods branch:budget=90: budget needs topology=adaptive_branching, and branch has "
+                    "split_schedule");
 }
 
 TEST_CASE("method_variant: the toy's run holds the method's recipe with the overrides applied", "[method_variant]") {
@@ -128,7 +144,8 @@ TEST_CASE("method_variant: the table applies to any view of a run's components a
   int updates = 1;
   double lr = 1e-5;
   bg::ppo_options loss;
-  const override_target run{stepper, correlator, fusion, normalizer, pruner, objective, updates, lr, loss};
+  bg::any_topology topology;
+  const override_target run{topology, stepper, correlator, fusion, normalizer, pruner, objective, updates, lr, loss};
   const auto variant = parse_method_variant("branch:s=2:lr=0.05:ratio_norm=on:fusion=max_reward");
   apply_overrides(variant, run, {.label = variant.label, .method = variant.method});
   CHECK(std::get<bg::correlated>(correlator.policy).s == 2.0);

@@ -66,13 +66,15 @@ TEST_CASE("validate_parameters names the first parameter that breaks its rule") 
 }
 
 TEST_CASE("each list holds its family's policies, the default first") {
-  CHECK(bg::policy_names_text<bg::topology_policies>() == "split_schedule, sequential or flow_grpo_fast");
+  CHECK(bg::policy_names_text<bg::topology_policies>() == "split_schedule, sequential, flow_grpo_fast or adaptive_branching");
   CHECK(bg::policy_names_text<bg::stepper_policies>() == "dance_sde, flow_grpo_sde, cps or per_layer_eta");
   CHECK(bg::policy_names_text<bg::correlator_policies>() ==
         "correlated, independent, antithetic, orthogonal or scaled");
-  CHECK(bg::policy_names_text<bg::fusion_policies>() == "uniform_mean, path_softmax, split_softmax or max_reward");
+  CHECK(bg::policy_names_text<bg::fusion_policies>() ==
+        "uniform_mean, path_softmax, split_softmax, max_reward or step_gain");
   CHECK(bg::policy_names_text<bg::advantage_policies>() == "depth_wise, leaf_group or per_prompt_running");
-  CHECK(bg::policy_names_text<bg::pruner_policies>() == "keep_all, parent_top_k, depth_window, sde_window or extreme");
+  CHECK(bg::policy_names_text<bg::pruner_policies>() ==
+        "keep_all, parent_top_k, depth_window, sde_window, extreme or value");
   CHECK(bg::fusion_policies::family == "fusion");
 
   // Defaults: the dense tree, eta 0.3, paper Eq. 2 with s = 4, uniform fusion, depth-wise per tree.
@@ -88,7 +90,7 @@ TEST_CASE("each list holds its family's policies, the default first") {
 TEST_CASE("make_policy builds a policy's defaults by name and names the list when it cannot") {
   CHECK(std::get<bg::scaled>(bg::make_policy<bg::correlator_policies>("scaled")).scale == 4.0);
   CHECK(error_of([] { (void)bg::make_policy<bg::fusion_policies>("softmax"); }) ==
-        "unknown fusion 'softmax' (expected uniform_mean, path_softmax, split_softmax or max_reward)");
+        "unknown fusion 'softmax' (expected uniform_mean, path_softmax, split_softmax, max_reward or step_gain)");
 }
 
 TEST_CASE("any_policy forwards to the held policy") {
@@ -105,7 +107,7 @@ TEST_CASE("any_policy forwards to the held policy") {
 
 TEST_CASE("describe_policies gives each parameter's default, rule and meaning") {
   const std::vector<bg::policy_description> pruners = bg::describe_policies<bg::pruner_policies>();
-  REQUIRE(pruners.size() == 5);
+  REQUIRE(pruners.size() == 6);
   CHECK(pruners[0].name == "keep_all");
   CHECK(pruners[0].parameters.empty());
   REQUIRE(pruners[1].parameters.size() == 1);

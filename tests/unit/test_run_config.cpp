@@ -378,6 +378,32 @@ TEST_CASE("values far out of range are refused by key, not met later as a NaN", 
         "run.toml: pruning.pruners[0].solver = 'heun': must be euler or dpm_solver_2m");
 }
 
+TEST_CASE("value pruning, dense rewards, adaptive branching: their bad inputs name the key",
+          "[value_pruning][step_gain][adaptive_branching]") {
+  // The dense tree's last split is step 9.
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"value\"\nstep = 12\n") ==
+        "run.toml: pruning.pruners[0]: value pruning step = 12 is past the last split (step 9): nothing is left to "
+        "prune");
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"value\"\nkeep = 0\n") ==
+        "run.toml: pruning.pruners[0].keep = 0: must be at least 1");
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"value\"\npruned = \"keep\"\n") ==
+        "run.toml: pruning.pruners[0].pruned = 'keep': must be value or drop");
+  CHECK(error_of("[[pruning.pruners]]\nkind = \"value\"\n[objective]\nkind = \"nft\"\n") ==
+        "run.toml: pruning.pruners: the value pruner needs an objective that trains transitions (objective.kind = "
+        "nft trains on the leaves' samples)");
+  CHECK(error_of("[fusion]\nkind = \"step_gain\"\nweight = 2\n") == "run.toml: fusion.weight = 2: must be in [0, 1]");
+  CHECK(error_of("[fusion]\nkind = \"step_gain\"\n[advantage]\nper_reward = true\n") ==
+        "run.toml: advantage.per_reward = true: the fusion step_gain reads node values of the total reward; "
+        "per-reward parts have none");
+  CHECK(error_of("[topology]\nkind = \"adaptive_branching\"\nbudget = 10\n") ==
+        "run.toml: topology.budget = 10: adaptive_branching budget = 10 is below one chain per prompt (20 evaluations "
+        "over 20 steps)");
+  CHECK(error_of("[topology]\nkind = \"adaptive_branching\"\nbranching = 1\n") ==
+        "run.toml: topology.branching = 1: must be at least 2");
+  CHECK(error_of("[fusion]\nkind = \"step_gain\"\nweight = 1\n[[pruning.pruners]]\nkind = \"value\"\nkeep = 2\n") ==
+        "");
+}
+
 TEST_CASE("lists have a count limit and long values are echoed cut", "[reliability]") {
   std::string rewards;
   for (int i = 0; i < 300; ++i) rewards += "[[rewards]]\nname = \"alignment\"\n";
@@ -404,7 +430,7 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[rollout]\nstepper = \"euler\"\n") ==
         "run.toml: rollout.stepper = 'euler': must be dance_sde, flow_grpo_sde, cps or per_layer_eta");
   CHECK(error_of("[topology]\nkind = \"star\"\n") ==
-        "run.toml: topology.kind = 'star': must be split_schedule, sequential or flow_grpo_fast");
+        "run.toml: topology.kind = 'star': must be split_schedule, sequential, flow_grpo_fast or adaptive_branching");
   CHECK(error_of("[topology]\nsplit_steps = [0, 3, 25]\n") ==
         "run.toml: topology.split_steps = [ 0, 3, 25 ]: split step 25 is not in [0, 20)");
   CHECK(error_of("[topology]\nbranching = [0]\n") == "run.toml: topology.branching = [ 0 ]: must hold values >= 1");
@@ -417,7 +443,8 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
         "run.toml: advantage.scope = 'global': must be per_tree, per_batch, pooled or leaf_scaled");
   CHECK(error_of("[pruning]\nactive_fraction = 1.5\n") == "run.toml: pruning.active_fraction = 1.5: must be in [0, 1]");
   CHECK(error_of("[[pruning.pruners]]\nk = 1\n") ==
-        "run.toml: pruning.pruners[0]: needs a kind (keep_all, parent_top_k, depth_window, sde_window or extreme)");
+        "run.toml: pruning.pruners[0]: needs a kind (keep_all, parent_top_k, depth_window, sde_window, extreme or "
+        "value)");
   CHECK(error_of("[[pruning.pruners]]\nkind = \"parent_top_k\"\nk = 0\n") ==
         "run.toml: pruning.pruners[0].k = 0: must be at least 1");
   CHECK(error_of("[[pruning.pruners]]\nkind = \"sde_window\"\nwidth = 30\n") ==
@@ -532,6 +559,7 @@ TEST_CASE("method_recipe mirrors with_method") {
   std::vector<std::string_view> names(bg::method_names.begin(), bg::method_names.end());
   names.insert(names.end(), bg::flash_method_names.begin(), bg::flash_method_names.end());
   names.insert(names.end(), bg::decoupled_method_names.begin(), bg::decoupled_method_names.end());
+  names.insert(names.end(), bg::adaptive_method_names.begin(), bg::adaptive_method_names.end());
   for (const std::string_view name : names)
     bg::with_method(name, [&](auto recipe) {
       CAPTURE(name);
@@ -660,7 +688,8 @@ TEST_CASE("a policy defined outside the library plus one list entry is readable 
   CHECK(fusion_error("[fusion]\nkind = \"path_softmax\"\nscale = 1.0\n") ==
         "run.toml: fusion.scale = 1.0: is not used by fusion.kind = \"path_softmax\"");
   CHECK(fusion_error("[fusion]\nkind = \"best\"\n") ==
-        "run.toml: fusion.kind = 'best': must be uniform_mean, path_softmax, split_softmax, max_reward or scaled_best");
+        "run.toml: fusion.kind = 'best': must be uniform_mean, path_softmax, split_softmax, max_reward, step_gain or "
+        "scaled_best");
   // The built-in entries read as before.
   CHECK(std::get<bg::path_softmax>(read_fusion("[fusion]\nkind = \"path_softmax\"\nbeta = 0.25\n").policy).beta ==
         0.25);

@@ -65,7 +65,7 @@ TEST_CASE("methods have the paper's rollout costs", "[trainer]") {
   CHECK_THROWS_WITH(
       evaluations("grpo"),
       "unknown method 'grpo' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, nft, awm, "
-      "branch-nft, branch-awm or branch-mix-flash)");
+      "branch-nft, branch-awm, branch-mix-flash, branch-value, branch-dense, branch-adaptive or branch-value-dense)");
 
   const auto stats = with_method("branch", [](auto recipe) { return train_toy(recipe, 1, 64).stats; });
   CHECK(stats[0].rollout_evaluations == 8 * 203);

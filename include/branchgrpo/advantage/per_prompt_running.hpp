@@ -1,5 +1,4 @@
 #pragma once
-#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +7,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -106,14 +104,7 @@ struct per_prompt_running {
   void load_state(const component_state& state) {
     std::map<std::int64_t, std::deque<double>> loaded;
     for (const auto& [key, values] : state) {
-      constexpr std::string_view prefix = "prompt.";
-      std::int64_t prompt = 0;
-      const char* first = key.data() + prefix.size();
-      const char* last = key.data() + key.size();
-      const auto [end, error] = key.starts_with(prefix) ? std::from_chars(first, last, prompt)
-                                                        : std::from_chars_result{first, std::errc::invalid_argument};
-      require(error == std::errc{} && end == last && first != last, "per_prompt_running state key '", key,
-              "' is not prompt.<id>");
+      const std::int64_t prompt = prompt_state_key(key, "per_prompt_running");
       for (const double v : values) require(std::isfinite(v), "per_prompt_running state ", key, " holds ", v);
       loaded[prompt] = std::deque<double>(values.begin(), values.end());
     }

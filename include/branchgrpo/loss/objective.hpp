@@ -62,6 +62,17 @@ struct is_objective_choice<any_policy<List, std::variant<Policies...>>>
 template <class O>
 concept Objective = ObjectivePolicy<O> || detail::is_objective_choice<O>::value;
 
+/// Whether `objective` (or the one a run-time choice holds) trains transitions (ppo, dppo) rather than the leaves'
+/// samples (nft, awm). Example: trains_transitions(ppo_ratio{}) == true; trains_transitions(any_objective{
+///   diffusion_nft{}}) == false.
+template <Objective O>
+bool trains_transitions(const O& objective) {
+  if constexpr (!ObjectivePolicy<O>)
+    return std::visit([](const auto& held) { return trains_transitions(held); }, objective.policy);
+  else
+    return O::trains_transitions;
+}
+
 /// How transition_option_conflict names what it refuses: as C++ options ("ratio_norm = on with objective nft") or
 /// as a run config's keys ("loss.ratio_norm = true with objective.kind = \"nft\"").
 enum class option_spelling { cpp, config };

@@ -7,16 +7,21 @@
 #include "branchgrpo/pruning/keep_all.hpp"
 #include "branchgrpo/pruning/parent_top_k.hpp"
 #include "branchgrpo/pruning/sde_window.hpp"
+#include "branchgrpo/pruning/value.hpp"
 
 namespace branchgrpo {
 
-using pruner_policies = policy_list<"pruner", keep_all, parent_top_k, depth_window, sde_window, extreme>;
+using pruner_policies = policy_list<"pruner", keep_all, parent_top_k, depth_window, sde_window, extreme, value_prune>;
 
-/// One pruner chosen at run time; it shapes rollouts when the held pruner does (sde_window).
+/// One pruner chosen at run time; it shapes rollouts when the held pruner does (sde_window) and cuts them when it
+/// does (value).
 struct any_pruner_choice : any_policy<pruner_policies> {
   using any_policy<pruner_policies>::any_policy;
   [[nodiscard]] tree_plan shape(const tree_plan& plan, int iteration) const {
     return std::visit([&](const auto& p) { return shape_plan(p, plan, iteration); }, policy);
+  }
+  [[nodiscard]] branchgrpo::rollout_cut rollout_cut(const tree_plan& plan, int iteration) const {
+    return std::visit([&](const auto& p) { return rollout_cut_of(p, plan, iteration); }, policy);
   }
 };
 

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -24,7 +25,30 @@ tree_plan shape_plan(const P& pruner, tree_plan plan, int iteration) {
     return plan;
 }
 
+/// pruner.rollout_cut(plan, iteration) when the pruner cuts rollouts, else no cut.
+/// Example: rollout_cut_of(value_prune{}, dense plan, 0) == rollout_cut{.step = 9, .keep = 4};
+///          rollout_cut_of(extreme{}, plan, 0).active() == false.
+template <Pruner P>
+rollout_cut rollout_cut_of(const P& pruner, const tree_plan& plan, int iteration) {
+  if constexpr (RolloutCutter<P>)
+    return pruner.rollout_cut(plan, iteration);
+  else
+    return {};
+}
+
 namespace detail {
+/// The one active cut among `cuts` (none when none is active; else invalid_input: a rollout is cut once).
+inline rollout_cut only_cut(std::span<const rollout_cut> cuts, const char* combinator) {
+  rollout_cut out;
+  for (const rollout_cut& cut : cuts)
+    if (cut.active()) {
+      require(!out.active(), combinator, " holds two value pruners (steps ", out.step, " and ", cut.step,
+              "): a rollout is cut at one step");
+      out = cut;
+    }
+  return out;
+}
+
 /// mask &= other, after checking that member `member` of `combinator` returned one flag per node.
 inline void intersect_masks(edge_mask& mask, const edge_mask& other, const char* combinator, std::size_t member) {
   require(other.size() == mask.size(), combinator, " member ", member, " returned ", other.size(), " flags for ",
@@ -57,6 +81,16 @@ struct all_of {
     std::apply([&](const auto&... pruner) { ((shaped = shape_plan(pruner, std::move(shaped), iteration)), ...); },
                pruners);
     return shaped;
+  }
+
+  branchgrpo::rollout_cut rollout_cut(const tree_plan& plan, int iteration) const
+      requires(RolloutCutter<First> || ... || RolloutCutter<Rest>) {
+    const std::vector<branchgrpo::rollout_cut> cuts = std::apply(
+        [&](const auto&... pruner) {
+          return std::vector<branchgrpo::rollout_cut>{rollout_cut_of(pruner, plan, iteration)...};
+        },
+        pruners);
+    return detail::only_cut(cuts, "all_of");
   }
 
   friend bool operator==(const all_of&, const all_of&) = default;
@@ -99,6 +133,12 @@ struct all_in {
     return shaped;
   }
 
+  branchgrpo::rollout_cut rollout_cut(const tree_plan& plan, int iteration) const {
+    std::vector<branchgrpo::rollout_cut> cuts;
+    for (const P& pruner : pruners) cuts.push_back(rollout_cut_of(pruner, plan, iteration));
+    return detail::only_cut(cuts, "all_in");
+  }
+
   friend bool operator==(const all_in&, const all_in&) = default;
 };
 
@@ -128,6 +168,11 @@ struct active_for {
 
   tree_plan shape(const tree_plan& plan, int iteration) const requires RolloutShaper<P> {
     return pruner.shape(plan, iteration);
+  }
+
+  /// Forwarded always, like shape: a value pruner keeps cutting the rollout after its mask stops acting.
+  branchgrpo::rollout_cut rollout_cut(const tree_plan& plan, int iteration) const requires RolloutCutter<P> {
+    return pruner.rollout_cut(plan, iteration);
   }
 
   friend bool operator==(const active_for&, const active_for&) = default;

@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "branchgrpo/rollout/value_cut.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
 
 namespace branchgrpo {
@@ -12,7 +13,8 @@ namespace branchgrpo {
 /// One flag per node: 1 when the edge into that node is trained. Roots are always 0.
 using edge_mask = std::vector<std::uint8_t>;
 
-/// What a pruner may read. Rollouts are unchanged by pruning; only back-propagation is.
+/// What a pruner may read. Pruning acts on back-propagation; a RolloutShaper also shapes the rollout's plan and a
+/// RolloutCutter cuts it (the tree then holds stopped nodes: rollout_tree::stop).
 struct prune_context {
   int iteration = 0;                          ///< 0-based training iteration
   int total_iterations = 1;                   ///< planned iterations of the run (for "active for the first fraction")
@@ -31,6 +33,12 @@ concept Pruner = std::copyable<P> && requires(const P& pruner, const rollout_tre
 template <class P>
 concept RolloutShaper = Pruner<P> && requires(const P& pruner, const tree_plan& plan, int iteration) {
   { pruner.shape(plan, iteration) } -> std::same_as<tree_plan>;
+};
+
+/// A pruner that also cuts the rollout: value_prune (pruning/value.hpp) stops sampling the lowest-valued branches.
+template <class P>
+concept RolloutCutter = Pruner<P> && requires(const P& pruner, const tree_plan& plan, int iteration) {
+  { pruner.rollout_cut(plan, iteration) } -> std::same_as<rollout_cut>;
 };
 
 /// Every non-root edge, ODE edges included.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "branchgrpo/noise/keyed_normal.hpp"
 #include "branchgrpo/rollout/backend.hpp"
 #include "branchgrpo/rollout/keyed_sde_step.hpp"
+#include "branchgrpo/rollout/value_cut.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
 #include "branchgrpo/schedule/steppers.hpp"
 #include "branchgrpo/tree/rollout_tree.hpp"
@@ -45,6 +47,8 @@ struct rollout_result {
                                             ///< sample was drawn with, or the stepper's log_prob_std (cps)
   std::int64_t evaluations = 0;             ///< denoiser rows evaluated
   std::int64_t denoiser_calls = 0;          ///< calls to the denoiser (chunks)
+  /// Denoiser rows a cut saved: the evaluations of the uncut forest minus `evaluations`.
+  std::int64_t evaluations_saved = 0;
 };
 
 namespace detail {
@@ -115,6 +119,173 @@ inline void record_edges(std::span<double> log_probs, std::vector<double>& edge_
   }
 }
 
+/// Values the frontier by its x0-hat (x - sigma v) and records the values on the forest (rollout_tree::set_values).
+template <Backend B, class V>
+std::vector<double> value_frontier(B& backend, rollout_tree& forest, std::span<const std::int32_t> frontier,
+                                   const typename B::tensor& x, const typename B::tensor& velocity, double sigma,
+                                   V& value) {
+  std::vector<double> values = value(backend.affine(1.0, x, -sigma, velocity), std::as_const(forest), frontier);
+  require(values.size() == frontier.size(), "the value function returned ", values.size(), " values for ",
+          frontier.size(), " nodes");
+  forest.set_values(frontier, values);
+  return values;
+}
+
+/// The cut at this step: stops the nodes nodes_to_stop chooses by `values` (one per frontier node). When it stopped
+/// any, `frontier`, `velocity` and a multistep solver's `previous_x0` keep the surviving rows only, and the
+/// surviving rows of `x` are returned.
+template <Backend B>
+std::optional<typename B::tensor> cut_frontier(B& backend, rollout_tree& forest, std::vector<std::int32_t>& frontier,
+                                               std::span<const double> values, const typename B::tensor& x,
+                                               typename B::tensor& velocity,
+                                               std::optional<typename B::tensor>& previous_x0, std::int32_t keep) {
+  const std::vector<std::int32_t> stopped = nodes_to_stop(forest, frontier, values, keep);
+  if (stopped.empty()) return std::nullopt;
+  std::vector<double> stopped_values;
+  for (const std::int32_t n : stopped) stopped_values.push_back(forest.value(n));
+  forest.stop(stopped, stopped_values);
+  std::vector<std::int64_t> rows;
+  std::vector<std::int32_t> survivors;
+  for (std::size_t r = 0; r < frontier.size(); ++r)
+    if (!forest.stopped(frontier[r])) {
+      rows.push_back(static_cast<std::int64_t>(r));
+      survivors.push_back(frontier[r]);
+    }
+  velocity = backend.gather_rows(velocity, rows);
+  if (previous_x0) previous_x0 = backend.gather_rows(*previous_x0, rows);
+  frontier = std::move(survivors);
+  return backend.gather_rows(x, rows);
+}
+
+/// What an SDE transition of the rollout reads and writes besides its rows.
+template <class C>
+struct sde_context {
+  const rollout_tree& forest;
+  const rollout_options& options;
+  const C& correlator;
+  const affine_step& step;
+  int s = 0;
+  const latent_shape& shape;
+  std::span<double> log_probs;    ///< per node of the forest, written for `children`
+  std::vector<double>& edge_std;  ///< per node of the forest, written for `children`
+};
+
+/// The SDE transition of `frontier` (rows of x and velocity) into `children`, K per parent (child row j has parent row
+/// j / K): their latents, with their log-probs and edge stds recorded. Noise fixed by the keys alone (a chain step; a
+/// split whose siblings are independent, i.e. own draws with factor 1, or correlated{s}, factor 1) goes through one
+/// keyed_sde_step, which a backend may run on its device (rollout/keyed_sde_step.hpp); another correlator writes
+/// each sibling group's rows on the host.
+template <Backend B, NoiseCorrelator C>
+typename B::tensor sde_rows(B& backend, const sde_context<C>& context, const typename B::tensor& x,
+                            const typename B::tensor& velocity, std::span<const std::int32_t> frontier,
+                            std::span<const std::int32_t> children, int k) {
+  const affine_step& step = context.step;
+  const int s = context.s;
+  // stds: what each child's noise is drawn with; scored: what its edge is scored with (the same unless the stepper
+  // sets log_prob_std).
+  std::vector<double> stds(children.size(), step.noise_std);
+  std::vector<double> scored(children.size(), scoring_std(step, step.noise_std));
+  std::vector<noise_key> sibling_keys(children.size());
+  for (std::size_t j = 0; j < children.size(); ++j)
+    sibling_keys[j] = rollout_key(context.forest, context.options, children[j], s, noise_stream::edge);
+  constexpr bool correlated_siblings = std::same_as<C, correlated>;
+  if (k == 1 || std::same_as<C, independent> || correlated_siblings) {
+    std::vector<noise_key> parent_keys;
+    double correlation = 0.0;
+    if constexpr (correlated_siblings) {
+      if (k > 1)
+        for (const std::int32_t parent : frontier)
+          parent_keys.push_back(rollout_key(context.forest, context.options, parent, s, noise_stream::shared));
+      correlation = context.correlator.s;
+    }
+    const sde_transition transition{
+        .x_coeff = step.x_coeff,
+        .velocity_coeff = step.velocity_coeff,
+        .branching = k,
+        .keys = sibling_keys,
+        .stds = stds,
+        .parent_keys = parent_keys,
+        .s = correlation,
+        .log_prob_stds = step.log_prob_std > 0.0 ? std::span<const double>(scored) : std::span<const double>()};
+    keyed_sde_result<typename B::tensor> stepped = keyed_sde_step(backend, x, velocity, transition, context.shape);
+    record_edges(context.log_probs, context.edge_std, children, stepped.log_probs, scored, s);
+    return std::move(stepped.next);
+  }
+
+  // A split with another correlator: it writes the group's rows on the host. Children of a node are contiguous and
+  // every node has K, so child row j has parent row j / K. affine checks the velocity's rows and shape.
+  typename B::tensor mean = backend.affine(step.x_coeff, x, step.velocity_coeff, velocity);
+  std::vector<std::int64_t> index(children.size());
+  for (std::size_t j = 0; j < children.size(); ++j) index[j] = static_cast<std::int64_t>(j) / k;
+  mean = backend.gather_rows(mean, index);
+  const auto elements = static_cast<std::size_t>(context.shape.elements());
+  std::vector<double> host(children.size() * elements, 0.0);
+  const auto group_size = static_cast<std::size_t>(k);
+  for (std::size_t p = 0; p < frontier.size(); ++p) {
+    const std::size_t first = p * group_size;
+    const sibling_group group{
+        .parent = rollout_key(context.forest, context.options, frontier[p], s, noise_stream::shared),
+        .children = std::span<const noise_key>(sibling_keys).subspan(first, group_size),
+        .elements = elements};
+    const double factor =
+        context.correlator(group, std::span<double>(host).subspan(first * elements, group_size * elements));
+    require(std::isfinite(factor) && factor > 0.0, "correlator returned factor ", factor, " at step ", s, " for node ",
+            frontier[p], "; it must be positive and finite");
+    for (std::size_t b = 0; b < group_size; ++b) {
+      stds[first + b] = step.noise_std * factor;
+      scored[first + b] = scoring_std(step, stds[first + b]);
+    }
+  }
+  for (std::size_t j = 0; j < children.size(); ++j)
+    for (std::size_t i = 0; i < elements; ++i) host[j * elements + i] *= stds[j];
+  const typename B::tensor noise = backend.from_host(host, static_cast<std::int64_t>(children.size()), context.shape);
+  typename B::tensor next = backend.affine(1.0, mean, 1.0, noise);
+  record_edges(context.log_probs, context.edge_std, children, backend.row_log_prob(next, mean, scored), scored, s);
+  return next;
+}
+
+/// sde_rows for a frontier whose parents split into K (all their children sampled) or continue as a chain (only
+/// their first child sampled: rollout_tree::leave_out): the split parents' groups through sde_rows with K, the others
+/// with 1 (their child's own keyed draw), the rows merged back into node order. A split parent's children are those of
+/// the uniform forest bit for bit.
+/// @pre every parent has K or 1 sampled children (else invalid_input naming it).
+template <Backend B, NoiseCorrelator C>
+typename B::tensor mixed_sde_rows(B& backend, const sde_context<C>& context, const typename B::tensor& x,
+                                  const typename B::tensor& velocity, std::span<const std::int32_t> frontier,
+                                  std::span<const std::int32_t> children, int k) {
+  std::vector<std::int64_t> split_rows, chain_rows;
+  std::vector<std::int32_t> split_parents, chain_parents, split_children, chain_children;
+  std::vector<bool> child_split;  // per child in node order: whether it belongs to a split parent
+  std::size_t next_child = 0;
+  for (std::size_t r = 0; r < frontier.size(); ++r) {
+    std::size_t count = 0;
+    while (next_child + count < children.size() && context.forest.parent(children[next_child + count]) == frontier[r])
+      ++count;
+    require(count == static_cast<std::size_t>(k) || count == 1, "node ", frontier[r], " at step ", context.s, " has ",
+            count, " sampled children: a node splits into all ", k, " or continues as a chain");
+    const bool split = count == static_cast<std::size_t>(k);
+    (split ? split_rows : chain_rows).push_back(static_cast<std::int64_t>(r));
+    (split ? split_parents : chain_parents).push_back(frontier[r]);
+    for (std::size_t c = 0; c < count; ++c) {
+      (split ? split_children : chain_children).push_back(children[next_child + c]);
+      child_split.push_back(split);
+    }
+    next_child += count;
+  }
+  std::vector<typename B::tensor> parts;
+  if (!split_rows.empty())
+    parts.push_back(sde_rows(backend, context, backend.gather_rows(x, split_rows),
+                             backend.gather_rows(velocity, split_rows), split_parents, split_children, k));
+  if (!chain_rows.empty())
+    parts.push_back(sde_rows(backend, context, backend.gather_rows(x, chain_rows),
+                             backend.gather_rows(velocity, chain_rows), chain_parents, chain_children, 1));
+  // The split children come first in `parts`, then the chain children, each in node order.
+  std::vector<std::int64_t> order(children.size());
+  std::int64_t split_next = 0, chain_next = static_cast<std::int64_t>(split_children.size());
+  for (std::size_t j = 0; j < children.size(); ++j) order[j] = child_split[j] ? split_next++ : chain_next++;
+  return backend.gather_rows(backend.concat_rows(std::span<const typename B::tensor>(parts)), order);
+}
+
 }  // namespace detail
 
 /// The plan with every SDE step at which the stepper draws no noise (noise_std == 0: cps's last step, where
@@ -158,12 +329,23 @@ tree_plan ode_where_noiseless(tree_plan plan, const S& stepper, const sigma_sche
 ///   iteration 0 -> 111 evaluations per tree instead of 203 (the ODE run of steps 10..19 evaluated at 10, 12, .., 18).
 /// @post evaluations == tree.evaluations(); every log-prob is finite (else invalid_input naming the step and
 ///       node: a non-finite velocity never propagates silently); result.tree's SDE edge log-probs are filled.
-template <Backend B, Denoiser<B> D, Stepper S, NoiseCorrelator C>
+///
+/// With a cut (rollout_cut, rollout/value_cut.hpp) the frontier of step cut.step is valued after its velocity:
+///   values = value(x0_hat = x - sigma(step) v, tree, frontier), recorded by tree.set_values; nodes_to_stop(...) stop
+///   (rollout_tree::stop) and the step goes on with the others. With cut.value_every_step every evaluated frontier
+///   is valued and recorded so (dense rewards: fusion/step_gain.hpp), cut or not. Nothing else changes: a surviving
+///   node's noise keys, latent and log-prob are those of the uncut rollout bit for bit, and the stopped subtrees'
+///   evaluations are saved (evaluations_saved).
+/// Example: the dense tree (splits {0, 3, 6, 9}, K 2, 20 steps) cut at step 9 keeping 4 of its 8 nodes -> the 4
+///   stopped nodes skip 2 x 10 evaluations each: 123 evaluations instead of 203, evaluations_saved 80.
+/// @pre validate(cut, tree.plan()) passes; the value returns one value per frontier node.
+template <Backend B, Denoiser<B> D, Stepper S, NoiseCorrelator C, RolloutValue<B> V>
 rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& correlator,
                           const sigma_schedule& schedule, rollout_tree tree, const latent_shape& shape,
-                          const rollout_options& options) {
+                          const rollout_options& options, const rollout_cut& cut, V&& value) {
   require(schedule.steps() == tree.steps(), "sigma schedule has ", schedule.steps(), " steps, the tree has ",
           tree.steps());
+  validate(cut, tree.plan());
   require(options.max_batch >= 1, "max_batch must be at least 1, got ", options.max_batch);
   require(options.iteration <= max_noise_iteration, "iteration ", options.iteration, " exceeds ", max_noise_iteration);
   validate(shape);
@@ -176,6 +358,7 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
   const std::span<double> log_probs = forest.mutable_log_probs();
   std::fill(log_probs.begin(), log_probs.end(), 0.0);
   result.edge_std.assign(static_cast<std::size_t>(forest.node_count()), 0.0);
+  const std::int64_t uncut_evaluations = forest.evaluations();
   result.latents.reserve(static_cast<std::size_t>(plan.steps) + 1);
 
   // Roots.
@@ -186,7 +369,6 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
                       std::span<double>(host).subspan(r * elements, elements));
   result.latents.push_back(backend.from_host(host, static_cast<std::int64_t>(frontier.size()), shape));
 
-  std::vector<noise_key> sibling_keys, parent_keys;
   // A multistep ODE solver's memory (plan.ode): the data prediction x0 = x - sigma v of the frontier's paths at
   // their last evaluated ODE step, and that step; -1 after a root or an SDE edge, where a path's history is noise.
   std::optional<typename B::tensor> previous_x0;
@@ -200,118 +382,75 @@ rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& co
       frontier = forest.nodes_at_step(s + 1);
       continue;
     }
-    const auto parents = static_cast<std::int64_t>(frontier.size());
-    const typename B::tensor velocity =
+    typename B::tensor velocity =
         detail::frontier_velocity(backend, denoiser, result.latents.back(), forest, frontier, s, schedule.sigma(s),
                                   options.max_batch, result.denoiser_calls);
-    result.evaluations += parents;
+    result.evaluations += static_cast<std::int64_t>(frontier.size());
+    std::optional<typename B::tensor> survivors;  // the frontier's latents after a cut stopped some of its nodes
+    if (s == cut.step || cut.value_every_step) {
+      const std::vector<double> values =
+          detail::value_frontier(backend, forest, frontier, result.latents.back(), velocity, schedule.sigma(s), value);
+      if (s == cut.step)
+        survivors = detail::cut_frontier(backend, forest, frontier, values, result.latents.back(), velocity,
+                                         previous_x0, cut.keep);
+    }
+    const typename B::tensor& x = survivors ? *survivors : result.latents.back();
 
     const affine_step step =
         kind == edge_kind::sde
             ? step_coefficients(stepper, schedule, s, plan.layer(s))
             : ode_step(plan.ode, schedule, {.from = s, .to = plan.ode_target(s), .previous = previous_step});
-    if (kind == edge_kind::sde) previous_step = -1;
     const int k = plan.branching[static_cast<std::size_t>(s)];
-    const std::vector<std::int32_t> children = forest.nodes_at_step(s + 1);
-    const auto child_rows = static_cast<std::int64_t>(children.size());
-    if (kind == edge_kind::sde)
+    std::vector<std::int32_t> children = forest.nodes_at_step(s + 1);
+    if (kind == edge_kind::sde) {
+      previous_step = -1;
       require(std::isfinite(step.noise_std) && step.noise_std > 0.0, "SDE step ", s, " has noise_std ", step.noise_std,
               "; an SDE edge needs a positive std (make it an ODE edge: ode_where_noiseless)");
-    // stds: what each child's noise is drawn with; scored: what its edge is scored with (the same unless the
-    // stepper sets log_prob_std).
-    std::vector<double> stds(children.size(), step.noise_std);
-    std::vector<double> scored(children.size(), scoring_std(step, step.noise_std));
-
-    // Noise fixed by the keys alone (a chain step; a split whose siblings are independent, i.e. own draws with
-    // factor 1, or correlated{s}, factor 1): one keyed_sde_step, which a backend may run on its device
-    // (rollout/keyed_sde_step.hpp). Other correlators are host policies and keep the path below.
-    constexpr bool correlated_siblings = std::same_as<C, correlated>;
-    if (kind == edge_kind::sde && (k == 1 || std::same_as<C, independent> || correlated_siblings)) {
-      sibling_keys.resize(children.size());
-      for (std::size_t j = 0; j < children.size(); ++j)
-        sibling_keys[j] = detail::rollout_key(forest, options, children[j], s, noise_stream::edge);
-      parent_keys.clear();
-      double correlation = 0.0;
-      if constexpr (correlated_siblings) {
-        if (k > 1)
-          for (const std::int32_t parent : frontier)
-            parent_keys.push_back(detail::rollout_key(forest, options, parent, s, noise_stream::shared));
-        correlation = correlator.s;
-      }
-      const sde_transition transition{
-          .x_coeff = step.x_coeff,
-          .velocity_coeff = step.velocity_coeff,
-          .branching = k,
-          .keys = sibling_keys,
-          .stds = stds,
-          .parent_keys = parent_keys,
-          .s = correlation,
-          .log_prob_stds = step.log_prob_std > 0.0 ? std::span<const double>(scored) : std::span<const double>()};
-      keyed_sde_result<typename B::tensor> stepped =
-          keyed_sde_step(backend, result.latents.back(), velocity, transition, shape);
-      detail::record_edges(log_probs, result.edge_std, children, stepped.log_probs, scored, s);
-      result.latents.push_back(std::move(stepped.next));
-      frontier = children;
+      const detail::sde_context<C> context{.forest = forest,
+                                           .options = options,
+                                           .correlator = correlator,
+                                           .step = step,
+                                           .s = s,
+                                           .shape = shape,
+                                           .log_probs = log_probs,
+                                           .edge_std = result.edge_std};
+      if (static_cast<std::int64_t>(children.size()) == static_cast<std::int64_t>(frontier.size()) * k)
+        result.latents.push_back(detail::sde_rows(backend, context, x, velocity, frontier, children, k));
+      else  // trees of different shapes (rollout_tree::leave_out): split and unsplit parents side by side
+        result.latents.push_back(detail::mixed_sde_rows(backend, context, x, velocity, frontier, children, k));
+      frontier = std::move(children);
       continue;
     }
 
-    // affine checks that the velocity has the latents' rows and shape.
-    typename B::tensor mean = backend.affine(step.x_coeff, result.latents.back(), step.velocity_coeff, velocity);
+    // An ODE edge: one child per parent (ODE edges never split: validate). affine checks that the velocity has the
+    // latents' rows and shape.
+    typename B::tensor mean = backend.affine(step.x_coeff, x, step.velocity_coeff, velocity);
     if (step.previous_x0_coeff != 0.0) mean = backend.affine(1.0, mean, step.previous_x0_coeff, *previous_x0);
-    if (kind == edge_kind::ode && multistep) {
-      // ODE edges never split (validate), so the frontier's rows stay the paths' rows.
-      previous_x0 = backend.affine(1.0, result.latents.back(), -schedule.sigma(s), velocity);
+    if (multistep) {
+      previous_x0 = backend.affine(1.0, x, -schedule.sigma(s), velocity);
       previous_step = s;
     }
-    // Children of a node are contiguous and every node has K, so child row j has parent row j / K.
-    if (k > 1) {
-      std::vector<std::int64_t> index(children.size());
-      for (std::size_t j = 0; j < children.size(); ++j) index[j] = static_cast<std::int64_t>(j) / k;
-      mean = backend.gather_rows(mean, index);
-    }
-
-    if (kind == edge_kind::ode) {
-      // No log-prob to inspect here, so probe the mean itself: log N(mean; mean, 1) is NaN exactly when
-      // some element is NaN or infinite, and costs one reduction on the backend.
-      const std::vector<double> ones(children.size(), 1.0);
-      const std::vector<double> probe = backend.row_log_prob(mean, mean, ones);
-      for (std::size_t j = 0; j < children.size(); ++j)
-        require(std::isfinite(probe[j]), "non-finite latent at ODE step ", s, " for node ", children[j],
-                " (a non-finite velocity?)");
-      result.latents.push_back(std::move(mean));
-      frontier = children;
-      continue;
-    }
-
-    // A split with another correlator: it writes the group's rows on the host.
-    host.assign(children.size() * elements, 0.0);
-    const auto group_size = static_cast<std::size_t>(k);
-    sibling_keys.resize(group_size);
-    for (std::int64_t p = 0; p < parents; ++p) {
-      const std::size_t first = static_cast<std::size_t>(p) * group_size;
-      for (std::size_t b = 0; b < group_size; ++b)
-        sibling_keys[b] = detail::rollout_key(forest, options, children[first + b], s, noise_stream::edge);
-      const sibling_group group{.parent = detail::rollout_key(forest, options, frontier[static_cast<std::size_t>(p)], s,
-                                                              noise_stream::shared),
-                                .children = sibling_keys,
-                                .elements = elements};
-      const double factor = correlator(group, std::span<double>(host).subspan(first * elements, group_size * elements));
-      require(std::isfinite(factor) && factor > 0.0, "correlator returned factor ", factor, " at step ", s,
-              " for node ", frontier[static_cast<std::size_t>(p)], "; it must be positive and finite");
-      for (std::size_t b = 0; b < group_size; ++b) {
-        stds[first + b] = step.noise_std * factor;
-        scored[first + b] = scoring_std(step, stds[first + b]);
-      }
-    }
+    // No log-prob to inspect here, so probe the mean itself: log N(mean; mean, 1) is NaN exactly when some element
+    // is NaN or infinite, and costs one reduction on the backend.
+    const std::vector<double> ones(children.size(), 1.0);
+    const std::vector<double> probe = backend.row_log_prob(mean, mean, ones);
     for (std::size_t j = 0; j < children.size(); ++j)
-      for (std::size_t i = 0; i < elements; ++i) host[j * elements + i] *= stds[j];
-    const typename B::tensor noise = backend.from_host(host, child_rows, shape);
-    typename B::tensor next = backend.affine(1.0, mean, 1.0, noise);
-    detail::record_edges(log_probs, result.edge_std, children, backend.row_log_prob(next, mean, scored), scored, s);
-    result.latents.push_back(std::move(next));
-    frontier = children;
+      require(std::isfinite(probe[j]), "non-finite latent at ODE step ", s, " for node ", children[j],
+              " (a non-finite velocity?)");
+    result.latents.push_back(std::move(mean));
+    frontier = std::move(children);
   }
+  result.evaluations_saved = uncut_evaluations - result.evaluations;
   return result;
+}
+
+/// The rollout without a cut.
+template <Backend B, Denoiser<B> D, Stepper S, NoiseCorrelator C>
+rollout_result<B> rollout(B& backend, D& denoiser, const S& stepper, const C& correlator,
+                          const sigma_schedule& schedule, rollout_tree tree, const latent_shape& shape,
+                          const rollout_options& options) {
+  return rollout(backend, denoiser, stepper, correlator, schedule, std::move(tree), shape, options, rollout_cut{},
+                 no_value{});
 }
 
 /// Node n's latent as host doubles (one row of latents[step(n)]).
@@ -322,12 +461,13 @@ std::vector<double> latent_of(B& backend, const rollout_result<B>& result, std::
       backend.slice_rows(result.latents[static_cast<std::size_t>(result.tree.step(node))], row, row + 1));
 }
 
-/// The leaves' latents, one row per leaf in tree.leaves() order (the order of leaf rewards).
+/// The sampled leaves' latents, one row per sampled leaf in tree.leaves() order (the order of leaf rewards; without
+/// stops, every leaf).
 template <Backend B>
 typename B::tensor leaf_latents(B& backend, const rollout_result<B>& result) {
-  const std::span<const std::int32_t> leaves = result.tree.leaves();
-  std::vector<std::int64_t> index(leaves.size());
-  for (std::size_t i = 0; i < leaves.size(); ++i) index[i] = result.tree.row_at_step(leaves[i]);
+  std::vector<std::int64_t> index;
+  for (const std::int32_t leaf : result.tree.leaves())
+    if (result.tree.sampled(leaf)) index.push_back(result.tree.row_at_step(leaf));
   return backend.gather_rows(result.latents.back(), index);
 }
 

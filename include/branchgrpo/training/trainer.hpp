@@ -20,9 +20,13 @@
 // are summed over the ranks before every optimizer step (DataParallelPolicy), and the parameters stay identical.
 // A policy whose accumulate is itself a collective (PaddedAccumulationPolicy: ZeRO-2 reducing during the backward
 // pass) gets the same number of accumulate calls on every rank: a rank with fewer edges pads.
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -40,6 +44,7 @@
 #include "branchgrpo/pruning/concept.hpp"
 #include "branchgrpo/rollout/engine.hpp"
 #include "branchgrpo/schedule/sigma_schedule.hpp"
+#include "branchgrpo/topology/adaptive_branching.hpp"
 #include "branchgrpo/topology/concept.hpp"
 #include "branchgrpo/training/concepts.hpp"
 #include "branchgrpo/training/credit.hpp"
@@ -68,8 +73,9 @@ struct iteration_stats {
   int iteration = 0;
   double reward_mean = 0, reward_std = 0, reward_min = 0, reward_max = 0;  ///< over finite leaf rewards
   std::int64_t rollout_evaluations = 0;                                    ///< denoiser rows in the rollout
-  std::int64_t update_evaluations = 0;                                     ///< policy rows in the update
-  std::int64_t edges = 0;                                                  ///< edges of the rollout
+  std::int64_t rollout_evaluations_saved = 0;  ///< denoiser rows a value pruner's cut saved (pruning/value.hpp)
+  std::int64_t update_evaluations = 0;         ///< policy rows in the update
+  std::int64_t edges = 0;                      ///< edges of the rollout
   /// edges kept by the pruner (SDE only) in trees that were not dropped; with a decoupled objective, its rows
   /// (kept leaves x times_per_sample, plus the internal split nodes with intermediate_nodes)
   std::int64_t edges_trained = 0;
@@ -150,6 +156,7 @@ edge_credit assign_credit(method<T, S, C, F, N, P, O>& recipe, const rollout_tre
   credit.edge_advantage.assign(static_cast<std::size_t>(full.node_count()), 0.0);
   for (int s = 0; s < full.steps(); ++s)
     for (std::int32_t n : subset.edges_at_step(s)) {
+      // edges_at_step holds the sampled edges only: the nodes below a stopped node have no latent to train.
       if (!credit.mask[static_cast<std::size_t>(n)] || subset.kind(n) != edge_kind::sde) continue;
       credit.edge_advantage[static_cast<std::size_t>(original(n))] = credit.advantages[static_cast<std::size_t>(n)];
       credit.trained.push_back(original(n));
@@ -184,10 +191,38 @@ update_report update_policy(B& backend, Model& policy, const rollout_result<B>& 
 
 namespace detail {
 
-// The whole forest of an iteration on every rank: each rank's trees' leaf scores and node log-probs, gathered in
-// rank order (shares padded to the largest), set into the forest of every tree (`infos`, all ranks' trees).
-// A reward's parts (components) travel the same way, after the log-probs: every rank has the same reward, so the
-// same parts in the same order.
+// The value of frontier nodes for a value pruner's cut: the reward of their x0-hat rows, each with its tree's prompt
+// (score_tree_rows: a groupwise reward sees each tree's nodes as one group when the trees have equally many). A
+// ComponentReward's parts of the call are kept per node in `parts` (one entry per part, rows indexed by node, NaN
+// elsewhere; later calls fill other nodes) for the phantom leaves' parts (score_leaves).
+template <Backend B, class Score>
+std::vector<double> value_rows(Score& reward, const typename B::tensor& x0_hat, const rollout_tree& tree,
+                               std::span<const std::int32_t> nodes, std::vector<reward_component>& parts) {
+  std::vector<std::int64_t> prompts;
+  for (const std::int32_t n : nodes) prompts.push_back(tree.info(tree.tree(n)).prompt);
+  std::vector<double> values = score_tree_rows<B>(reward, x0_hat, tree, nodes, prompts);
+  if constexpr (ComponentReward<Score>) {
+    const auto nan = std::numeric_limits<double>::quiet_NaN();
+    for (const reward_component& part : reward.last_component_rows()) {
+      require(part.rows.size() == nodes.size(), "reward part '", part.name, "' returned ", part.rows.size(),
+              " scores for ", nodes.size(), " valued nodes");
+      auto same =
+          std::find_if(parts.begin(), parts.end(), [&](const reward_component& c) { return c.name == part.name; });
+      if (same == parts.end())
+        same = parts.insert(parts.end(), reward_component{.name = part.name,
+                                                          .weight = part.weight,
+                                                          .rows = std::vector<double>(
+                                                              static_cast<std::size_t>(tree.node_count()), nan)});
+      for (std::size_t r = 0; r < nodes.size(); ++r) same->rows[static_cast<std::size_t>(nodes[r])] = part.rows[r];
+    }
+  }
+  return values;
+}
+
+// The whole forest of an iteration on every rank: each rank's trees' leaf scores, node log-probs and marks (node
+// values and a value pruner's stops: rollout_tree::tree_marks), gathered in rank order (shares padded to the largest),
+// set into the forest of every tree (`infos`, all ranks' trees). A reward's parts (components) travel the same way,
+// after the log-probs: every rank has the same reward, so the same parts in the same order.
 struct gathered_forest {
   rollout_tree tree;
   std::vector<double> scores;  // every leaf's reward, tree.leaves() order
@@ -205,7 +240,10 @@ gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::ve
   const auto leaves = static_cast<std::size_t>(out.tree.leaves_per_tree());
   const auto nodes = static_cast<std::size_t>(out.tree.nodes_per_tree());
   const std::size_t parts = local_components.size();
-  const std::size_t per_tree = leaves + nodes + parts * leaves;
+  // Per tree: leaf scores, node log-probs, each part's leaf scores, then per node its marks (rollout_tree::tree_marks):
+  // its value (NaN when it has none) and flags (1: valued, 2: stopped, 4: left out).
+  const std::size_t marks_at = leaves + nodes + parts * leaves;
+  const std::size_t per_tree = marks_at + 2 * nodes;
   const auto at = [](auto begin, std::size_t offset) { return begin + static_cast<std::ptrdiff_t>(offset); };
   std::vector<double> mine(static_cast<std::size_t>(widest) * per_tree, 0.0);
   for (std::int32_t t = 0; t < local.tree_count(); ++t) {
@@ -215,6 +253,15 @@ gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::ve
     std::copy_n(at(local.log_probs().begin(), tree * nodes), nodes, at(block, leaves));
     for (std::size_t c = 0; c < parts; ++c)
       std::copy_n(at(local_components[c].rows.begin(), tree * leaves), leaves, at(block, leaves + nodes + c * leaves));
+    std::fill_n(at(block, marks_at), nodes, std::numeric_limits<double>::quiet_NaN());
+    const rollout_tree::tree_marks marks = local.marks_of_tree(t);
+    for (std::size_t i = 0; i < marks.valued.size(); ++i) {
+      const auto node = static_cast<std::size_t>(marks.valued[i]);
+      *at(block, marks_at + node) = marks.values[i];
+      *at(block, marks_at + nodes + node) = 1;
+    }
+    for (const std::int32_t node : marks.stopped) *at(block, marks_at + nodes + static_cast<std::size_t>(node)) += 2;
+    for (const std::int32_t node : marks.left_out) *at(block, marks_at + nodes + static_cast<std::size_t>(node)) += 4;
   }
   const std::vector<double> all = all_gather_values(communicator, std::span<const double>(mine));
   out.scores.resize(static_cast<std::size_t>(trees) * leaves);
@@ -231,6 +278,17 @@ gathered_forest gather_forest(Comm& communicator, const tree_plan& plan, std::ve
       std::copy_n(at(from, leaves), nodes, at(log_probs.begin(), tree * nodes));
       for (std::size_t c = 0; c < parts; ++c)
         std::copy_n(at(from, leaves + nodes + c * leaves), leaves, at(out.components[c].rows.begin(), tree * leaves));
+      rollout_tree::tree_marks marks;
+      for (std::size_t n = 0; n < nodes; ++n) {
+        const auto flag = static_cast<int>(*at(from, marks_at + nodes + n));
+        if (flag & 1) {
+          marks.valued.push_back(static_cast<std::int32_t>(n));
+          marks.values.push_back(*at(from, marks_at + n));
+        }
+        if (flag & 2) marks.stopped.push_back(static_cast<std::int32_t>(n));
+        if (flag & 4) marks.left_out.push_back(static_cast<std::int32_t>(n));
+      }
+      out.tree.mark_tree(static_cast<std::int32_t>(t), marks);
     }
   }
   return out;
@@ -298,9 +356,27 @@ iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, m
   const tree_share share =
       tree_share::of(static_cast<std::int64_t>(prompts.size()), communicator.rank(), communicator.size());
   std::vector<tree_info> mine(infos.begin() + share.first, infos.begin() + share.last);
+  // An adaptive topology's trees differ per prompt: each of this rank's trees gets its level of the envelope.
+  const std::vector<int> levels = split_levels_of(recipe.topology, plan, infos);
+  rollout_tree forest(plan, std::move(mine));
+  for (std::int32_t t = 0; t < forest.tree_count() && !levels.empty(); ++t)
+    apply_split_level(forest, t, levels[static_cast<std::size_t>(share.first + t)]);
+  // A value pruner's cut (pruning/value.hpp) and a dense fusion's node values (fusion/step_gain.hpp): the run's
+  // reward on the frontier's x0-hat is the value.
+  rollout_cut cut = rollout_cut_of(recipe.pruner, plan, iteration);
+  cut.value_every_step = needs_node_values(recipe.fusion);
+  require(!cut.active() || Held::trains_transitions,
+          "the value pruner needs an objective that trains transitions: ", Held::name,
+          " trains on the leaves' samples, and the pruned branches have none");
+  std::vector<reward_component> value_parts;
+  const auto value = [&](const typename B::tensor& x0_hat, const rollout_tree& tree,
+                         std::span<const std::int32_t> nodes) {
+    return value_rows<B>(reward, x0_hat, tree, nodes, value_parts);
+  };
   const auto result = rollout(
-      backend, policy, recipe.stepper, recipe.correlator, schedule, rollout_tree(plan, std::move(mine)), shape,
-      {.max_batch = options.max_batch, .seed = options.seed, .iteration = static_cast<std::uint32_t>(iteration)});
+      backend, policy, recipe.stepper, recipe.correlator, schedule, std::move(forest), shape,
+      {.max_batch = options.max_batch, .seed = options.seed, .iteration = static_cast<std::uint32_t>(iteration)}, cut,
+      value);
   stats.rollout_evaluations = result.evaluations;
   stats.rollout_seconds = seconds_since(start);
 
@@ -309,13 +385,16 @@ iteration_stats train_iteration_with(B& backend, Model& policy, Score& reward, m
   // gather is a copy: the forest is the rollout's (the same plan, trees and log-probs) and keep_finite_trees sees
   // the same scores that score_leaves gave.
   const auto reward_start = training_clock::now();
-  const scored_leaves local = score_leaves(backend, reward, result);
+  const scored_leaves local = score_leaves(backend, reward, result, value_parts);
   gathered_forest whole =
       gather_forest(communicator, plan, std::move(infos), result.tree, local.scores, local.components);
   const scored_leaves leaves = keep_finite_trees(whole.tree, std::move(whole.scores), std::move(whole.components));
-  double evaluations = static_cast<double>(stats.rollout_evaluations);
-  communicator.all_reduce_sum(std::span<double>(&evaluations, 1));
-  stats.rollout_evaluations = static_cast<std::int64_t>(evaluations);
+  observe_rewards(recipe.topology, whole.tree, leaves.scores, leaves.kept_trees);
+  std::array<double, 2> evaluations{static_cast<double>(stats.rollout_evaluations),
+                                    static_cast<double>(result.evaluations_saved)};
+  communicator.all_reduce_sum(std::span<double>(evaluations));
+  stats.rollout_evaluations = static_cast<std::int64_t>(evaluations[0]);
+  stats.rollout_evaluations_saved = static_cast<std::int64_t>(evaluations[1]);
   record_rewards(stats, whole.tree, leaves);
   stats.reward_seconds = seconds_since(reward_start);
   const auto view = [&](const edge_credit* credit) {

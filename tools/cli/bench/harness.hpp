@@ -203,14 +203,18 @@ inline std::vector<std::string> bench_variants(const bench_options& options) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
   for (const std::string& name : options.methods)
-    require(listed(method_names, name) || listed(flash_method_names, name), "unknown method '", name,
-            "' (expected dance, branch, branch-widpru, branch-deppru, branch-mix or branch-mix-flash)");
+    require(listed(method_names, name) || listed(flash_method_names, name) || listed(adaptive_method_names, name),
+            "unknown method '", name,
+            "' (expected dance, branch, branch-widpru, branch-deppru, branch-mix, branch-mix-flash, branch-value, "
+            "branch-dense, branch-adaptive or branch-value-dense)");
   require(options.methods.empty() || listed(options.methods, "dance"),
           "--methods must include dance (every ratio is to dance)");
   std::vector<std::string> out;
   for (const std::string_view name : method_names)
     if (options.methods.empty() || listed(options.methods, name)) out.emplace_back(name);
   for (const std::string_view name : flash_method_names)
+    if (listed(options.methods, name)) out.emplace_back(name);
+  for (const std::string_view name : adaptive_method_names)
     if (listed(options.methods, name)) out.emplace_back(name);
   return out;
 }

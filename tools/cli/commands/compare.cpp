@@ -227,8 +227,8 @@ run_config shapes_config(const method_variant& variant, const demo_runs::demo_op
   if (!variant.plain()) config.run.output_dir = (std::filesystem::path(d.out) / ("variant-" + variant.label)).string();
   run_recipe& recipe = config.recipe;
   apply_overrides(variant,
-                  {recipe.stepper, recipe.correlator, recipe.fusion, recipe.normalizer.normalizer, recipe.pruner,
-                   recipe.objective, config.run.updates_per_iteration, config.optimizer.lr, config.loss},
+                  {recipe.topology, recipe.stepper, recipe.correlator, recipe.fusion, recipe.normalizer.normalizer,
+                   recipe.pruner, recipe.objective, config.run.updates_per_iteration, config.optimizer.lr, config.loss},
                   {.label = variant.label, .method = variant.method});
   recipe.normalizer.use_fusion(recipe.fusion);  // a per-reward stage fuses with the run's fusion, as in a config
   return config;

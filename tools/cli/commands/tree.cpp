@@ -67,6 +67,12 @@ std::string describe(const flow_grpo_fast& topology) {
          ", .sde_steps = " + std::to_string(topology.sde_steps) + "}";
 }
 
+std::string describe(const adaptive_branching& topology) {
+  return "adaptive_branching{.split_steps = {" + join(topology.split_steps) +
+         "}, .branching = " + std::to_string(topology.branching) + ", .budget = " + std::to_string(topology.budget) +
+         "} (the envelope)";
+}
+
 any_topology make_topology(const tree_options& options) {
   if (options.use_sequential)
     return sequential{.group_size = options.sequential_group, .shared_root = options.shared_root};

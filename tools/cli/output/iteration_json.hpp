@@ -18,6 +18,7 @@ inline nlohmann::json iteration_stats_json(const iteration_stats& s) {
           {"reward_min", s.reward_min},
           {"reward_max", s.reward_max},
           {"evaluations", s.rollout_evaluations},
+          {"evaluations_saved", s.rollout_evaluations_saved},
           {"update_evaluations", s.update_evaluations},
           {"edges", s.edges},
           {"edges_trained", s.edges_trained},

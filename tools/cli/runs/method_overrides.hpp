@@ -18,6 +18,12 @@
 //   intermediate  0 | 1                                         a decoupled objective's intermediate_nodes
 //   ode_stride    an integer in [1, max_steps]                  every sde_window's schedule steps per ODE call
 //   solver        euler | dpm_solver_2m                         every sde_window's ODE solver
+//   value_keep    an integer in [1, 2^24]                       value pruning during the rollout: nodes kept per tree
+//   value_step    an integer in [-1, max_steps]                 value pruning's step (-1: the last split)
+//   value_pruned  value | drop                                  what becomes of a branch the value pruning stopped
+//                 (each value_* key adds the value pruner, pruning/value.hpp, when the run has none)
+//   topology      a topology's name (topology/catalog.hpp)      the topology, with its default parameters
+//   budget        an integer in [1, 10^7]                       adaptive_branching's evaluations per prompt
 //
 // Example: read_override(o, "s", "1", "--methods branch:s=1: s", "branch:s=1") sets o.correlation_s = 1;
 // apply_overrides(o, t, {.label = "branch:s=1", .method = "branch"}) then sets t.correlator's correlated::s to 1,
@@ -47,7 +53,9 @@
 #include "branchgrpo/loss/step_weights.hpp"
 #include "branchgrpo/pruning/catalog.hpp"
 #include "branchgrpo/pruning/sde_window.hpp"
+#include "branchgrpo/pruning/value.hpp"
 #include "branchgrpo/schedule/stepper_catalog.hpp"
+#include "branchgrpo/topology/catalog.hpp"
 
 namespace branchgrpo::cli {
 
@@ -62,14 +70,20 @@ struct method_overrides {
   std::optional<double> lr = {};
   std::optional<bool> ratio_norm = {};
   std::optional<step_weighting> step_weight = {};
-  std::optional<bool> intermediate = {};  ///< a decoupled objective's intermediate_nodes
-  std::optional<int> ode_stride = {};     ///< an sde_window's ode_stride
-  std::optional<ode_solver> solver = {};  ///< an sde_window's ODE solver
+  std::optional<bool> intermediate = {};           ///< a decoupled objective's intermediate_nodes
+  std::optional<int> ode_stride = {};              ///< an sde_window's ode_stride
+  std::optional<ode_solver> solver = {};           ///< an sde_window's ODE solver
+  std::optional<int> value_keep = {};              ///< the value pruner's keep
+  std::optional<int> value_step = {};              ///< the value pruner's step
+  std::optional<pruned_branch> value_pruned = {};  ///< the value pruner's pruned
+  std::optional<std::string> topology = {};        ///< a topology's name (its default parameters)
+  std::optional<int> budget = {};                  ///< adaptive_branching's budget
 };
 
 /// One run as the overrides see it: its recipe's erased components and its settings, each a reference into the
 /// run's own (the toy's variant_run, the shapes model's run_config).
 struct override_target {
+  any_topology& topology;
   any_stepper& stepper;
   any_correlator& correlator;
   any_fusion& fusion;
@@ -170,6 +184,14 @@ void each_sde_window(const override_target& run, const override_owner& owner, Se
           ": ode_stride and solver need an SDE window (branch-mix, branch-mix-flash)");
 }
 
+// The run's value pruner, added with its defaults when it has none.
+inline value_prune& value_pruner(const override_target& run) {
+  for (any_pruner_choice& choice : run.pruner.pruner.pruners)
+    if (auto* value = std::get_if<value_prune>(&choice.policy)) return *value;
+  run.pruner.pruner.pruners.push_back(any_pruner_choice{value_prune{}});
+  return std::get<value_prune>(run.pruner.pruner.pruners.back().policy);
+}
+
 }  // namespace detail
 
 // clang-format off
@@ -241,6 +263,46 @@ inline constexpr auto override_table = std::tuple{
         },
         .apply = [](const ode_solver& value, const override_target& run, const override_owner& owner) {
           detail::each_sde_window(run, owner, [&](sde_window& window) { window.solver = value; });
+        }},
+    override_row<int>{
+        .key = "value_keep", .field = &method_overrides::value_keep,
+        .read = [](const std::string& value, const std::string& what) {
+          return parse_integer<int>(value, what, 1, static_cast<int>(max_leaves_per_tree));
+        },
+        .apply = [](const int& value, const override_target& run, const override_owner&) {
+          detail::value_pruner(run).keep = value;
+        }},
+    override_row<int>{
+        .key = "value_step", .field = &method_overrides::value_step,
+        .read = [](const std::string& value, const std::string& what) {
+          return parse_integer<int>(value, what, -1, max_steps);
+        },
+        .apply = [](const int& value, const override_target& run, const override_owner&) {
+          detail::value_pruner(run).step = value;
+        }},
+    override_row<pruned_branch>{
+        .key = "value_pruned", .field = &method_overrides::value_pruned,
+        .read = [](const std::string& value, const std::string& what) {
+          return detail::named_choice(pruned_branch_names, value, what, "value or drop");
+        },
+        .apply = [](const pruned_branch& value, const override_target& run, const override_owner&) {
+          detail::value_pruner(run).pruned = value;
+        }},
+    override_row<std::string>{
+        .key = "topology", .field = &method_overrides::topology, .read = detail::policy_name<topology_policies>,
+        .apply = [](const std::string& value, const override_target& run, const override_owner&) {
+          run.topology.policy = make_policy<topology_policies>(value);
+        }},
+    override_row<int>{
+        .key = "budget", .field = &method_overrides::budget,
+        .read = [](const std::string& value, const std::string& what) {
+          return parse_integer<int>(value, what, 1, 10'000'000);
+        },
+        .apply = [](const int& value, const override_target& run, const override_owner& owner) {
+          auto* adaptive = std::get_if<adaptive_branching>(&run.topology.policy);
+          require(adaptive != nullptr, "--methods ", owner.label, ": budget needs topology=adaptive_branching, and ",
+                  owner.method, " has ", run.topology.name());
+          adaptive->budget = value;
         }},
 };
 // clang-format on

@@ -47,7 +47,7 @@ namespace branchgrpo::cli {
 /// method's own).
 struct method_variant : method_overrides {
   std::string label;   ///< the entry as given: the method's name in tables, files and JSON
-  std::string method;  ///< one of method_names, decoupled_method_names or flash_method_names
+  std::string method;  ///< one of named_methods()
 
   /// Whether it is the named method unchanged.
   [[nodiscard]] bool plain() const { return label == method; }
@@ -56,7 +56,7 @@ struct method_variant : method_overrides {
 /// Parses one `--methods` entry.
 /// Example: parse_method_variant("branch:scope=per_batch:s=1") == {.label = "branch:scope=per_batch:s=1",
 ///   .method = "branch", .scope = per_batch, .correlation_s = 1}; parse_method_variant("dance") is plain.
-/// @pre the name is one of method_names, decoupled_method_names or flash_method_names; each part is key=value with
+/// @pre the name is one of named_methods(); each part is key=value with
 ///      a key of override_table, at most once, and a value in its domain (method_overrides.hpp); no ratio_norm = on
 ///      or step_weight other than none on a decoupled method (else invalid_input naming the part).
 inline method_variant parse_method_variant(std::string_view entry) {
@@ -64,13 +64,9 @@ inline method_variant parse_method_variant(std::string_view entry) {
   out.label = std::string(entry);
   std::size_t colon = entry.find(':');
   out.method = std::string(entry.substr(0, colon));
-  bool known = false;
-  for (const std::string_view name : method_names) known = known || name == out.method;
-  for (const std::string_view name : decoupled_method_names) known = known || name == out.method;
-  for (const std::string_view name : flash_method_names) known = known || name == out.method;
-  require(known, "--methods: unknown method '", out.method, "' in '", entry, "' (expected ",
-          name_list(method_names, ", "), ", ", name_list(decoupled_method_names, ", "), " or ",
-          name_list(flash_method_names), ", optionally followed by :key=value overrides)");
+  const std::vector<std::string_view> names = named_methods();
+  require(std::find(names.begin(), names.end(), out.method) != names.end(), "--methods: unknown method '", out.method,
+          "' in '", entry, "' (expected ", name_list(names), ", optionally followed by :key=value overrides)");
   while (colon != std::string_view::npos) {
     const std::size_t next = entry.find(':', colon + 1);
     const std::string_view part = entry.substr(colon + 1, next == std::string_view::npos ? next : next - colon - 1);
@@ -124,8 +120,8 @@ inline variant_run make_variant_run(const method_variant& variant, double lr) {
                                         }),
                   .lr = lr};
   apply_overrides(variant,
-                  {run.recipe.stepper, run.recipe.correlator, run.recipe.fusion, run.recipe.normalizer,
-                   run.recipe.pruner, run.recipe.objective, run.updates, run.lr, run.loss},
+                  {run.recipe.topology, run.recipe.stepper, run.recipe.correlator, run.recipe.fusion,
+                   run.recipe.normalizer, run.recipe.pruner, run.recipe.objective, run.updates, run.lr, run.loss},
                   {.label = variant.label, .method = variant.method});
   return run;
 }

@@ -580,12 +580,25 @@ inline run_config parse_run_config(std::string_view text, const std::string& sou
             if constexpr (std::is_same_v<P, sde_window>) (void)p.shape(plan, 0);
             if constexpr (std::is_same_v<P, depth_window>)
               require(p.width <= plan.steps, "depth_window width ", p.width, " exceeds the ", plan.steps, " steps");
+            // A value step past the last split or a skip step, refused here rather than at the first iteration.
+            if constexpr (std::is_same_v<P, value_prune>) (void)p.rollout_cut(config.recipe.pruner.shape(plan, 0), 0);
           },
           pruners[i].policy);
     } catch (const invalid_input& error) {
       fail(source, ": ", where, ": ", error.what());
     }
   }
+  // adaptive_branching's budget against one chain of the plan the rollout runs (after the pruners' shapes pass).
+  checked(topology, {"budget"}, [&] {
+    (void)split_levels_of(config.recipe.topology, shape_plan(config.recipe.pruner, plan, 0), numbered_trees(1));
+  });
+  // The rollout's node values are the total reward's: the parts of per_reward have none for step_gain to read.
+  if (config.recipe.normalizer.per_reward && needs_node_values(config.recipe.fusion))
+    fail(source, ": advantage.per_reward = true: the fusion ", config.recipe.fusion.name(),
+         " reads node values of the total reward; per-reward parts have none");
+  if (rollout_cut_of(config.recipe.pruner, plan, 0).active() && !trains_transitions(config.recipe.objective))
+    fail(source, ": pruning.pruners: the value pruner needs an objective that trains transitions (objective.kind = ",
+         config.recipe.objective.name(), " trains on the leaves' samples)");
   // An objective that trains no transition refuses the loss options that act on one: here, rather than at the
   // first iteration, by the trainer's one rule in the config's words.
   const std::string conflict =

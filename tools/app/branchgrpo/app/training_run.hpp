@@ -446,12 +446,14 @@ class training_run {
   }
 
   /// What a sharded checkpoint holds beside the shards (rank 0 writes it): iteration, seed, ranks, the normalizer's
-  /// buffers and the canonical config.
+  /// buffers, the topology's records (adaptive_branching) and the canonical config.
   [[nodiscard]] checkpoint_contents checkpoint_common() {
     checkpoint_contents out{.iteration = iteration_, .seed = config_.run.seed, .weights = {}, .state = {}};
     out.ranks = ranks_;
     for (const auto& [name, values] : recipe_.normalizer.save_state())
       out.state["normalizer." + name] = torch::tensor(values, torch::kFloat64);
+    for (const auto& [name, values] : recipe_.topology.save_state())
+      out.state["topology." + name] = torch::tensor(values, torch::kFloat64);
     out.config_text = canonical_config();
     return out;
   }
@@ -513,17 +515,21 @@ class training_run {
     iteration_ = contents.iteration;
   }
 
-  /// The stateful normalizer's buffers from a checkpoint's "normalizer.*" tensors.
+  /// The stateful components' state from a checkpoint's "normalizer.*" and "topology.*" tensors (per_prompt_running's
+  /// buffers, adaptive_branching's records).
   void restore_normalizer(const checkpoint_contents& contents) {
-    component_state normalizer;
-    constexpr std::string_view prefix = "normalizer.";
-    for (const auto& [name, tensor] : contents.state)
-      if (name.starts_with(prefix)) {
-        const torch::Tensor values = tensor.to(torch::kCPU, torch::kFloat64).contiguous();
-        normalizer[name.substr(prefix.size())] =
-            std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
-      }
-    recipe_.normalizer.load_state(normalizer);
+    const auto saved = [&](std::string_view prefix) {
+      component_state state;
+      for (const auto& [name, tensor] : contents.state)
+        if (name.starts_with(prefix)) {
+          const torch::Tensor values = tensor.to(torch::kCPU, torch::kFloat64).contiguous();
+          state[name.substr(prefix.size())] =
+              std::vector<double>(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
+        }
+      return state;
+    };
+    recipe_.normalizer.load_state(saved("normalizer."));
+    recipe_.topology.load_state(saved("topology."));
   }
 
   /// <output_dir>/checkpoints.
@@ -701,12 +707,20 @@ class training_run {
     training_run* run;
     std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts,
                                    const leaf_groups& groups) {
-      const torch::Tensor images = run->decode(leaves);
+      return run->reward_(images(leaves, prompts), prompts, groups);
+    }
+    // Without groups (rows of trees of different shapes: adaptive_branching): a groupwise term refuses in one line.
+    std::vector<double> operator()(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
+      return run->reward_(images(leaves, prompts), prompts);
+    }
+    // The decoded rows, kept for the grids when asked (the last call's: the leaves, scored after any x0-hat values).
+    torch::Tensor images(const torch::Tensor& leaves, std::span<const std::int64_t> prompts) {
+      torch::Tensor decoded = run->decode(leaves);
       if (run->keep_images_) {
-        run->last_images_ = images;
+        run->last_images_ = decoded;
         run->last_prompts_.assign(prompts.begin(), prompts.end());
       }
-      return run->reward_(images, prompts, groups);
+      return decoded;
     }
     [[nodiscard]] std::span<const reward_component> last_component_rows() const {
       return run->reward_.last_component_rows();
