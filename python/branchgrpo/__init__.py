@@ -74,7 +74,7 @@ def topologies() -> list[dict[str, Any]]:
     """Every topology: its name, summary and parameters (name, default, rule, meaning).
 
     >>> [t["name"] for t in topologies()]
-    ['split_schedule', 'sequential', 'flow_grpo_fast']
+    ['split_schedule', 'sequential', 'flow_grpo_fast', 'adaptive_branching']
     >>> topologies()[1]["parameters"][0]["name"]
     'group_size'
     """

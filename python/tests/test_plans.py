@@ -68,7 +68,7 @@ def test_plans_equal_the_cli_tree_report() -> None:
 
 def test_topologies_describe_their_parameters() -> None:
     described = {t["name"]: t for t in branchgrpo.topologies()}
-    assert list(described) == ["split_schedule", "sequential", "flow_grpo_fast"]
+    assert list(described) == ["split_schedule", "sequential", "flow_grpo_fast", "adaptive_branching"]
     group = described["sequential"]["parameters"][0]
     assert group["name"] == "group_size" and group["default"] == "16"
 
