@@ -156,7 +156,7 @@ edge_credit assign_credit(method<T, S, C, F, N, P, O>& recipe, const rollout_tre
   credit.edge_advantage.assign(static_cast<std::size_t>(full.node_count()), 0.0);
   for (int s = 0; s < full.steps(); ++s)
     for (std::int32_t n : subset.edges_at_step(s)) {
-      // edges_at_step holds the sampled edges only: the nodes below a stopped node have no latent to train.
+      // edges_at_step holds the sampled edges only: nodes below a stopped node or left out have no latent to train.
       if (!credit.mask[static_cast<std::size_t>(n)] || subset.kind(n) != edge_kind::sde) continue;
       credit.edge_advantage[static_cast<std::size_t>(original(n))] = credit.advantages[static_cast<std::size_t>(n)];
       credit.trained.push_back(original(n));
