@@ -66,7 +66,8 @@ TEST_CASE("validate_parameters names the first parameter that breaks its rule") 
 }
 
 TEST_CASE("each list holds its family's policies, the default first") {
-  CHECK(bg::policy_names_text<bg::topology_policies>() == "split_schedule, sequential, flow_grpo_fast or adaptive_branching");
+  CHECK(bg::policy_names_text<bg::topology_policies>() ==
+        "split_schedule, sequential, flow_grpo_fast or adaptive_branching");
   CHECK(bg::policy_names_text<bg::stepper_policies>() == "dance_sde, flow_grpo_sde, cps or per_layer_eta");
   CHECK(bg::policy_names_text<bg::correlator_policies>() ==
         "correlated, independent, antithetic, orthogonal or scaled");
