@@ -138,13 +138,15 @@ inline std::vector<double> with_phantom_leaves(const rollout_tree& tree, std::sp
   return all;
 }
 
-/// The reward of `x`, one row per node of `rows` (sampled nodes of `tree`, tree-major) with its prompt. A groupwise
-/// reward sees each tree's rows as one group when every tree has equally many (a cut keeps min(keep, frontier) nodes
-/// in each); trees of different shapes (adaptive_branching) have no common group size, so a reward that is also
-/// pointwise is called pointwise, and one that is only groupwise is refused in one line.
+/// The reward of `x`, one row per node of `rows` (sampled nodes of `tree`, tree-major) with its tree's prompt. A
+/// groupwise reward sees each tree's rows as one group when every tree has equally many (a cut keeps min(keep,
+/// frontier) nodes in each); trees of different shapes (adaptive_branching) have no common group size, so a reward that
+/// is also pointwise is called pointwise, and one that is only groupwise is refused in one line.
 template <Backend B, Reward<B> Score>
 std::vector<double> score_tree_rows(Score& reward, const typename B::tensor& x, const rollout_tree& tree,
-                                    std::span<const std::int32_t> rows, std::span<const std::int64_t> prompts) {
+                                    std::span<const std::int32_t> rows) {
+  std::vector<std::int64_t> prompts;
+  for (const std::int32_t n : rows) prompts.push_back(tree.info(tree.tree(n)).prompt);
   std::vector<std::uint32_t> keys;
   for (std::int32_t t = 0; t < tree.tree_count(); ++t) keys.push_back(tree.info(t).key);
   std::vector<std::int32_t> count(static_cast<std::size_t>(tree.tree_count()), 0);
@@ -170,15 +172,11 @@ template <Backend B, Reward<B> Score>
 scored_leaves score_leaves(B& backend, Score& reward, const rollout_result<B>& result,
                            std::span<const reward_component> value_parts = {}) {
   const rollout_tree& tree = result.tree;
-  std::vector<std::int64_t> leaf_prompts;
-  leaf_prompts.reserve(static_cast<std::size_t>(tree.leaf_count()));
-  for (std::int32_t leaf : tree.leaves())
-    if (tree.sampled(leaf)) leaf_prompts.push_back(tree.info(tree.tree(leaf)).prompt);
   std::vector<std::int32_t> sampled_leaves;
   for (const std::int32_t leaf : tree.leaves())
     if (tree.sampled(leaf)) sampled_leaves.push_back(leaf);
-  std::vector<double> scores = with_phantom_leaves(
-      tree, score_tree_rows<B>(reward, leaf_latents(backend, result), tree, sampled_leaves, leaf_prompts));
+  std::vector<double> scores =
+      with_phantom_leaves(tree, score_tree_rows<B>(reward, leaf_latents(backend, result), tree, sampled_leaves));
   std::vector<reward_component> components;
   if constexpr (ComponentReward<Score>) {
     const std::span<const reward_component> parts = reward.last_component_rows();

@@ -198,9 +198,7 @@ namespace detail {
 template <Backend B, class Score>
 std::vector<double> value_rows(Score& reward, const typename B::tensor& x0_hat, const rollout_tree& tree,
                                std::span<const std::int32_t> nodes, std::vector<reward_component>& parts) {
-  std::vector<std::int64_t> prompts;
-  for (const std::int32_t n : nodes) prompts.push_back(tree.info(tree.tree(n)).prompt);
-  std::vector<double> values = score_tree_rows<B>(reward, x0_hat, tree, nodes, prompts);
+  std::vector<double> values = score_tree_rows<B>(reward, x0_hat, tree, nodes);
   if constexpr (ComponentReward<Score>) {
     const auto nan = std::numeric_limits<double>::quiet_NaN();
     for (const reward_component& part : reward.last_component_rows()) {
