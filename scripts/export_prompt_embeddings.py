@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Encode prompts with FLUX.1's or Wan2.1's text encoders and write a branchgrpo prompt-embeddings file.
+"""Encode prompts with FLUX.1's, Wan2.1's or SD3.5's text encoders and write a branchgrpo prompt-embeddings file.
 
 branchgrpo runs no text encoder itself: it reads per-prompt text features from a safetensors file
 (docs/prompt_embeddings.md). This script makes that file from a list of prompts, for users who have PyTorch,
@@ -15,23 +15,35 @@ transformers and the encoder weights, encoding exactly as each model's own pipel
                 then each row kept on its real tokens and set to exact zeros after them. No pooled vector.
                 Weights: --repo (default Wan-AI/Wan2.1-T2V-1.3B-Diffusers), subfolders text_encoder /
                 tokenizer.
---text-encoder / --tokenizer (and, for FLUX's T5, --text-encoder-2 / --tokenizer-2) name a folder or repository
-id holding that one component instead (no subfolder).
+  --model sd3   as diffusers' StableDiffusion3Pipeline.encode_prompt (clip_skip None): CLIP-L and CLIP-G
+                (CLIPTextModelWithProjection) each on the prompt padded / truncated to 77 tokens, no attention
+                mask, their hidden_states[-2] concatenated on features (768 + 1280) and zero-padded to T5's
+                width 4096, then T5-v1.1-XXL's last_hidden_state of the prompt padded / truncated to --max-length
+                (the pipeline's max_sequence_length, default 256) tokens appended along the sequence: context
+                [77 + max_length, 4096]. pooled = concat(CLIP-L text_embeds, CLIP-G text_embeds), 2048.
+                Weights: --repo (default stabilityai/stable-diffusion-3.5-medium), subfolders text_encoder /
+                tokenizer (CLIP-L), text_encoder_2 / tokenizer_2 (CLIP-G), text_encoder_3 / tokenizer_3 (T5).
+--text-encoder / --tokenizer (and --text-encoder-2 / --tokenizer-2 for FLUX's T5 and SD3's CLIP-G,
+--text-encoder-3 / --tokenizer-3 for SD3's T5) name a folder or repository id holding that one component instead
+(no subfolder).
 
 Layout written:
-  tensor "context"           [N, L, D]   F32 (BF16 with --out-dtype bf16); D 4096, L --max-length (FLUX) or 512
-  tensor "pooled"            [N, V]      FLUX only (V 768)
+  tensor "context"           [N, L, D]   F32 (BF16 with --out-dtype bf16); D 4096, L --max-length (FLUX),
+                                         512 (Wan) or 77 + --max-length (SD3)
+  tensor "pooled"            [N, V]      FLUX (V 768) and SD3 (V 2048)
   tensor "negative_context"  [M, L, D]   only when a negative prompt is given: the M distinct negative prompts
-  tensor "negative_pooled"   [M, V]      FLUX only, with negative_context
+  tensor "negative_pooled"   [M, V]      FLUX and SD3, with negative_context
   tensor "negative_index"    I64 [N]     row n's negative row in [0, M)
   metadata "prompts" (the N prompts joined with "\\n"), "negative_prompts" (the M negatives, first-seen order,
-  joined with "\\n"), "family" ("flux" | "wan"), "encoder" ("t5+clip" | "umt5"), "encoder_source",
-  "context_in" (D), "vec_in" (V, FLUX only), "text_len" (L).
+  joined with "\\n"), "family" ("flux" | "wan" | "sd3"), "encoder" ("t5+clip" | "umt5" | "clip-l+clip-g+t5"),
+  "encoder_source", "context_in" (D), "vec_in" (V, FLUX and SD3), "text_len" (L).
 
 --prompts FILE: plain text, one prompt per line (blank lines skipped), or, for a name ending in .jsonl, one JSON
 object per line with "prompt" and an optional "negative_prompt". --negative-prompt TEXT is the negative of every
-prompt whose row has none (for Wan, "default" is Wan2.1's own default negative prompt). When some prompts have a
-negative and others not, those others get the empty prompt "" as their negative.
+prompt whose row has none ("default": the model's own default negative prompt: Wan2.1's sample_neg_prompt; for
+SD3 the empty prompt "", which StableDiffusion3Pipeline encodes like any prompt when it guides: its negative
+features are those of "", not zeros; FLUX.1 has none). When some prompts have a negative and others not, those
+others get the empty prompt "" as their negative.
 
 Datasets at scale: --shard-rows R makes --out a directory of shards prompts-00001-of-0000K.safetensors of R
 prompts each (the last may hold fewer), every shard a file of the layout above with the negatives its rows use;
@@ -46,6 +58,8 @@ Usage:
       [--repo black-forest-labs/FLUX.1-dev] [--max-length 512] [--device cuda] [--batch 8]
   python3 scripts/export_prompt_embeddings.py --model wan --prompts prompts.jsonl --out prompts.safetensors \\
       --negative-prompt default [--repo Wan-AI/Wan2.1-T2V-1.3B-Diffusers]
+  python3 scripts/export_prompt_embeddings.py --model sd3 --prompts prompts.txt --out prompts.safetensors \\
+      --negative-prompt default [--repo stabilityai/stable-diffusion-3.5-medium] [--max-length 256]
   python3 scripts/export_prompt_embeddings.py --model flux --prompts prompts.jsonl --out train/ \
       --shard-rows 1000 --test-count 500 --test-out test/
 """
@@ -65,11 +79,17 @@ WAN_TEXT_LEN = 512
 WAN_DEFAULT_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，"
                         "JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，"
                         "形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
-DEFAULT_REPO = {"flux": "black-forest-labs/FLUX.1-dev", "wan": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"}
+# SD3's default negative prompt: StableDiffusion3Pipeline.encode_prompt encodes `negative_prompt or ""`.
+SD3_DEFAULT_NEGATIVE = ""
+# SD3's max_sequence_length default: the T5 tokens after the 77 CLIP tokens.
+SD3_MAX_LENGTH = 256
+DEFAULT_REPO = {"flux": "black-forest-labs/FLUX.1-dev", "wan": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+                "sd3": "stabilityai/stable-diffusion-3.5-medium"}
 # The components each family loads, named as the subfolders of its diffusers repository.
 COMPONENTS = {"flux": ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"),
-              "wan": ("text_encoder", "tokenizer")}
-ENCODER = {"flux": "t5+clip", "wan": "umt5"}
+              "wan": ("text_encoder", "tokenizer"),
+              "sd3": ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3", "tokenizer_3")}
+ENCODER = {"flux": "t5+clip", "wan": "umt5", "sd3": "clip-l+clip-g+t5"}
 DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
@@ -216,6 +236,43 @@ def wan_encoder(sources, dtype, device):
     return encode
 
 
+def sd3_encoder(sources, dtype, device, max_length):
+    import torch
+    from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+
+    clip_l_tokenizer = load(CLIPTokenizer, *sources["tokenizer"])
+    clip_l = load(CLIPTextModelWithProjection, *sources["text_encoder"], torch_dtype=dtype).to(device).eval()
+    clip_g_tokenizer = load(CLIPTokenizer, *sources["tokenizer_2"])
+    clip_g = load(CLIPTextModelWithProjection, *sources["text_encoder_2"], torch_dtype=dtype).to(device).eval()
+    t5_tokenizer = load(T5TokenizerFast, *sources["tokenizer_3"])
+    t5 = load(T5EncoderModel, *sources["text_encoder_3"], torch_dtype=dtype).to(device).eval()
+    clip_width = clip_l.config.hidden_size + clip_g.config.hidden_size
+    if clip_width > t5.config.d_model:
+        t5_source = describe_sources({"text_encoder_3": sources["text_encoder_3"]})
+        fail(f"SD3 pads CLIP-L + CLIP-G's {clip_width} features to T5's width, but T5 ({t5_source}) is "
+             f"{t5.config.d_model} wide")
+    # The pipeline's tokenizer_max_length: CLIP-L's tokenizer's, used for both CLIP tokenizers (77).
+    clip_length = clip_l_tokenizer.model_max_length
+
+    def clip(tokenizer, model, texts):
+        ids = tokenizer(texts, padding="max_length", max_length=clip_length, truncation=True,
+                        return_tensors="pt").input_ids
+        out = model(ids.to(device), output_hidden_states=True)
+        return out.hidden_states[-2], out.text_embeds
+
+    def encode(texts):
+        l_tokens, l_pooled = clip(clip_l_tokenizer, clip_l, texts)
+        g_tokens, g_pooled = clip(clip_g_tokenizer, clip_g, texts)
+        ids = t5_tokenizer(texts, padding="max_length", max_length=max_length, truncation=True,
+                           add_special_tokens=True, return_tensors="pt").input_ids
+        t5_tokens = t5(input_ids=ids.to(device)).last_hidden_state
+        clip_tokens = torch.cat([l_tokens, g_tokens], dim=-1)
+        clip_tokens = torch.nn.functional.pad(clip_tokens, (0, t5_tokens.shape[-1] - clip_tokens.shape[-1]))
+        return torch.cat([clip_tokens, t5_tokens], dim=-2), torch.cat([l_pooled, g_pooled], dim=-1)
+
+    return encode
+
+
 def encode_all(encode, texts, batch, out_dtype):
     import torch
 
@@ -231,20 +288,24 @@ def encode_all(encode, texts, batch, out_dtype):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, choices=("flux", "wan"), help="whose text encoders")
+    parser.add_argument("--model", required=True, choices=("flux", "wan", "sd3"), help="whose text encoders")
     parser.add_argument("--prompts", required=True, help="text file (one prompt per line) or .jsonl file")
     parser.add_argument("--out", required=True, help="output .safetensors file (a directory with --shard-rows)")
     parser.add_argument("--negative-prompt", help='the negative of every prompt without its own ("default": '
-                                                  "Wan2.1's default negative prompt)")
+                                                  "Wan2.1's default negative prompt; SD3's, the empty prompt)")
     defaults = ", ".join("%s for %s" % (repo, model) for model, repo in DEFAULT_REPO.items())
     parser.add_argument("--repo", help="the diffusers repository id or local folder with the encoder subfolders "
                                        "(default: %s)" % defaults)
-    parser.add_argument("--text-encoder", help="folder or repository id of the text encoder (FLUX: CLIP, Wan: umT5)")
+    parser.add_argument("--text-encoder", help="folder or repository id of the text encoder (FLUX: CLIP, Wan: umT5, "
+                                               "SD3: CLIP-L)")
     parser.add_argument("--tokenizer", help="folder or repository id of its tokenizer")
-    parser.add_argument("--text-encoder-2", help="FLUX: folder or repository id of the T5 encoder")
-    parser.add_argument("--tokenizer-2", help="FLUX: folder or repository id of the T5 tokenizer")
+    parser.add_argument("--text-encoder-2", help="FLUX: folder or repository id of the T5 encoder; SD3: of CLIP-G")
+    parser.add_argument("--tokenizer-2", help="FLUX: folder or repository id of the T5 tokenizer; SD3: CLIP-G's")
+    parser.add_argument("--text-encoder-3", help="SD3: folder or repository id of the T5 encoder")
+    parser.add_argument("--tokenizer-3", help="SD3: folder or repository id of the T5 tokenizer")
     parser.add_argument("--max-length", type=int, help="FLUX: T5 tokens (default 512 for dev, 256 for schnell); "
-                                                      "Wan: always its text_len, 512")
+                                                      "SD3: T5 tokens after the 77 CLIP tokens (max_sequence_length, "
+                                                      "default 256); Wan: always its text_len, 512")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="encoder compute dtype")
     parser.add_argument("--out-dtype", choices=("f32", "bf16"), default="f32", help="stored dtype")
     parser.add_argument("--device", default="cuda")
@@ -267,17 +328,19 @@ def parse_args(argv):
         if args.max_length not in (None, WAN_TEXT_LEN):
             fail("--max-length is Wan2.1's text_len, %d" % WAN_TEXT_LEN)
         if args.text_encoder_2 or args.tokenizer_2:
-            fail("--text-encoder-2 and --tokenizer-2 are FLUX's T5; Wan has one text encoder")
+            fail("--text-encoder-2 and --tokenizer-2 are FLUX's T5 and SD3's CLIP-G; Wan has one text encoder")
         args.max_length = WAN_TEXT_LEN
     else:
         if args.max_length is None:
-            args.max_length = 512
+            args.max_length = 512 if args.model == "flux" else SD3_MAX_LENGTH
         if args.max_length < 1:
             fail("--max-length must be at least 1")
-        if args.negative_prompt == "default":
+        if args.model == "flux" and args.negative_prompt == "default":
             fail("--negative-prompt default is Wan2.1's default negative prompt; FLUX.1 has none")
+    if args.model != "sd3" and (args.text_encoder_3 or args.tokenizer_3):
+        fail(f"--text-encoder-3 and --tokenizer-3 are SD3's T5; {args.model} has no third text encoder")
     if args.negative_prompt == "default":
-        args.negative_prompt = WAN_DEFAULT_NEGATIVE
+        args.negative_prompt = WAN_DEFAULT_NEGATIVE if args.model == "wan" else SD3_DEFAULT_NEGATIVE
     if args.negative_prompt is not None:
         check_line_free(args.negative_prompt, "--negative-prompt", "negative prompt")
     for flag, path in (("--out", args.out), ("--test-out", args.test_out)):
@@ -309,6 +372,8 @@ def main(argv=None):
     sources = component_sources(args)
     if args.model == "flux":
         encode = flux_encoder(sources, dtype, args.device, args.max_length)
+    elif args.model == "sd3":
+        encode = sd3_encoder(sources, dtype, args.device, args.max_length)
     else:
         encode = wan_encoder(sources, dtype, args.device)
 

@@ -150,7 +150,9 @@ struct toy_family {
 // Step 4: the one list entry.
 using families = bg::model_families::with<toy_family>;
 static_assert(bg::ModelFamily<toy_family>);
-static_assert(std::same_as<families::configs, std::variant<bg::flux_config, bg::wan_config, toy_config>>);
+static_assert(
+    std::same_as<families::configs,
+                 std::variant<bg::flux_config, bg::wan_config, bg::sd3_config, bg::wan22_config, toy_config>>);
 
 bg::run_config toy_run(const std::string& name) {
   bg::run_config config;
@@ -202,6 +204,6 @@ TEST_CASE("a toy model family added as one list entry is loaded, sized and train
 TEST_CASE("the shipped list does not know the toy family, and says which families it has") {
   const bg::run_config config = toy_run("branchgrpo_test_extension_model_family_unknown");
   CHECK(error_of([&] { (void)bg::run_transformer_config(config); }) ==
-        "config: model.config = \"toy-net\": none of the model families (flux, wan) names it");
+        "config: model.config = \"toy-net\": none of the model families (flux, wan, sd3, wan22) names it");
   CHECK(error_of([&] { (void)bg::run_transformer_config<families>(config); }) == "(no error)");
 }

@@ -3,12 +3,18 @@
 
 In a temporary folder: a FLUX-like repository (text_encoder / tokenizer: CLIPTextModel and a CLIP BPE tokenizer
 written from a vocabulary and merges made here; text_encoder_2 / tokenizer_2: T5EncoderModel and a unigram
-tokenizer trained here) and a Wan-like one (text_encoder / tokenizer: UMT5EncoderModel and the same kind of
-unigram tokenizer). The script runs as a command on text and JSONL prompt files; every row of what it writes is
-checked against the encoders run here, prompt by prompt: FLUX's T5 and CLIP outputs on the padded tokens, Wan's
-umT5 output on the real tokens alone followed by exact zeros. Bad input is one line naming file:line, exit 1.
+tokenizer trained here), a Wan-like one (text_encoder / tokenizer: UMT5EncoderModel and the same kind of
+unigram tokenizer) and an SD3-like one (text_encoder / tokenizer and text_encoder_2 / tokenizer_2: two
+CLIPTextModelWithProjection of different widths with CLIP BPE tokenizers, the second padding with "!" as SD3's
+CLIP-G tokenizer does; text_encoder_3 / tokenizer_3: T5EncoderModel and a unigram tokenizer). The script runs as a
+command on text and JSONL prompt files; every row of what it writes is checked against the encoders run here,
+prompt by prompt: FLUX's T5 and CLIP outputs on the padded tokens, Wan's umT5 output on the real tokens alone
+followed by exact zeros, SD3's against diffusers' own StableDiffusion3Pipeline.encode_prompt on the same encoders
+(where diffusers is installed; else against encode_prompt's formula written out here). Bad input is one line naming
+file:line, exit 1.
 
-Usage: test_export_prompt_embeddings.py (needs torch, transformers, tokenizers, safetensors: scripts/setup.sh)
+Usage: test_export_prompt_embeddings.py [ExportTest.test_sd3] (needs torch, transformers, tokenizers, safetensors:
+scripts/setup.sh; diffusers for the SD3 pipeline: the project's .venv)
 """
 import html
 import json
@@ -24,8 +30,8 @@ try:
     import torch
     from safetensors import safe_open
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config,
-                              T5EncoderModel, T5TokenizerFast, UMT5Config, UMT5EncoderModel)
+    from transformers import (AutoTokenizer, CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection,
+                              CLIPTokenizer, T5Config, T5EncoderModel, T5TokenizerFast, UMT5Config, UMT5EncoderModel)
 except ImportError as e:
     sys.exit("error: %s: this test needs torch, transformers, tokenizers and safetensors (scripts/setup.sh "
              "installs them for %s)" % (e, sys.executable))
@@ -33,6 +39,10 @@ try:
     from ftfy import fix_text
 except ImportError:
     fix_text = None
+try:  # the SD3 case compares with diffusers' own pipeline where diffusers is installed
+    from diffusers import StableDiffusion3Pipeline
+except ImportError:
+    StableDiffusion3Pipeline = None
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
                       "export_prompt_embeddings.py")
@@ -43,6 +53,9 @@ WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，
 WORDS = ["a", "red", "cube", "on", "blue", "floor", "green", "sphere", "blurry", "dark", "two", "cats", "and",
          "dog", "under", "tree"]
 T5_WIDTH, CLIP_WIDTH, FLUX_LENGTH, WAN_LENGTH = 32, 16, 24, 512
+# SD3: CLIP-L and CLIP-G widths (their 16 + 24 features zero-padded to T5's 48), projections (the pooled 8 + 12) and
+# the T5 tokens after the 77 CLIP tokens.
+SD3_CLIP_WIDTHS, SD3_PROJECTIONS, SD3_T5_WIDTH, SD3_LENGTH = (16, 24), (8, 12), 48, 20
 
 
 def unigram_tokenizer(folder):
@@ -60,7 +73,7 @@ def unigram_tokenizer(folder):
     return len(fast)
 
 
-def clip_tokenizer(folder, scratch):
+def clip_tokenizer(folder, scratch, pad_token="<|endoftext|>"):
     """A CLIP BPE tokenizer: letters, their word-final forms, WORDS merged left to right, the two specials last."""
     letters = "abcdefghijklmnopqrstuvwxyz0123456789.,!&;"
     vocab = list(letters) + [c + "</w>" for c in letters]
@@ -78,7 +91,7 @@ def clip_tokenizer(folder, scratch):
         json.dump({token: i for i, token in enumerate(vocab)}, f)
     with open(os.path.join(scratch, "merges.txt"), "w") as f:
         f.write("#version: 0.2\n" + "\n".join(dict.fromkeys(merges)) + "\n")
-    CLIPTokenizer(os.path.join(scratch, "vocab.json"), os.path.join(scratch, "merges.txt"),
+    CLIPTokenizer(os.path.join(scratch, "vocab.json"), os.path.join(scratch, "merges.txt"), pad_token=pad_token,
                   model_max_length=77).save_pretrained(folder)
     return len(vocab)
 
@@ -97,7 +110,19 @@ def build_repositories(root):
     T5EncoderModel(T5Config(vocab_size=vocab, **t5_shape)).save_pretrained(os.path.join(flux, "text_encoder_2"))
     vocab = unigram_tokenizer(os.path.join(wan, "tokenizer"))
     UMT5EncoderModel(UMT5Config(vocab_size=vocab, **t5_shape)).save_pretrained(os.path.join(wan, "text_encoder"))
-    return flux, wan
+    sd3 = os.path.join(root, "sd3")
+    for k, suffix in enumerate(("", "_2")):
+        vocab = clip_tokenizer(os.path.join(sd3, "tokenizer" + suffix), os.path.join(root, "sd3_clip_source" + suffix),
+                               pad_token="!" if suffix else "<|endoftext|>")
+        CLIPTextModelWithProjection(CLIPTextConfig(
+            vocab_size=vocab, hidden_size=SD3_CLIP_WIDTHS[k], intermediate_size=32, num_hidden_layers=3,
+            num_attention_heads=2, max_position_embeddings=77, projection_dim=SD3_PROJECTIONS[k],
+            bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=vocab - 1)).save_pretrained(
+            os.path.join(sd3, "text_encoder" + suffix))
+    vocab = unigram_tokenizer(os.path.join(sd3, "tokenizer_3"))
+    T5EncoderModel(T5Config(vocab_size=vocab, **dict(t5_shape, d_model=SD3_T5_WIDTH))).save_pretrained(
+        os.path.join(sd3, "text_encoder_3"))
+    return flux, wan, sd3
 
 
 def read(path):
@@ -117,7 +142,7 @@ class ExportTest(unittest.TestCase):
     def setUpClass(cls):
         cls.scratch = tempfile.TemporaryDirectory()
         cls.root = cls.scratch.name
-        cls.flux, cls.wan = build_repositories(cls.root)
+        cls.flux, cls.wan, cls.sd3 = build_repositories(cls.root)
         cls.models = {}
 
     @classmethod
@@ -267,6 +292,95 @@ class ExportTest(unittest.TestCase):
         for row, text in enumerate([WAN_NEGATIVE, "blurry  dark"]):
             self.check_wan_row(tensors["negative_context"][row], text)
 
+    # encode_prompt's formula (diffusers' pipeline_stable_diffusion_3.py, clip_skip None), for a python without
+    # diffusers: each CLIP's hidden_states[-2] and text_embeds on 77 padded tokens, T5 on SD3_LENGTH padded tokens.
+    def sd3_formula_features(self, texts):
+        tokens, pooled = [], []
+        for suffix in ("", "_2"):
+            ids = CLIPTokenizer.from_pretrained(os.path.join(self.sd3, "tokenizer" + suffix))(
+                texts, padding="max_length", max_length=77, truncation=True, return_tensors="pt").input_ids
+            encoder = self.model(CLIPTextModelWithProjection, os.path.join(self.sd3, "text_encoder" + suffix),
+                                 torch.float32)
+            with torch.no_grad():
+                out = encoder(ids, output_hidden_states=True)
+            tokens.append(out.hidden_states[-2])
+            pooled.append(out.text_embeds)
+        ids = T5TokenizerFast.from_pretrained(os.path.join(self.sd3, "tokenizer_3"))(
+            texts, padding="max_length", max_length=SD3_LENGTH, truncation=True, return_tensors="pt").input_ids
+        with torch.no_grad():
+            t5 = self.model(T5EncoderModel, os.path.join(self.sd3, "text_encoder_3"), torch.float32)(ids)[0]
+        clip = torch.cat(tokens, dim=-1)
+        clip = torch.cat([clip, clip.new_zeros(clip.shape[0], clip.shape[1], t5.shape[-1] - clip.shape[-1])], dim=-1)
+        return torch.cat([clip, t5], dim=1), torch.cat(pooled, dim=-1)
+
+    # What diffusers' StableDiffusion3Pipeline.encode_prompt computes for `texts` (guidance on, so the negatives
+    # too: `negative`, or the pipeline's default "" when None), on the encoders of the SD3-like repository.
+    def sd3_pipeline_features(self, texts, negative):
+        if StableDiffusion3Pipeline is None:
+            negatives = negative or [""] * len(texts)
+            return (*self.sd3_formula_features(texts), *self.sd3_formula_features(negatives))
+        tokenizers = {name: CLIPTokenizer.from_pretrained(os.path.join(self.sd3, name))
+                      for name in ("tokenizer", "tokenizer_2")}
+        encoders = {name: self.model(CLIPTextModelWithProjection, os.path.join(self.sd3, name), torch.float32)
+                    for name in ("text_encoder", "text_encoder_2")}
+        pipe = StableDiffusion3Pipeline(
+            transformer=None, scheduler=None, vae=None, **tokenizers, **encoders,
+            tokenizer_3=T5TokenizerFast.from_pretrained(os.path.join(self.sd3, "tokenizer_3")),
+            text_encoder_3=self.model(T5EncoderModel, os.path.join(self.sd3, "text_encoder_3"), torch.float32))
+        with torch.no_grad():
+            context, negative_context, pooled, negative_pooled = pipe.encode_prompt(
+                prompt=texts, prompt_2=None, prompt_3=None, device="cpu", do_classifier_free_guidance=True,
+                negative_prompt=negative, max_sequence_length=SD3_LENGTH)
+        return context, pooled, negative_context, negative_pooled
+
+    def test_sd3(self):
+        # Guided with the default negative: the pipeline's `negative_prompt or ""`, the empty prompt encoded.
+        prompts = ["a red cube on a blue floor", "two cats and a dog under a tree " * 4, "a"]
+        path = self.write("sd3.txt", prompts)
+        tensors, metadata = self.export("--model", "sd3", "--prompts", path, "--repo", self.sd3, "--dtype", "f32",
+                                        "--max-length", str(SD3_LENGTH), "--batch", "3", "--negative-prompt",
+                                        "default")
+        self.assertEqual(sorted(tensors), ["context", "negative_context", "negative_index", "negative_pooled",
+                                           "pooled"])
+        length, pooled_width = 77 + SD3_LENGTH, sum(SD3_PROJECTIONS)
+        self.assertEqual(tensors["context"].shape, (3, length, SD3_T5_WIDTH))
+        self.assertEqual(tensors["pooled"].shape, (3, pooled_width))
+        self.assertEqual(tensors["negative_context"].shape, (1, length, SD3_T5_WIDTH))
+        self.assertEqual(tensors["negative_index"].tolist(), [0, 0, 0])
+        source = ", ".join(f"{name}={self.sd3}/{name}" for name in ("text_encoder", "tokenizer", "text_encoder_2",
+                                                                      "tokenizer_2", "text_encoder_3", "tokenizer_3"))
+        self.assertEqual(metadata, {"prompts": "\n".join(prompts), "family": "sd3", "encoder": "clip-l+clip-g+t5",
+                                    "encoder_source": source, "context_in": str(SD3_T5_WIDTH),
+                                    "vec_in": str(pooled_width), "text_len": str(length), "negative_prompts": ""})
+        context, pooled, negative_context, negative_pooled = self.sd3_pipeline_features(prompts, None)
+        torch.testing.assert_close(tensors["context"], context, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(tensors["pooled"], pooled, atol=1e-6, rtol=1e-6)
+        # The pipeline encodes its negative once per prompt; the file holds the one distinct negative.
+        torch.testing.assert_close(tensors["negative_context"][0], negative_context[0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(tensors["negative_pooled"][0], negative_pooled[0], atol=1e-6, rtol=1e-6)
+        # The layout the pipeline builds: CLIP's 77 tokens zero-padded past 16 + 24 features, then T5's tokens;
+        # the empty prompt's features are not zeros.
+        self.assertTrue(bool((tensors["context"][:, :77, sum(SD3_CLIP_WIDTHS):] == 0).all()))
+        self.assertTrue(bool((tensors["context"][:, 77:, sum(SD3_CLIP_WIDTHS):] != 0).any()))
+        self.assertGreater(tensors["negative_context"].abs().max().item(), 0.1)
+
+        # Each component named on its own (-2: CLIP-G, -3: T5), JSONL rows with their own negatives, batches of 2.
+        rows = [{"prompt": "a green sphere", "negative_prompt": "blurry"}, {"prompt": "a dog"}]
+        path = self.write("sd3.jsonl", [json.dumps(row) for row in rows])
+        flags = [f"--{name.replace('_', '-')}={os.path.join(self.sd3, name)}"
+                 for name in ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3",
+                              "tokenizer_3")]
+        tensors, metadata = self.export("--model", "sd3", "--prompts", path, *flags, "--dtype", "f32",
+                                        "--max-length", str(SD3_LENGTH), "--batch", "2")
+        self.assertEqual(metadata["negative_prompts"], "blurry\n")
+        self.assertTrue(metadata["encoder_source"].startswith(f"text_encoder={self.sd3}/text_encoder, "))
+        context, pooled, negative_context, negative_pooled = self.sd3_pipeline_features(
+            [row["prompt"] for row in rows], ["blurry", ""])
+        torch.testing.assert_close(tensors["context"], context, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(tensors["pooled"], pooled, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(tensors["negative_context"], negative_context, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(tensors["negative_pooled"], negative_pooled, atol=1e-6, rtol=1e-6)
+
     def test_shards_and_split(self):
         # 7 prompts, 2 held out by seed 3, the other 5 in shards of 2: 3 shards, each a file of the layout with the
         # negatives its rows use; the rows equal an unsharded export's.
@@ -335,6 +449,8 @@ class ExportTest(unittest.TestCase):
                      "--model", "flux", "--prompts", good, "--negative-prompt", "default")
         self.refused("--max-length is Wan2.1's text_len, 512", "--model", "wan", "--prompts", good,
                      "--max-length", "256")
+        self.refused("--text-encoder-3 and --tokenizer-3 are SD3's T5; flux has no third text encoder", "--model",
+                     "flux", "--prompts", good, "--tokenizer-3", self.sd3)
 
 
 if __name__ == "__main__":

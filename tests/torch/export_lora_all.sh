@@ -20,4 +20,12 @@ export_lora "$dir/flux_full/iter-000001" --merge --dtype fp16 --output "$out/flu
 export_lora "$dir/wan/iter-000002" --format diffusers --output "$out/wan_diffusers.safetensors"
 export_lora "$dir/wan/iter-000002" --format comfyui --output "$out/wan_comfyui.safetensors"
 export_lora "$dir/wan/iter-000002" --merge --output "$out/wan_merged.safetensors"
+export_lora "$dir/sd3/iter-000002" --format diffusers --output "$out/sd3_diffusers.safetensors"
+export_lora "$dir/sd3/iter-000002" --format kohya --output "$out/sd3_kohya.safetensors"
+export_lora "$dir/sd3/iter-000002" --format comfyui --output "$out/sd3_comfyui.safetensors"
+export_lora "$dir/sd3/iter-000002" --merge --output "$out/sd3_merged.safetensors"
+# Wan2.2: a file per expert, e.g. wan22_diffusers.high_noise_model.safetensors and .low_noise_model.safetensors
+export_lora "$dir/wan22/iter-000002" --format diffusers --output "$out/wan22_diffusers.safetensors"
+export_lora "$dir/wan22/iter-000002" --format comfyui --output "$out/wan22_comfyui.safetensors"
+export_lora "$dir/wan22/iter-000002" --merge --output "$out/wan22_merged.safetensors"
 exec python3 "$check" keys --modules "$modules" "$dir"

@@ -1,9 +1,9 @@
-# `branchgrpo export-lora` (docs/cli.md): the checkpoints test_lora_export writes (tiny FLUX and Wan runs with
-# trained-looking adapters, one without EMA, one of full fine-tuning) exported in every format, the exported keys
-# checked against diffusers' own module names and shapes (tests/torch/lora_export_diffusers_modules.txt, written by
-# scripts/check_lora_export.py from diffusers' tiny models; the check itself needs only Python's standard library),
-# and each refused input: one stderr line, exit status 2. The numerical check against diffusers needs PyTorch 2
-# (scripts/check_lora_export.py, not in CI).
+# `branchgrpo export-lora` (docs/cli.md): the checkpoints test_lora_export writes (tiny FLUX, Wan, SD3 and Wan2.2 runs
+# with trained-looking adapters, one without EMA, one of full fine-tuning) exported in every format (Wan2.2: a file
+# per expert), the exported keys checked against diffusers' own module names and shapes
+# (tests/torch/lora_export_diffusers_modules.txt, written by scripts/check_lora_export.py from diffusers' tiny models;
+# the check itself needs only Python's standard library), and each refused input: one stderr line, exit status 2.
+# The numerical check against diffusers needs PyTorch 2 (scripts/check_lora_export.py, not in CI).
 if(TARGET branchgrpo_cli AND TARGET test_lora_export)
   set(lora_dir ${CMAKE_CURRENT_BINARY_DIR}/lora_export)
   set(expect_error ${CMAKE_CURRENT_SOURCE_DIR}/reliability/scripts/expect_error.sh)
@@ -16,6 +16,8 @@ if(TARGET branchgrpo_cli AND TARGET test_lora_export)
   endfunction()
   export_lora_error_test(wan_kohya "--format kohya: Wan models export as diffusers or comfyui$"
                          ${lora_dir}/wan/iter-000002 --format kohya --output ${lora_dir}/never.safetensors)
+  export_lora_error_test(wan22_kohya "--format kohya: Wan2.2 models export as diffusers or comfyui$"
+                         ${lora_dir}/wan22/iter-000002 --format kohya --output ${lora_dir}/never.safetensors)
   export_lora_error_test(no_ema "--ema: .*flux_no_ema/iter-000001 has no EMA weights \\(no ema\\.\\* tensors"
                          ${lora_dir}/flux_no_ema/iter-000001 --ema --format diffusers
                          --output ${lora_dir}/never.safetensors)
@@ -30,7 +32,7 @@ if(TARGET branchgrpo_cli AND TARGET test_lora_export)
   export_lora_error_test(no_format "--format is required" ${lora_dir}/flux/iter-000002
                          --output ${lora_dir}/never.safetensors)
 
-  # Every format of both families in one test (one process per export, ~1 s each), then the keys against diffusers'.
+  # Every format of every family in one test (one process per export, ~1 s each), then the keys against diffusers'.
   add_test(NAME cli_export_lora_keys
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/torch/export_lora_all.sh $<TARGET_FILE:branchgrpo_cli> ${lora_dir}
                    ${CMAKE_CURRENT_SOURCE_DIR}/torch/lora_export_diffusers_modules.txt

@@ -1,7 +1,8 @@
 // torch/lora_export.hpp: the key tables agree with the layouts' own conversions (model_specs/*/layout.hpp), the
 // fused split is exact, merging matches lora_linear, and the fixture checkpoints `export-lora`'s CLI tests and
-// scripts/check_lora_export.py read (BRANCHGRPO_LORA_EXPORT_DIR: tiny FLUX and Wan runs with trained-looking
-// adapters, their EMA, the inputs and the C++ velocity of the adapted model, and a full fine-tuning checkpoint).
+// scripts/check_lora_export.py read (BRANCHGRPO_LORA_EXPORT_DIR: tiny FLUX, Wan, SD3 and Wan2.2 runs with
+// trained-looking adapters, their EMA, the inputs and the C++ velocity of the adapted model, and a full fine-tuning
+// checkpoint). Wan2.2's adapters go to one file per expert, in Wan's keys (lora_export_files).
 #include <torch/torch.h>
 
 #include <csignal>
@@ -15,12 +16,16 @@
 #include "branchgrpo/config/config_text.hpp"
 #include "branchgrpo/config/run_config.hpp"
 #include "branchgrpo/core/stop.hpp"
+#include "branchgrpo/model_specs/sd3/spec.hpp"
+#include "branchgrpo/model_specs/wan22/spec.hpp"
 #include "branchgrpo/torch/checkpoint.hpp"
 #include "branchgrpo/torch/flux/transformer.hpp"
 #include "branchgrpo/torch/lora.hpp"
 #include "branchgrpo/torch/lora_export.hpp"
 #include "branchgrpo/torch/safetensors.hpp"
+#include "branchgrpo/torch/sd3/transformer.hpp"
 #include "branchgrpo/torch/wan/transformer.hpp"
+#include "branchgrpo/torch/wan22/transformer.hpp"
 
 // Debian's LibTorch 1.13 pulls in glog, whose CHECK macro would replace Catch's: drop it before Catch.
 #undef CHECK
@@ -48,6 +53,23 @@ lora_options every_layer(std::int64_t rank, double alpha) {
 // The config text a training run of `toml` would store (no input checksums: the fixture has no input files).
 std::string stored_config(const std::string& toml) {
   return config_text(parse_run_config(toml, "fixture.toml"), false);
+}
+
+// A run's checkpoint of `model` at iteration 2 under `dir`: every layer adapted with trained-looking adapters
+// (seed `adapter_seed`), their EMA at half, and the config the run stored (`model_toml` + LoRA + run sections); the
+// base weights (before the adapters) in dir/base.safetensors.
+template <class Model>
+void write_trained_run(Model& model, const std::filesystem::path& dir, std::uint64_t adapter_seed,
+                       const std::string& config_toml) {
+  std::map<std::string, torch::Tensor> base;
+  for (const auto& item : model.named_parameters()) base[item.key()] = item.value().detach().clone();
+  const auto weights = trained_adapters(model, every_layer(4, 8), adapter_seed);
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& [name, tensor] : weights) state["ema." + name] = tensor * 0.5;
+  write_checkpoint(
+      dir / "iter-000002",
+      {.iteration = 2, .seed = 3, .weights = weights, .state = state, .config_text = stored_config(config_toml)});
+  save_safetensors(dir / "base.safetensors", base);
 }
 
 }  // namespace
@@ -100,6 +122,66 @@ TEST_CASE("the Wan LoRA table is wan_diffusers_to_official's linear layers read 
   // Every adaptable layer of the model is in the table.
   wan_transformer model(config);
   for (const auto& [name, layer] : lora_layers(model)) CHECK_NOTHROW(wan_lora_diffusers_name(name));
+}
+
+TEST_CASE("the SD3 LoRA table is sd3_diffusers_to_stability's linear layers read backwards") {
+  const sd3_config config = sd3_config::tiny();
+  std::set<std::string> linear_weights;  // the stability names of 2-D weights: the linear layers
+  for (const auto& spec : sd3_expected_tensors(config, sd3_layout::stability))
+    if (spec.shape.size() == 2 && spec.name.ends_with(".weight")) linear_weights.insert(spec.name);
+  std::size_t checked = 0;
+  for (const sd3_key_mapping& entry : sd3_diffusers_to_stability(config)) {
+    if (!linear_weights.contains(entry.target)) continue;
+    const std::string layer = entry.target.substr(0, entry.target.size() - 7);  // without ".weight"
+    std::int64_t rows = 0, cols = 0;
+    for (const auto& spec : sd3_expected_tensors(config, sd3_layout::stability))
+      if (spec.name == entry.target) rows = spec.shape[0], cols = spec.shape[1];
+    const auto parts = sd3_lora_diffusers_parts(layer, rows, cols);
+    REQUIRE(parts.size() == entry.sources.size());
+    std::int64_t covered = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      CHECK(parts[i].name + ".weight" == entry.sources[i]);
+      CHECK(parts[i].row_offset == covered);
+      covered += parts[i].rows;
+      CHECK(parts[i].swap_halves == (entry.merge == sd3_merge::swap_halves));
+    }
+    CHECK(covered == rows);
+    ++checked;
+  }
+  CHECK(checked == linear_weights.size());
+  sd3_transformer model(config);
+  for (const auto& [name, layer] : lora_layers(model))
+    CHECK_NOTHROW(sd3_lora_diffusers_parts(name, layer->out_features(), layer->in_features()));
+}
+
+TEST_CASE("Wan2.2's adapters go to one file per expert, in Wan's keys") {
+  const torch::Tensor a = torch::ones({1, 40}), b = torch::ones({40, 1});
+  const std::map<std::string, lora_adapter> adapters = {{"high_noise_model.blocks.0.self_attn.q", {.down = a, .up = b}},
+                                                        {"low_noise_model.blocks.0.self_attn.q", {.down = a, .up = b}},
+                                                        {"low_noise_model.blocks.1.ffn.2", {.down = a, .up = b}}};
+  const model_spec* family = lora_family_of(adapters);  // an entry of model_spec_table, as export-lora finds it
+  REQUIRE((family != nullptr && family->name == "wan22"));
+  const auto files = lora_export_files(adapters, *family, "out/l.safetensors");
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].path == "out/l.high_noise_model.safetensors");
+  CHECK(files[0].module == "high_noise_model");
+  CHECK(files[0].family->name == "wan");
+  CHECK(files[0].adapters.size() == 1);
+  CHECK(files[0].adapters.contains("blocks.0.self_attn.q"));
+  CHECK(files[1].path == "out/l.low_noise_model.safetensors");
+  CHECK(files[1].adapters.size() == 2);
+  const auto low =
+      export_lora_tensors(files[1].adapters, *files[1].family, lora_export_format::diffusers, 1, std::nullopt);
+  CHECK(low.contains("transformer.blocks.0.attn1.to_q.lora_A.weight"));
+  CHECK(low.contains("transformer.blocks.1.ffn.net.2.lora_B.weight"));
+  // One file for a family without lora_files; a layer outside both experts is named.
+  const auto flux = lora_export_files({{"final_layer.linear", {.down = a, .up = b}}}, flux_spec, "f.safetensors");
+  CHECK((flux.size() == 1 && flux[0].path == "f.safetensors" && flux[0].family == &flux_spec));
+  CHECK_THROWS_WITH(lora_export_files({{"blocks.0.self_attn.q", {.down = a, .up = b}}}, wan22_spec, "l.safetensors"),
+                    Catch::Matchers::Contains("LoRA layer 'blocks.0.self_attn.q' is in none of the Wan2.2 modules"));
+  CHECK_THROWS_WITH(check_lora_export_format(wan22_spec, lora_export_format::kohya),
+                    "--format kohya: Wan2.2 models export as diffusers or comfyui");
+  CHECK_NOTHROW(check_lora_export_format(sd3_spec, lora_export_format::kohya));
 }
 
 TEST_CASE("a fused adapter split by rows with A shared is exact; the scale folds into B") {
@@ -235,20 +317,11 @@ TEST_CASE("fixture checkpoints for export-lora") {
   {  // Wan tiny as a run names it ("wan-tiny": out_dim = in_dim, so that it can sample).
     torch::manual_seed(seed);
     wan_transformer model(named_wan_config("wan-tiny"));
-    std::map<std::string, torch::Tensor> base;
-    for (const auto& item : model.named_parameters()) base[item.key()] = item.value().detach().clone();
-    const auto weights = trained_adapters(model, every_layer(4, 8), 12);
-    std::map<std::string, torch::Tensor> state;
-    for (const auto& [name, tensor] : weights) state["ema." + name] = tensor * 0.5;
-    write_checkpoint(root / "wan" / "iter-000002",
-                     {.iteration = 2,
-                      .seed = seed,
-                      .weights = weights,
-                      .state = state,
-                      .config_text = stored_config("[model]\ndir = \"\"\nconfig = \"wan-tiny\"\nlatent_height = "
-                                                   "4\nlatent_width = 6\nlatent_frames = 2\n[data]\nembeddings = "
-                                                   "\"prompts.safetensors\"\n" +
-                                                   lora + run)});
+    write_trained_run(
+        model, root / "wan", 12,
+        "[model]\ndir = \"\"\nconfig = \"wan-tiny\"\nlatent_height = 4\nlatent_width = 6\nlatent_frames = "
+        "2\n[data]\nembeddings = \"prompts.safetensors\"\n" +
+            lora + run);
     torch::manual_seed(6);
     const torch::Tensor latents = torch::randn({2, 4, 2, 4, 6}), timestep = torch::tensor({300.0f, 800.0f}),
                         text = torch::randn({2, 5, 24});
@@ -256,6 +329,43 @@ TEST_CASE("fixture checkpoints for export-lora") {
     const torch::Tensor velocity = model.forward(latents, timestep, text);
     save_safetensors(root / "wan" / "io.safetensors",
                      {{"latents", latents}, {"timestep", timestep}, {"text", text}, {"velocity", velocity}});
-    save_safetensors(root / "wan" / "base.safetensors", base);
+  }
+  {  // SD3 tiny as a run names it ("sd3-tiny": 3 channels, prompts 32 wide), random base from run.seed.
+    torch::manual_seed(seed);
+    sd3_transformer model(named_sd3_config("sd3-tiny"));
+    write_trained_run(model, root / "sd3", 13,
+                      "[model]\ndir = \"\"\nconfig = \"sd3-tiny\"\nlatent_height = 4\nlatent_width = 6\n[data]\n"
+                      "embeddings = \"prompts.safetensors\"\n" +
+                          lora + run);
+    // The inputs as diffusers' SD3Transformer2DModel takes them: latents [B, C, H, W], timestep 1000 sigma.
+    torch::manual_seed(7);
+    const torch::Tensor latents = torch::randn({2, 3, 4, 6}), timestep = torch::tensor({300.0f, 800.0f}),
+                        context = torch::randn({2, 5, 32}), pooled = torch::randn({2, 32});
+    torch::NoGradGuard no_grad;
+    const torch::Tensor velocity = model.forward(latents, timestep, context, pooled);
+    save_safetensors(root / "sd3" / "io.safetensors", {{"latents", latents},
+                                                       {"timestep", timestep},
+                                                       {"context", context},
+                                                       {"pooled", pooled},
+                                                       {"velocity", velocity}});
+    CHECK(velocity.abs().max().item<double>() > 0);
+  }
+  {  // Wan2.2 tiny as a run names it ("wan22-tiny"), LoRA on both experts. One io file per expert, named as the
+     // export names the expert's file: its timesteps on that expert's side of the boundary 875 (875 itself is high).
+    torch::manual_seed(seed);
+    wan22_transformer model(named_wan22_config("wan22-tiny"));
+    write_trained_run(model, root / "wan22", 14,
+                      "[model]\ndir = \"\"\nconfig = \"wan22-tiny\"\nlatent_height = 4\nlatent_width = 6\n"
+                      "latent_frames = 2\n[data]\nembeddings = \"prompts.safetensors\"\n" +
+                          lora + run);
+    torch::manual_seed(8);
+    const torch::Tensor latents = torch::randn({2, 3, 2, 4, 6}), text = torch::randn({2, 5, 32});
+    torch::NoGradGuard no_grad;
+    for (const auto& [expert, timestep] : {std::pair{"high_noise_model", torch::tensor({875.0f, 950.0f})},
+                                           std::pair{"low_noise_model", torch::tensor({300.0f, 874.0f})}}) {
+      const torch::Tensor velocity = model.forward(latents, timestep, text);
+      save_safetensors(root / "wan22" / ("io." + std::string(expert) + ".safetensors"),
+                       {{"latents", latents}, {"timestep", timestep}, {"text", text}, {"velocity", velocity}});
+    }
   }
 }

@@ -422,9 +422,9 @@ TEST_CASE("prompt file: negative prompts, family and encoder") {
                                    {{"prompts", metadata.at("prompts")}}),
                     name + ": no __metadata__ key 'negative_prompts' beside tensor 'negative_context'");
   std::map<std::string, std::string> other_family = metadata;
-  other_family["family"] = "sd3";
+  other_family["family"] = "qwenimage";
   CHECK_THROWS_WITH(write_and_load({{"context", e.context}, {"pooled", e.pooled}}, other_family),
-                    name + ": __metadata__ family 'sd3' is not flux or wan");
+                    name + ": __metadata__ family 'qwenimage' is not one of flux, wan, sd3 or wan22");
 }
 
 TEST_CASE("prompt_table: rows in memory and in mapped files, in order, on demand") {

@@ -620,6 +620,10 @@ TEST_CASE("the example configs parse") {
   CHECK(wan.model.config == "wan-t2v-1.3b");
   CHECK(wan.model.latent_frames == 5);
   CHECK(wan.rollout.shift == 5.0);
+  const bg::run_config sd3 = bg::load_run_config(dir / "sd3_medium_lora.toml");
+  CHECK(sd3.model.config == "sd3.5-medium");
+  CHECK(sd3.model.guidance_scale == 4.5);
+  CHECK(sd3.recipe.topology(sd3.rollout.steps).evaluations() == 77);  // 1 + 2 x 2 + 4 x 2 + 8 x 2 + 16 x 3
   const bg::run_config video = bg::load_run_config(dir / "moving_shapes_branch.toml");
   CHECK(video.input_path(video.model.dir) == dir / "../models/moving-shapes-tiny");
   CHECK(video.rewards.size() == 2);
@@ -829,7 +833,9 @@ TEST_CASE("sections are described once: the same rules for a config and for C++,
   CHECK_THROWS_WITH(bg::validate_parameters(bg::model_section{.dtype = "half"}, "model"),
                     "model.dtype = \"half\": must be float32, bfloat16 or float16");
   CHECK(error_of("[model]\nconfig = \"pro\"\n") ==
-        "run.toml: model.config = 'pro': must be \"\", dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b or wan-tiny");
+        "run.toml: model.config = 'pro': must be \"\", dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b, wan-tiny, "
+        "sd3.5-medium, sd3.5-large, "
+        "sd3-tiny, wan2.2-t2v-a14b or wan22-tiny");
   CHECK(error_of("[model]\ndtype = \"half\"\n") ==
         "run.toml: model.dtype = 'half': must be float32, bfloat16 or float16");
   CHECK_THROWS_WITH(bg::validate_parameters(bg::lora_section{.targets = {"attn"}}, "lora"),

@@ -142,9 +142,7 @@ void run_flux_iteration_bench(const bench_options& options) {
           << image_tokens(shape) << " image + " << options.text_tokens << " text tokens), " << options.device << ' '
           << options.dtype << (options.gradient_checkpointing ? ", gradient checkpointing" : "")
           << "; reward -mean(x^2); " << flops / 1e12 << " TFLOP per forward row; set-up " << setup << " s\n";
-    const auto make_model = [&](std::size_t v) { return shared.variant(backend, v); };
-    runs = run_harness<torch_backend>(options, make_model, latent_energy_reward{}, shape, options.prompts, hook);
-    for (variant_run& run : runs) run.forward_flops = flops;
+    runs = run_shared_bench(options, started, shared, shape, flops);
   }
   if (!options.json) std::cout << about.str();
   report_runs(runs, options);

@@ -1,6 +1,6 @@
 #pragma once
-// What the LibTorch iteration benches (flux.cpp, wan.cpp) share, so that a model family adds only its transformer,
-// its FLOP count and its report line:
+// What the LibTorch iteration benches (flux.cpp, wan.cpp, sd3.cpp) share, so that a model family adds only its
+// transformer, its FLOP count and its report line:
 //
 //   bench_device(--device), bench_dtype(--dtype)   the flags as LibTorch values, one line naming a bad one
 //   start_torch_bench(options)                     both benches' checked options: nodes, device, dtype, backend
@@ -8,6 +8,7 @@
 //   lora_bench_model<Denoiser>                     one variant's Policy<torch_backend>, synchronized per call
 //   bench_lora(options)                            the adapters every bench trains (attention and MLP)
 //   make_shared_bench_model<T>(options, ...)       a random-weights bench's one transformer, denoiser and slots
+//   run_shared_bench(options, started, shared, ...) its variants through the harness, FLOPs attached
 //   latent_energy_reward                           -mean(x^2) of the leaf latents (no decoder, no reward model)
 //   peak_memory_hook                               the CUDA caching allocator's peak over each iteration
 //   parameter_count(module)                        the module's parameters with its adapters
@@ -245,6 +246,19 @@ struct peak_memory_hook {
 #endif
   }
 };
+
+/// A random-weights bench's runs: every variant of `shared` (shared_bench_model) through the harness on `shape`
+/// with latent_energy_reward, --prompts random prompts and the peak-memory hook, each run carrying `flops` per
+/// forward row (what report_runs prints).
+template <class Shared>
+std::vector<variant_run> run_shared_bench(const bench_options& options, const torch_bench_setup& started,
+                                          const Shared& shared, const latent_shape& shape, double flops) {
+  const auto make_model = [&](std::size_t v) { return shared.variant(started.backend, v); };
+  std::vector<variant_run> runs = run_harness<torch_backend>(
+      options, make_model, latent_energy_reward{}, shape, options.prompts, peak_memory_hook{.device = started.device});
+  for (variant_run& run : runs) run.forward_flops = flops;
+  return runs;
+}
 
 /// Parameters of a module, adapters included.
 inline std::int64_t parameter_count(torch::nn::Module& model) {

@@ -23,7 +23,9 @@
 #include "cli/options/number_options.hpp"
 #ifdef BRANCHGRPO_CLI_BENCH_FLUX  // built with LibTorch, TurboJPEG and toml++ only (tools/CMakeLists.txt)
 #include "cli/bench/flux.hpp"
+#include "cli/bench/sd3.hpp"
 #include "cli/bench/wan.hpp"
+#include "cli/bench/wan22.hpp"
 #endif
 
 namespace branchgrpo::cli {
@@ -40,7 +42,9 @@ struct family_bench {
   void (*run)(const bench_options&);
 };
 constexpr std::array family_benches = {family_bench{.family = "flux", .run = run_flux_iteration_bench},
-                                       family_bench{.family = "wan", .run = run_wan_iteration_bench}};
+                                       family_bench{.family = "wan", .run = run_wan_iteration_bench},
+                                       family_bench{.family = "sd3", .run = run_sd3_iteration_bench},
+                                       family_bench{.family = "wan22", .run = run_wan22_iteration_bench}};
 static_assert(
     family_benches.size() == model_spec_table.size() &&
         [] {
@@ -53,7 +57,8 @@ static_assert(
 
 void run_iteration_bench(const bench_options& options) {
   // Models: the toy on the host backend here; each model family's --model values (model_spec::bench_models:
-  // flux-tiny and flux in bench/flux.cpp, wan-tiny and wan in bench/wan.cpp) on LibTorch.
+  // flux-tiny and flux in bench/flux.cpp, wan-tiny, wan, wan22-tiny and wan22 in bench/wan.cpp, sd3-tiny and sd3 in
+  // bench/sd3.cpp) on LibTorch.
   std::vector<std::string_view> models = {"toy"};
   for (std::size_t i = 0; i < model_spec_table.size(); ++i) {
     const std::span<const std::string_view> names = model_spec_table[i].bench_models;

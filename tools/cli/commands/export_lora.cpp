@@ -146,12 +146,17 @@ void export_lora(const export_lora_options& options) {
               << ")\n";
     return;
   }
-  const auto tensors = export_lora_tensors(adapters, *family, *format, alpha, dtype);
   metadata.emplace("format", "branchgrpo-lora-" + std::string(lora_export_format_name(*format)));
-  save_safetensors(options.output, tensors, metadata);
-  std::cout << "wrote " << options.output << ": " << adapters.size() << " LoRA layers of the " << family->label
-            << " transformer as " << lora_export_format_name(*format) << " (" << tensors.size() << " tensors, rank "
-            << rank << ", alpha " << branchgrpo::detail::run_number_text(alpha) << ")\n";
+  for (const lora_export_file& file : lora_export_files(adapters, *family, options.output)) {
+    const auto tensors = export_lora_tensors(file.adapters, *file.family, *format, alpha, dtype);
+    std::map<std::string, std::string> file_metadata = metadata;
+    if (!file.module.empty()) file_metadata.emplace("branchgrpo.module", file.module);
+    save_safetensors(file.path, tensors, file_metadata);
+    std::cout << "wrote " << file.path << ": " << file.adapters.size() << " LoRA layers of the " << family->label
+              << " transformer" << (file.module.empty() ? "" : "'s " + file.module) << " as "
+              << lora_export_format_name(*format) << " (" << tensors.size() << " tensors, rank " << rank << ", alpha "
+              << branchgrpo::detail::run_number_text(alpha) << ")\n";
+  }
 }
 
 // Every usage error of the command starts with its name: "export-lora: --format kohya: Wan models export as ...".

@@ -23,10 +23,13 @@
 #include "branchgrpo/model_specs/flux/layout.hpp"
 #include "branchgrpo/model_specs/flux/spec.hpp"
 #include "branchgrpo/model_specs/registry.hpp"
+#include "branchgrpo/model_specs/sd3/layout.hpp"
+#include "branchgrpo/model_specs/sd3/spec.hpp"
 #include "branchgrpo/model_specs/spec.hpp"
 #include "branchgrpo/model_specs/wan/config.hpp"
 #include "branchgrpo/model_specs/wan/layout.hpp"
 #include "branchgrpo/model_specs/wan/spec.hpp"
+#include "branchgrpo/model_specs/wan22/spec.hpp"
 #include "branchgrpo/safetensors.hpp"
 #include "cli/commands.hpp"
 #include "cli/output/output_file.hpp"
@@ -158,7 +161,8 @@ std::optional<std::string> detect_layout(const model_spec& spec, const std::vect
 /// The family to check: --family, else the one --layout or --config names, else the names' (the family most of
 /// them belong to when its layout is detected in them; else the first of model_spec_table, FLUX, whose detection
 /// may find none).
-/// Example: --layout official --config dev -> invalid_input "--layout official is a Wan layout but --config dev
+/// Example: --layout official --config dev -> invalid_input "--layout official is a Wan or Wan2.2 layout but --config
+/// dev
 ///   is a FLUX config"; no options and the names of wan_config::tiny() -> wan.
 const model_spec& choose_family(const weights_options& options, const std::vector<std::string_view>& names) {
   const model_spec* given = options.family.empty() ? nullptr : find_model_spec(options.family);
@@ -173,9 +177,15 @@ const model_spec& choose_family(const weights_options& options, const std::vecto
             options.family, " (", config_list(*given, config_order::as_listed, true), ")");
     return *given;
   }
-  if (by_layout != nullptr && by_config != nullptr && by_layout != by_config)
-    fail("--layout ", options.layout, " is a ", by_layout->label, " layout but --config ", options.config, " is a ",
-         by_config->label, " config");
+  if (by_config != nullptr && !options.layout.empty() &&
+      std::ranges::find(by_config->layouts, options.layout) == by_config->layouts.end()) {
+    std::vector<std::string_view> owners;  // the families with that layout ("official": Wan and Wan2.2)
+    for (const model_spec& spec : model_spec_table)
+      if (std::ranges::find(spec.layouts, options.layout) != spec.layouts.end()) owners.push_back(spec.label);
+    if (!owners.empty())
+      fail("--layout ", options.layout, " is a ", name_list(owners), " layout but --config ", options.config, " is a ",
+           by_config->label, " config");
+  }
   if (by_layout != nullptr) return *by_layout;
   if (by_config != nullptr) return *by_config;
   if (const model_spec* most = weights_family(names); most != nullptr && detect_layout(*most, names).has_value())
@@ -286,6 +296,84 @@ void check_wan(weights_report& report, const std::string& layout_text, const std
   report.sizes_text = wan_sizes_text(checked);
 }
 
+// SD3: the released single file holds the transformer under model.diffusion_model. beside its VAE and text
+// encoders (sd3_transformer_part keeps only the transformer's names, the prefix removed).
+std::optional<std::string> detect_sd3(const std::vector<std::string_view>& names) {
+  std::map<std::string, int> named;
+  for (const std::string_view name : names) named.emplace(std::string(name), 0);
+  std::vector<std::string> inner;
+  for (const auto& [name, unused] : sd3_transformer_part(named)) inner.push_back(name);
+  const std::optional<sd3_layout> detected = detect_sd3_layout(inner);
+  return detected ? std::optional(std::string(layout_name(*detected))) : std::nullopt;
+}
+
+void check_sd3(weights_report& report, const std::string& layout_text, const std::string& config,
+               const tensor_shapes& shapes) {
+  const sd3_layout layout = parse_sd3_layout(layout_text);
+  report.layout = std::string(layout_name(layout));
+  const tensor_shapes inner = sd3_transformer_part(shapes);
+  std::vector<std::pair<std::string, sd3_config>> configs;
+  for (const named_model_config& c : sd3_spec.configs)
+    configs.emplace_back(std::string(c.weights_name), named_sd3_config(c.name));
+  best_config(
+      report, configs, config, [&](const sd3_config& c) { return check_sd3_tensors(c, layout, inner); },
+      [&](const sd3_config& c) { return sd3_expected_tensors(c, layout); });
+}
+
+// Wan2.2: each expert's tensors are Wan's under the expert's module (high_noise_model / low_noise_model, or
+// diffusers' transformer / transformer_2), checked as Wan's (check_wan_tensors) with the prefix put back.
+std::optional<std::string> detect_wan22(const std::vector<std::string_view>& names) {
+  if (family_score(names, wan22_spec) == 0) return std::nullopt;
+  std::size_t official = 0, diffusers = 0;
+  for (const std::string_view name : names) {
+    official += name.starts_with("high_noise_model.") || name.starts_with("low_noise_model.");
+    diffusers += name.starts_with("transformer.") || name.starts_with("transformer_2.");
+  }
+  if (official == diffusers) return std::nullopt;
+  return std::string(official > diffusers ? "official" : "diffusers");
+}
+
+void check_wan22(weights_report& report, const std::string& layout_text, const std::string& config,
+                 const tensor_shapes& shapes) {
+  const wan_layout layout = parse_wan_layout(layout_text);
+  report.layout = std::string(layout_name(layout));
+  const auto& prefixes = layout == wan_layout::official ? wan22_official_prefixes : wan22_diffusers_prefixes;
+  const auto expert_of = [&](const std::string& name) -> std::optional<std::string> {
+    for (const std::string_view p : prefixes)
+      if (name.starts_with(std::string(p) + ".")) return std::string(p) + ".";
+    return std::nullopt;
+  };
+  const auto check = [&](const wan22_config& c) {
+    flux_key_report out;
+    for (const std::string_view p : prefixes) {
+      const std::string pre = std::string(p) + ".";
+      tensor_shapes expert;
+      for (const auto& [name, shape] : shapes)
+        if (expert_of(name) == pre) expert[name.substr(pre.size())] = shape;
+      const flux_key_report keys = check_wan_tensors(c.expert, layout, expert);
+      for (const auto& m : keys.missing) out.missing.push_back(pre + m);
+      for (const auto& m : keys.unexpected) out.unexpected.push_back(pre + m);
+      for (const auto& m : keys.mismatched) out.mismatched.push_back(pre + m);
+    }
+    for (const auto& [name, shape] : shapes)
+      if (!expert_of(name)) out.unexpected.push_back(name);
+    return out;
+  };
+  const auto expected = [&](const wan22_config& c) {
+    std::vector<wan_tensor_spec> out;
+    for (const std::string_view p : prefixes)
+      for (const wan_tensor_spec& t : wan_expected_tensors(c.expert, layout))
+        out.push_back({std::string(p) + "." + t.name, t.shape});
+    return out;
+  };
+  std::vector<std::pair<std::string, wan22_config>> configs;
+  for (const named_model_config& c : wan22_spec.configs)
+    configs.emplace_back(std::string(c.weights_name), named_wan22_config(c.name));
+  const wan22_config checked = best_config(report, configs, config, check, expected);
+  report.sizes = wan_sizes_json(checked.expert);
+  report.sizes_text = "2 experts of " + wan_sizes_text(checked.expert);
+}
+
 /// How the command checks one family of model_spec_table: the layout its names look like (nullopt: none), and the
 /// check of the shapes against its configs (or `config`, a --config value) in one of its layouts, which sets
 /// report.layout, .config, .candidates, .keys, .expected_count and the sizes it prints.
@@ -296,8 +384,9 @@ struct family_check {
                 const tensor_shapes& shapes);
 };
 
-constexpr std::array family_checks = {family_check{&flux_spec, detect_flux, check_flux},
-                                      family_check{&wan_spec, detect_wan, check_wan}};
+constexpr std::array family_checks = {
+    family_check{&flux_spec, detect_flux, check_flux}, family_check{&wan_spec, detect_wan, check_wan},
+    family_check{&sd3_spec, detect_sd3, check_sd3}, family_check{&wan22_spec, detect_wan22, check_wan22}};
 
 // Every family of the table has its check, and only those (a family is added in model_specs/registry.hpp and here).
 static_assert(family_checks.size() == model_spec_table.size() && [] {

@@ -104,16 +104,16 @@ struct targets {
 /// wan-t2v-14b, wan-tiny (a video family's latents are [C, latent_frames, latent_height, latent_width]).
 struct model_section {
   std::string dir = "models/shapes-tiny";
-  std::string config = "";         ///< one of model_config_names (dev, ..., wan-tiny); used when dir is ""
+  std::string config = "";         ///< one of model_config_names (dev, ..., wan22-tiny); used when dir is ""
   std::string weights = "";        ///< checkpoint for `config` in a layout of its family (model_spec::layouts);
-                                   ///< "" = random (the configs not released: tiny, wan-tiny)
+                                   ///< "" = random (the configs not released: tiny, wan-tiny, sd3-tiny, wan22-tiny)
   std::string decoder = "pixels";  ///< "pixels" (latents are RGB in [-1, 1]) or a decoder file
   std::string dtype = "float32";   ///< float32, bfloat16, float16
   std::string device = "cpu";      ///< cpu, cuda, cuda:N
   double guidance = 3.5;           ///< FLUX.1-dev's embedded (distilled) guidance, not classifier-free guidance
   /// Classifier-free guidance: v = v_u + guidance_scale (v_c - v_u) with the embeddings file's negative prompts;
   /// 1 = off (one conditional pass). Default: the named config's guidance_scale (5 for wan-t2v-*, Wan2.1's
-  /// sample_guide_scale), else 1.
+  /// sample_guide_scale; 7 for sd3.5-*, the SD3 pipeline's; 4 for wan2.2-t2v-a14b), else 1.
   double guidance_scale = 1.0;
   std::string negative_prompt = "";  ///< "" = each prompt's own negative in the file; else one of the file's
   bool master_weights = true;        ///< bfloat16 / float16 models: float32 master copies of the trainable weights

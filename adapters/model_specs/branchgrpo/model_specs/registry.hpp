@@ -5,24 +5,35 @@
 // here, then its LibTorch entry in tools/app/branchgrpo/app/model_families.hpp (docs/extending.md, "A model
 // family").
 //
-//   model_spec_table                  {flux_spec, wan_spec}
+//   model_spec_table                  {flux_spec, wan_spec, sd3_spec, wan22_spec}
+//   model_spec_names()                {"flux", "wan", "sd3", "wan22"}
 //   find_model_spec("wan")            the family named so, or nullptr
 //   spec_of_config("wan-t2v-14b")     the family whose model.config names it (wan_spec), or nullptr
-//   model_config_names                "", dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b, wan-tiny (model.config's
-//                                     values; "" when model.dir is given)
+//   model_config_names                "", dev, schnell, tiny, wan-t2v-1.3b, wan-t2v-14b, wan-tiny, sd3.5-medium,
+//                                     sd3.5-large, sd3-tiny, wan2.2-t2v-a14b, wan22-tiny (model.config's values;
+//                                     "" when model.dir is given)
 #include <array>
 #include <cstddef>
 #include <string_view>
 
 #include "branchgrpo/model_specs/flux/spec.hpp"
+#include "branchgrpo/model_specs/sd3/spec.hpp"
 #include "branchgrpo/model_specs/spec.hpp"
 #include "branchgrpo/model_specs/wan/spec.hpp"
+#include "branchgrpo/model_specs/wan22/spec.hpp"
 
 namespace branchgrpo {
 
-inline constexpr std::array model_spec_table = {flux_spec, wan_spec};
+inline constexpr std::array model_spec_table = {flux_spec, wan_spec, sd3_spec, wan22_spec};
 
-/// The family named `name` ("flux", "wan"), or nullptr.
+/// The families' names in table order: {"flux", "wan", "sd3", "wan22"}.
+inline constexpr auto model_spec_names() {
+  std::array<std::string_view, model_spec_table.size()> out{};
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = model_spec_table[i].name;
+  return out;
+}
+
+/// The family named `name` ("flux", "wan", "sd3", "wan22"), or nullptr.
 inline const model_spec* find_model_spec(std::string_view name) {
   for (const model_spec& spec : model_spec_table)
     if (spec.name == name) return &spec;

@@ -53,6 +53,10 @@ struct model_spec {
                                            std::int64_t in_features) = nullptr;
   /// Whether an adapted layer's name is the family's (how export-lora tells a checkpoint's family).
   bool (*lora_layer)(std::string_view layer) = nullptr;
+  /// The leading modules whose adapters a LoRA export writes to a file each, in `lora_file_family`'s keys with the
+  /// module stripped (Wan2.2's experts: diffusers and ComfyUI load one LoRA per expert model); empty: one file.
+  std::span<const std::string_view> lora_files = {};
+  const model_spec* lora_file_family = nullptr;
 
   /// The named config `name` (model.config's spelling), or nullptr.
   [[nodiscard]] const named_model_config* find(std::string_view config) const {

@@ -5,11 +5,12 @@
 //              into B (PEFT loads a file without alphas with lora_alpha = rank, i.e. scale 1). Each family's
 //              model_spec::lora_parts says where a layer goes: FLUX's fused projections are split
 //              (model_specs/flux/lora_keys.hpp), Wan's modules renamed (model_specs/wan/lora_keys.hpp).
-//   kohya      FLUX only (model_spec::lora_formats): "lora_unet_<bfl module, dots as _>.lora_down.weight" (A),
-//   ".lora_up.weight" (B) and
-//              ".alpha" (a scalar; the loader scales by alpha / rank), fused projections kept fused.
+//   kohya      FLUX and SD3 (model_spec::lora_formats): "lora_unet_<bfl / Stability module, dots as _>"
+//              ".lora_down.weight" (A), ".lora_up.weight" (B) and ".alpha" (a scalar; the loader scales by
+//              alpha / rank), fused projections kept fused.
 //   comfyui    "diffusion_model.<our module>.lora_A.weight" / ".lora_B.weight" (bfl names for FLUX, official for
-//              Wan: the names ComfyUI's model state uses), the scale folded into B.
+//              Wan, Stability's for SD3: the names ComfyUI's model state uses), the scale folded into B.
+//   Wan2.2's two experts go to a file each (model_spec::lora_files, lora_export_files), in Wan's keys.
 //   merged     (merge_lora_tensors) the full transformer W + (alpha / rank) B A in our layout.
 //
 // Example: the FLUX adapter double_blocks.0.img_attn.qkv (A [8, 64], B [192, 8], alpha 16, rank 8) ->
@@ -19,11 +20,13 @@
 //   comfyui: diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight = A, .lora_B.weight = 2 B.
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <ranges>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/parameters.hpp"
@@ -94,6 +97,44 @@ inline const model_spec* lora_family_of(const std::map<std::string, lora_adapter
   return leading_family([&](const model_spec& spec) {
     return std::ranges::count_if(layers, [&](const auto& layer) { return spec.lora_layer(layer.first); });
   });
+}
+
+/// One file of a LoRA export: its path, the adapters it holds (named as `family` names them) and the leading module
+/// they were taken from ("" for the whole transformer).
+struct lora_export_file {
+  std::string path;
+  std::map<std::string, lora_adapter> adapters;
+  const model_spec* family = nullptr;
+  std::string module;
+};
+
+/// The files an export of `adapters` (layers of `family`) to `output` writes: one, or for a family with
+/// model_spec::lora_files one per module, each holding that module's adapters with the module stripped, named as
+/// lora_file_family names them, at `output`'s stem + "." + module + its extension.
+/// Example: Wan2.2 adapters {high_noise_model.blocks.0.ffn.0, low_noise_model.blocks.0.ffn.0}, "out/l.safetensors"
+///   -> {"out/l.high_noise_model.safetensors", {blocks.0.ffn.0}, &wan_spec, "high_noise_model"} and the
+///   low_noise_model one; FLUX adapters -> {"out/l.safetensors", all of them, &flux_spec, ""}.
+/// @pre every adapter is under one of the modules when the family has lora_files (else invalid_input naming it).
+inline std::vector<lora_export_file> lora_export_files(const std::map<std::string, lora_adapter>& adapters,
+                                                       const model_spec& family, const std::string& output) {
+  if (family.lora_files.empty()) return {{.path = output, .adapters = adapters, .family = &family, .module = ""}};
+  const std::filesystem::path out(output);
+  std::vector<lora_export_file> files;
+  for (const std::string_view module : family.lora_files) {
+    std::filesystem::path path = out;
+    path.replace_filename(out.stem().string() + "." + std::string(module) + out.extension().string());
+    files.push_back(
+        {.path = path.string(), .adapters = {}, .family = family.lora_file_family, .module = std::string(module)});
+  }
+  for (const auto& [layer, adapter] : adapters) {
+    const auto file = std::ranges::find_if(files, [&](const lora_export_file& f) {
+      return layer.size() > f.module.size() && layer.starts_with(f.module) && layer[f.module.size()] == '.';
+    });
+    require(file != files.end(), "LoRA layer '", layer, "' is in none of the ", family.label, " modules ",
+            name_list(family.lora_files));
+    file->adapters.emplace(layer.substr(file->module.size() + 1), adapter);
+  }
+  return files;
 }
 
 /// The adapters in `format`'s keys (see the file comment), each tensor converted to `dtype` (nullopt: as stored).

@@ -5,8 +5,8 @@
 // LoRA keys, bench models), is model_specs/registry.hpp, which the run config, `weights`, `export-lora` and `bench`
 // read.
 //
-//   model_families                     family_list<flux_family, wan_family>
-//   run_transformer                    std::variant<flux_config, wan_config>: a run's transformer shape
+//   model_families                     family_list<flux_family, wan_family, sd3_family, wan22_family>
+//   run_transformer                    std::variant<flux_config, wan_config, sd3_config, wan22_config>
 //   run_transformer_config(config)     model.config's named shape, or model.dir's metadata
 //   load_run_model(config)             the family's loader: transformer, prompts, latent shape, decoder
 //   run_base_weights(config)           the transformer's weights before training, by name (export-lora --merge)
@@ -32,7 +32,9 @@
 #include <vector>
 
 #include "branchgrpo/app/families/flux.hpp"
+#include "branchgrpo/app/families/sd3.hpp"
 #include "branchgrpo/app/families/wan.hpp"
+#include "branchgrpo/app/families/wan22.hpp"
 #include "branchgrpo/app/run_model.hpp"
 #include "branchgrpo/app/shapes.hpp"
 #include "branchgrpo/app/transformer_size.hpp"
@@ -79,7 +81,7 @@ struct family_list {
   static bool any(Fn&& fn) {
     return (fn(std::type_identity<F>{}) || ...);
   }
-  /// The families' names: "flux, wan".
+  /// The families' names: "flux, wan, sd3, wan22".
   static std::string names() { return name_list(std::array{F::spec.name...}, ", "); }
 
  private:
@@ -94,9 +96,9 @@ struct family_list {
 };
 
 /// The families `branchgrpo` trains.
-using model_families = family_list<flux_family, wan_family>;
+using model_families = family_list<flux_family, wan_family, sd3_family, wan22_family>;
 
-/// The transformer shape of a run: a FLUX (image) or Wan2.1 (video) one.
+/// The transformer shape of a run: a FLUX or SD3 (image), or a Wan2.1 or Wan2.2 (video) one.
 using run_transformer = model_families::configs;
 
 /// The transformer shape of a run: model.config's named shape (its family's `named`), or the config in the

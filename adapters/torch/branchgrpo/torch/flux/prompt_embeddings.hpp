@@ -9,8 +9,10 @@
 //   tensor "negative_index"    [N]        I64    optional with M = 1: row n's negative is negative row index[n]
 //   __metadata__ "prompts"           the N prompt strings joined with "\n" (so no prompt holds a newline)
 //                "negative_prompts"  the M negative prompt strings, likewise (with negative_context)
-//                "family"            "flux" or "wan": the model family the features are for (optional)
-//                "encoder"           "t5+clip" (FLUX), "umt5" (Wan), "shapes" (the shipped models) (optional)
+//                "family"            a model_spec_table name ("flux", "wan", "sd3"): the model family the features
+//                                    are for (optional; Wan2.2 reads Wan's umT5 features, "wan")
+//                "encoder"           "t5+clip" (FLUX), "umt5" (Wan), "clip-l+clip-g+t5" (SD3), "shapes" (the
+//                                    shipped models) (optional)
 //                "context_in", "vec_in", "text_len"   decimal widths D, V and length L (optional on load)
 // F16, BF16 and F64 tensors are accepted too and converted to float32 on load. Row n of context and pooled
 // belongs to prompt n; a prompt index in a batch is a row of this table.
@@ -35,6 +37,7 @@
 #include "branchgrpo/core/error.hpp"
 #include "branchgrpo/core/numbers.hpp"
 #include "branchgrpo/model_specs/flux/config.hpp"
+#include "branchgrpo/model_specs/registry.hpp"
 #include "branchgrpo/model_specs/wan/config.hpp"
 #include "branchgrpo/torch/compat.hpp"
 #include "branchgrpo/torch/flux/denoiser.hpp"
@@ -50,8 +53,8 @@ struct prompt_file {
   prompt_embeddings negative_embeddings;      ///< [M, ...] float32, CPU; context undefined without negatives
   std::vector<std::string> negative_prompts;  ///< the M negative prompts
   std::vector<std::int64_t> negative_index;   ///< with negatives: prompt n's negative row, in [0, M)
-  std::string family = {};                    ///< "flux", "wan" or "" (a file that does not say)
-  std::string encoder = {};                   ///< "t5+clip", "umt5", "shapes", ... or ""
+  std::string family = {};                    ///< "flux", "wan", "sd3" or "" (a file that does not say)
+  std::string encoder = {};                   ///< "t5+clip", "umt5", "clip-l+clip-g+t5", "shapes", ... or ""
 
   [[nodiscard]] bool has_negatives() const { return negative_embeddings.context.defined(); }
 };
@@ -178,7 +181,7 @@ inline std::optional<repeated_prompt> find_repeated_prompt(std::span<const std::
   return out;
 }
 
-/// Throws invalid_input unless the file was made for `family` ("flux" or "wan") and, when `encoder` is not "",
+/// Throws invalid_input unless the file was made for `family` ("flux", "wan" or "sd3") and, when `encoder` is not "",
 /// by that text encoder: "<source>: made for wan models (metadata family = 'wan'); the model is flux". A file
 /// without family metadata passes; one without encoder metadata passes for "flux" (the T5 + CLIP exporter wrote
 /// none before), not for "wan": a 4096-wide T5 feature would fit Wan's shape and silently be the wrong encoder's.
@@ -343,8 +346,9 @@ inline prompt_file_header read_prompt_file_header(const safetensors_file& file, 
   }
   out.family = text("family").value_or("");
   out.encoder = text("encoder").value_or("");
-  require(out.family.empty() || out.family == "flux" || out.family == "wan", source, ": __metadata__ family '",
-          out.family, "' is not flux or wan");
+  const bool known = std::ranges::any_of(model_spec_table, [&](const model_spec& f) { return f.name == out.family; });
+  require(out.family.empty() || known, source, ": __metadata__ family '", out.family, "' is not one of ",
+          name_list(model_spec_names()));
   const auto width = [&](const std::string& key, const safetensors_tensor* tensor, std::size_t dim) {
     const std::optional<std::string> value = text(key);
     if (!value || tensor == nullptr) return;

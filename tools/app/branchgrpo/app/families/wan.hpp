@@ -108,11 +108,9 @@ struct wan_family {
     return model;
   }
 
- private:
-  static std::int64_t side(std::int64_t configured) { return configured > 0 ? configured : shapes_image_size; }
-
   /// model.decoder: "pixels" (3 channels: the latents are the frames), a TorchScript file (latents -> frames
-  /// [rows, F, 3, H, W] in [-1, 1]) or the Wan VAE's safetensors (its decoder; frames 1 + 4 (F - 1)).
+  /// [rows, F, 3, H, W] in [-1, 1]) or the Wan VAE's safetensors (its decoder; frames 1 + 4 (F - 1)). Wan2.2's
+  /// family decodes its experts' latents with it too (families/wan22.hpp).
   static latent_decoder_fn decoder(const run_config& config, const wan_config& wan) {
     const model_section& m = config.model;
     const torch::Device device = run_device(config);
@@ -131,6 +129,9 @@ struct wan_family {
     // [rows, 3, F', H, W] -> frames [rows, F', 3, H, W].
     return [vae](const torch::Tensor& z) { return clip_frames(vae->decode(z, /*clamp=*/true)); };
   }
+
+ private:
+  static std::int64_t side(std::int64_t configured) { return configured > 0 ? configured : shapes_image_size; }
 };
 
 }  // namespace branchgrpo
