@@ -74,19 +74,22 @@ void write_trained_run(Model& model, const std::filesystem::path& dir, std::uint
 
 }  // namespace
 
-TEST_CASE("the FLUX LoRA table is flux_diffusers_to_bfl's linear layers read backwards") {
-  const flux_config config = flux_config::tiny();
-  std::set<std::string> linear_weights;  // the bfl names of 2-D weights: the linear layers
-  for (const auto& spec : flux_expected_tensors(config, flux_layout::bfl))
-    if (spec.shape.size() == 2) linear_weights.insert(spec.name);
+// The LoRA table of a family that fuses projections (FLUX, SD3): every linear layer of `expected` (its 2-D
+// ".weight" tensors) is the target of one entry of `mappings` (diffusers -> our names), whose sources are exactly the
+// modules `parts(layer, rows, columns)` names, in order, their rows covering the layer's.
+template <class Parts>
+void check_lora_table(const std::vector<flux_key_mapping>& mappings, const std::vector<flux_tensor_spec>& expected,
+                      Parts parts_of) {
+  std::map<std::string, std::vector<std::int64_t>> linear;  // our names of 2-D weights: the linear layers
+  for (const auto& spec : expected)
+    if (spec.shape.size() == 2 && spec.name.ends_with(".weight")) linear.emplace(spec.name, spec.shape);
   std::size_t checked = 0;
-  for (const flux_key_mapping& entry : flux_diffusers_to_bfl(config)) {
-    if (!linear_weights.contains(entry.target)) continue;
+  for (const flux_key_mapping& entry : mappings) {
+    const auto it = linear.find(entry.target);
+    if (it == linear.end()) continue;
     const std::string layer = entry.target.substr(0, entry.target.size() - 7);  // without ".weight"
-    std::int64_t rows = 0;
-    for (const auto& spec : flux_expected_tensors(config, flux_layout::bfl))
-      if (spec.name == entry.target) rows = spec.shape[0];
-    const auto parts = flux_lora_diffusers_parts(layer, rows, config.hidden);
+    const std::int64_t rows = it->second[0];
+    const auto parts = parts_of(layer, rows, it->second[1]);
     REQUIRE(parts.size() == entry.sources.size());
     std::int64_t covered = 0;
     for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -98,7 +101,13 @@ TEST_CASE("the FLUX LoRA table is flux_diffusers_to_bfl's linear layers read bac
     CHECK(covered == rows);
     ++checked;
   }
-  CHECK(checked == linear_weights.size());
+  CHECK(checked == linear.size());
+}
+
+TEST_CASE("the FLUX LoRA table is flux_diffusers_to_bfl's linear layers read backwards") {
+  const flux_config config = flux_config::tiny();
+  check_lora_table(flux_diffusers_to_bfl(config), flux_expected_tensors(config, flux_layout::bfl),
+                   flux_lora_diffusers_parts);
   flux_transformer model(config);
   for (const auto& [name, layer] : lora_layers(model))
     CHECK_NOTHROW(flux_lora_diffusers_parts(name, layer->out_features(), layer->in_features()));
@@ -126,29 +135,8 @@ TEST_CASE("the Wan LoRA table is wan_diffusers_to_official's linear layers read 
 
 TEST_CASE("the SD3 LoRA table is sd3_diffusers_to_stability's linear layers read backwards") {
   const sd3_config config = sd3_config::tiny();
-  std::set<std::string> linear_weights;  // the stability names of 2-D weights: the linear layers
-  for (const auto& spec : sd3_expected_tensors(config, sd3_layout::stability))
-    if (spec.shape.size() == 2 && spec.name.ends_with(".weight")) linear_weights.insert(spec.name);
-  std::size_t checked = 0;
-  for (const sd3_key_mapping& entry : sd3_diffusers_to_stability(config)) {
-    if (!linear_weights.contains(entry.target)) continue;
-    const std::string layer = entry.target.substr(0, entry.target.size() - 7);  // without ".weight"
-    std::int64_t rows = 0, cols = 0;
-    for (const auto& spec : sd3_expected_tensors(config, sd3_layout::stability))
-      if (spec.name == entry.target) rows = spec.shape[0], cols = spec.shape[1];
-    const auto parts = sd3_lora_diffusers_parts(layer, rows, cols);
-    REQUIRE(parts.size() == entry.sources.size());
-    std::int64_t covered = 0;
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      CHECK(parts[i].name + ".weight" == entry.sources[i]);
-      CHECK(parts[i].row_offset == covered);
-      covered += parts[i].rows;
-      CHECK(parts[i].swap_halves == (entry.merge == sd3_merge::swap_halves));
-    }
-    CHECK(covered == rows);
-    ++checked;
-  }
-  CHECK(checked == linear_weights.size());
+  check_lora_table(sd3_diffusers_to_stability(config), sd3_expected_tensors(config, sd3_layout::stability),
+                   sd3_lora_diffusers_parts);
   sd3_transformer model(config);
   for (const auto& [name, layer] : lora_layers(model))
     CHECK_NOTHROW(sd3_lora_diffusers_parts(name, layer->out_features(), layer->in_features()));
