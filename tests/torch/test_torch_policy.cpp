@@ -466,6 +466,39 @@ TEST_CASE("guidance: the doc example, one batched call, v_u + s (v_c - v_u)", "[
   CHECK(h.item<double>() == -4.5);
 }
 
+TEST_CASE("guidance: a second expert's scale at its noise levels (Wan2.2's guidance_scale_2)", "[torch][guidance]") {
+  // The doc example's model with scale 5 above sigma 0.875 and 3 below (scale_at's example).
+  const auto below = [](double sigma) { return sigma < 0.875; };
+  classifier_free_guidance guided(per_prompt_scale_model{.weight = torch::tensor({1.0, 2.0, 3.0}, torch::kFloat64)},
+                                  {.scale = 5.0, .negative_rows = {2, 2}, .second_scale = 3.0, .second_at = below});
+  CHECK(guided.options().scale_at(0.9) == 5.0);
+  CHECK(guided.options().scale_at(0.5) == 3.0);
+  const torch::Tensor x = torch::ones({2, 1}, torch::kFloat64);
+  const std::vector<std::int64_t> prompts{0, 1};
+  const std::vector<std::uint32_t> trees{0, 1};
+  // v_c = {1, 2}, v_u = {3, 3}: at sigma 0.9 {3 + 5 (1 - 3), 3 + 5 (2 - 3)} = {-7, -2}; at 0.5 with 3: {-3, 0}.
+  const torch::Tensor high = guided.velocity(x, {.step = 0, .sigma = 0.9, .trees = trees, .prompts = prompts});
+  const torch::Tensor low = guided.velocity(x, {.step = 1, .sigma = 0.5, .trees = trees, .prompts = prompts});
+  CHECK(torch::equal(high, torch::tensor({-7.0, -2.0}, torch::kFloat64).view({2, 1})));
+  CHECK(torch::equal(low, torch::tensor({-3.0, 0.0}, torch::kFloat64).view({2, 1})));
+  // Guidance off above the boundary, on below: a single pass where the scale is 1; negatives still needed.
+  classifier_free_guidance half_on(per_prompt_scale_model{.weight = torch::tensor({1.0, 2.0, 3.0}, torch::kFloat64)},
+                                   {.scale = 1.0, .negative_rows = {2, 2}, .second_scale = 3.0, .second_at = below});
+  CHECK(half_on.enabled());
+  CHECK(torch::equal(half_on.velocity(x, {.step = 0, .sigma = 0.9, .trees = trees, .prompts = prompts}),
+                     torch::tensor({1.0, 2.0}, torch::kFloat64).view({2, 1})));
+  CHECK(half_on.model().last_prompts == prompts);
+  const auto make = [&](classifier_free_guidance_options options) {
+    return classifier_free_guidance(per_prompt_scale_model{.weight = torch::ones({3}, torch::kFloat64)},
+                                    std::move(options));
+  };
+  CHECK_THROWS_WITH(make({.scale = 1.0, .negative_rows = {}, .second_scale = 3.0, .second_at = below}),
+                    "guidance scale 1 (second expert 3) needs negative prompts (no negative rows were given)");
+  CHECK_THROWS_WITH(
+      make({.scale = 1.0, .negative_rows = {2}, .second_scale = 3.0}),
+      "second guidance scale must be 0 or positive and finite with the noise levels it applies at, got 3");
+}
+
 TEST_CASE("guidance: bad scales and missing negatives are one-line errors", "[torch][guidance]") {
   const auto make = [](double scale, std::vector<std::int64_t> negatives) {
     return classifier_free_guidance(per_prompt_scale_model{.weight = torch::ones({3}, torch::kFloat64)},

@@ -494,6 +494,19 @@ TEST_CASE("bad values are rejected with one line naming the key and the value") 
   CHECK(error_of("[model]\ndir = \"\"\nconfig = \"tiny\"\nlatent_height = 8\nlatent_width = 8\nlatent_frames = 4\n") ==
         "run.toml: model.latent_frames = 4: is for video models; model.config = \"tiny\" makes images");
   CHECK(error_of("[model]\nlatent_frames = 5000\n") == "run.toml: model.latent_frames = 5000: must be in [0, 1024]");
+  // A second expert's guidance (Wan2.2): the named config's default, refused for a family of one expert.
+  const bg::run_config a14b = bg::parse_run_config(
+      "[model]\ndir = \"\"\nconfig = \"wan2.2-t2v-a14b\"\nweights = \"w\"\nlatent_frames = 2\nlatent_height = 8\n"
+      "latent_width = 8\n[data]\nembeddings = \"p.safetensors\"\n",
+      "run.toml");
+  CHECK(a14b.model.guidance_scale == 4.0);
+  CHECK(a14b.model.guidance_scale_2 == 3.0);
+  CHECK(a14b.model.guided());
+  CHECK(error_of("[model]\ndir = \"\"\nconfig = \"sd3-tiny\"\nguidance_scale_2 = 3.0\n") ==
+        "run.toml: model.guidance_scale_2 = 3.0: is a second expert's scale, and model.config = \"sd3-tiny\" (SD3) has "
+        "one expert");
+  CHECK(error_of("[model]\nguidance_scale_2 = -1.0\n") ==
+        "run.toml: model.guidance_scale_2 = -1.0: must be in [0, 100]");
   CHECK(error_of("[data]\nprompts_per_iteration = 0\n") ==
         "run.toml: data.prompts_per_iteration = 0: must be at least 1");
   // Syntax errors name the line and column.

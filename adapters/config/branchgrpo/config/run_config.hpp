@@ -115,6 +115,9 @@ struct model_section {
   /// 1 = off (one conditional pass). Default: the named config's guidance_scale (5 for wan-t2v-*, Wan2.1's
   /// sample_guide_scale; 7 for sd3.5-*, the SD3 pipeline's; 4 for wan2.2-t2v-a14b), else 1.
   double guidance_scale = 1.0;
+  /// A two-expert model's (Wan2.2 A14B's) low-noise expert's scale; 0 = guidance_scale on both. Default: the named
+  /// config's (3 for wan2.2-t2v-a14b, diffusers' guidance_scale_2), else 0.
+  double guidance_scale_2 = 0.0;
   std::string negative_prompt = "";  ///< "" = each prompt's own negative in the file; else one of the file's
   bool master_weights = true;        ///< bfloat16 / float16 models: float32 master copies of the trainable weights
   bool autocast = true;              ///< CUDA, bfloat16 / float16 models: the forward under autocast in model.dtype
@@ -124,6 +127,11 @@ struct model_section {
   std::int64_t latent_frames = 0;  ///< video models: 0 = the model directory's (8 for moving-shapes-tiny)
   bool gradient_checkpointing = false;
   friend bool operator==(const model_section&, const model_section&) = default;
+  /// Whether some noise level is guided: a scale other than 1 (the negative prompts are needed then).
+  [[nodiscard]] bool guided() const {
+    return guidance_scale != 1.0 || (guidance_scale_2 != 0 && guidance_scale_2 != 1.0);
+  }
+
   static constexpr auto parameters() {
     using self = model_section;
     using namespace config_rules;
@@ -142,6 +150,9 @@ struct model_section {
                   rules::in_range{.low = 0, .high = 100}),
         parameter("guidance_scale", &self::guidance_scale, "classifier-free guidance scale",
                   rules::above_up_to{.low = 0, .high = 100, .note = "(1 = no classifier-free guidance)"}),
+        parameter("guidance_scale_2", &self::guidance_scale_2,
+                  "a second (low-noise) expert's classifier-free guidance scale; 0 = guidance_scale on both",
+                  rules::in_range{.low = 0, .high = 100}),
         parameter("negative_prompt", &self::negative_prompt, "one negative prompt of the file for every prompt"),
         parameter("master_weights", &self::master_weights, "float32 master copies of low-precision weights"),
         parameter("autocast", &self::autocast, "CUDA: the forward under autocast in dtype"),
@@ -366,7 +377,11 @@ inline void read_model(table_reader r, model_section& m) {
   // FLUX.1-dev's guidance is distilled into `guidance`, and the shipped shapes models were pretrained without an
   // unconditional branch (1).
   if (named != nullptr && !r.has("guidance_scale")) m.guidance_scale = named->guidance_scale;
-  if (!m.negative_prompt.empty() && m.guidance_scale == 1.0)
+  if (named != nullptr && !r.has("guidance_scale_2")) m.guidance_scale_2 = named->guidance_scale_2;
+  if (family != nullptr && !family->second_expert && m.guidance_scale_2 != 0)
+    r.bad("guidance_scale_2", "is a second expert's scale, and model.config = \"" + m.config + "\" (" +
+                                  std::string(family->label) + ") has one expert");
+  if (!m.negative_prompt.empty() && !m.guided())
     r.bad("negative_prompt", "needs classifier-free guidance: model.guidance_scale is 1 (off)");
   if (m.dtype == "float16" && m.device == "cpu")  // checked here, not as a kernel error in the first iteration
     fail(r.file(),

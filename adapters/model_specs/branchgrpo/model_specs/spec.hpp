@@ -33,6 +33,7 @@ struct named_model_config {
   bool released = true;  ///< a released model's shape, which needs model.weights (else random init is allowed)
   std::string_view text_encoder = {};  ///< the encoder its prompts must come from ("" for the test shapes)
   double guidance_scale = 1.0;         ///< model.guidance_scale's default under this config
+  double guidance_scale_2 = 0;         ///< model.guidance_scale_2's default (a second expert's scale; 0 = none)
 };
 
 /// One model family, torch-free (see the file comment).
@@ -41,6 +42,7 @@ struct model_spec {
   std::string_view label = {};         ///< "FLUX": as messages name the family
   std::string_view title = {};         ///< "FLUX.1 transformer": `branchgrpo weights`' report
   bool video = false;                  ///< latents [C, F, h, w] decoded to clips; else [C, h, w] decoded to images
+  bool second_expert = false;          ///< a second expert runs at low noise (Wan2.2): model.guidance_scale_2 applies
   std::string_view metadata_key = {};  ///< the __metadata__ key of a model directory's config
   std::span<const named_model_config> configs = {};
   std::span<const std::string_view> layouts = {};        ///< key layouts, the family's native one first

@@ -79,7 +79,7 @@ run_memory_estimate estimate_run_memory(const run_config& config, const typename
       std::min(static_cast<double>(config.rollout.max_batch),
                static_cast<double>(config.data.prompts_per_iteration) * static_cast<double>(plan.leaf_count()));
   // Classifier-free guidance runs the conditional and unconditional rows in one call: twice the rows.
-  const double passes = config.model.guidance_scale == 1.0 ? 1 : 2;
+  const double passes = config.model.guided() ? 2 : 1;
   out.activations = passes * rows * per_row;
   // Host buffers: a decoded chunk (pixels: the latents themselves; a VAE: 8x the latent's height and width, and
   // Wan's 1 + 4 (F - 1) frames) and the prompt rows copied out of the table for one call.
@@ -122,7 +122,7 @@ void check_run_memory(const run_config& config, const typename Families::configs
                               ", each [" + dims + "] in model.dtype = " + config.model.dtype + ")";
   const std::string activations =
       "activations " + byte_text(e.activations) + " (rollout.max_batch = " + std::to_string(config.rollout.max_batch) +
-      " rows" + (config.model.guidance_scale == 1.0 ? "" : ", twice under model.guidance_scale") +
+      " rows" + (config.model.guided() ? ", twice under model.guidance_scale" : "") +
       ", model.gradient_checkpointing = " + (config.model.gradient_checkpointing ? "true" : "false") + ")";
   const std::string weights =
       "weights " + byte_text(e.weights) + " (the model in model.dtype = " + config.model.dtype + ")";

@@ -114,6 +114,9 @@ struct run_model {
   std::vector<std::int64_t> negative_index = {};
   /// The held-out prompts of [eval] (empty without it).
   heldout_prompt_set heldout = {};
+  /// The noise levels a second expert runs at (Wan2.2's low-noise expert; model.guidance_scale_2 guides them); empty
+  /// for a model of one. Set by the family's load.
+  std::function<bool(double sigma)> second_expert_at;
   /// The family's denoiser over `table` under the run's [model] options (Family::denoiser); set by hold().
   std::function<run_denoiser(prompt_table table, const run_config& config)> make_denoiser;
   /// The transformer's gradient checkpointing on or off; set by hold().
@@ -177,7 +180,7 @@ inline void take_negative_prompts(const run_config& config, prompt_dataset& file
                                   std::size_t prompt_count, prompt_embeddings& negatives,
                                   std::vector<std::int64_t>& index) {
   const model_section& m = config.model;
-  if (m.guidance_scale == 1.0) return;
+  if (!m.guided()) return;
   require(file.has_negatives(), source, ": model.guidance_scale = ", m.guidance_scale,
           " needs negative prompts, and the file has none (write them with scripts/export_prompt_embeddings.py "
           "--negative-prompt, or set model.guidance_scale = 1)");
@@ -328,8 +331,7 @@ void load_run_prompts(const run_config& config, std::string_view family, const S
 /// Throws invalid_input unless the run's guidance (model.guidance_scale != 1) has its negative prompts.
 inline void require_guidance_negatives(const run_config& config, const run_model& out) {
   const model_section& m = config.model;
-  require(m.guidance_scale == 1.0 || !out.negative_index.empty(), config.source,
-          ": model.guidance_scale = ", m.guidance_scale,
+  require(!m.guided() || !out.negative_index.empty(), config.source, ": model.guidance_scale = ", m.guidance_scale,
           " needs negative prompts: give data.embeddings a file with them (model.dir = \"", m.dir, "\" has none)");
 }
 

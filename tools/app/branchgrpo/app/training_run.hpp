@@ -223,9 +223,16 @@ class training_run {
     };
     append_negatives(model_.negative_embeddings, model_.negative_index);
     append_negatives(model_.heldout.negative_embeddings, model_.heldout.negative_index);
-    denoiser_ = std::make_unique<run_velocity_model>(
-        model_.make_denoiser(std::move(table), config_),
-        classifier_free_guidance_options{.scale = config_.model.guidance_scale, .negative_rows = negative_rows});
+    const model_section& m = config_.model;
+    require(m.guidance_scale_2 == 0 || model_.second_expert_at, config_.source,
+            ": model.guidance_scale_2 = ", m.guidance_scale_2, ": is a second expert's scale, and the ",
+            model_.family->label, " model has one expert");
+    denoiser_ =
+        std::make_unique<run_velocity_model>(model_.make_denoiser(std::move(table), config_),
+                                             classifier_free_guidance_options{.scale = m.guidance_scale,
+                                                                              .negative_rows = negative_rows,
+                                                                              .second_scale = m.guidance_scale_2,
+                                                                              .second_at = model_.second_expert_at});
     policy_ = std::make_unique<run_policy>(
         *denoiser_, backend_,
         autograd_policy_options{

@@ -1,8 +1,8 @@
 #pragma once
 // Wan2.2's model_spec (model_specs/spec.hpp): two Wan2.1-architecture experts in one transformer
 // (torch/wan22/transformer.hpp), whose tensor and LoRA layer names are the Wan names prefixed by the expert.
-//   model.config   wan2.2-t2v-a14b (released: needs model.weights; prompts from umT5; guidance 4, Wan2.2's
-//                  high-noise scale), wan22-tiny (random init allowed)
+//   model.config   wan2.2-t2v-a14b (released: needs model.weights; prompts from umT5; guidance 4 on the
+//                  high-noise expert and 3 on the low-noise one, Wan2.2's), wan22-tiny (random init allowed)
 //   layouts        official: "high_noise_model.<official Wan name>", "low_noise_model.<...>" (the release's folder
 //                  names); diffusers: "transformer.<diffusers Wan name>" (high noise), "transformer_2.<...>" (low)
 //   LoRA formats   diffusers, comfyui: both load one expert per file (diffusers' WanPipeline.load_lora_weights reads
@@ -42,7 +42,11 @@ inline std::string_view wan22_expert_label(wan22_expert expert) {
 
 inline constexpr std::array wan22_named_configs = {
     named_model_config{
-        .name = "wan2.2-t2v-a14b", .weights_name = "t2v-a14b", .text_encoder = "umt5", .guidance_scale = 4},
+        .name = "wan2.2-t2v-a14b",
+        .weights_name = "t2v-a14b",
+        .text_encoder = "umt5",
+        .guidance_scale = 4,     // the high-noise expert's (Wan2.2's t2v_A14B sample_guide_scale (3.0, 4.0))
+        .guidance_scale_2 = 3},  // the low-noise expert's
     named_model_config{.name = "wan22-tiny", .weights_name = "tiny", .released = false}};
 inline constexpr std::array<std::string_view, 2> wan22_layout_names = {"official", "diffusers"};
 inline constexpr std::array<std::string_view, 2> wan22_bench_models = {"wan22-tiny", "wan22"};
@@ -119,6 +123,7 @@ inline constexpr model_spec wan22_spec = {.name = "wan22",
                                           .label = "Wan2.2",
                                           .title = "Wan2.2 text-to-video transformer (two experts)",
                                           .video = true,
+                                          .second_expert = true,
                                           .metadata_key = "branchgrpo.wan22_config",
                                           .configs = wan22_named_configs,
                                           .layouts = wan22_layout_names,

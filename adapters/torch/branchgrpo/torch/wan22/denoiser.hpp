@@ -6,9 +6,9 @@
 // not run gets no gradient from that call).
 //
 // Guidance: Wan2.2 A14B samples with a scale per expert (official sample_guide_scale (3.0 low, 4.0 high); diffusers'
-// guidance_scale for transformer, guidance_scale_2 for transformer_2). classifier_free_guidance (torch/guidance.hpp)
-// has one scale, so the run's model.guidance_scale applies to both experts (wan2.2-t2v-a14b's default 4.0 is the
-// high-noise one).
+// guidance_scale for transformer, guidance_scale_2 for transformer_2): classifier_free_guidance (torch/guidance.hpp)
+// takes the second scale with the noise levels of the low-noise expert (the family's load sets them from
+// wan22_transformer::expert_for), model.guidance_scale_2 in a run.
 //
 // Example: wan22_denoiser(model of wan22_config::tiny(), a table [2, 5, 24]); velocity(x [3, 4, 2, 4, 4],
 //   {.sigma = 0.9, .prompts = {0, 1, 1}}) -> high_noise_model's velocity at timestep 900; sigma 0.5 ->

@@ -117,6 +117,10 @@ struct wan22_family {
             shape.expert.in_dim, " and out_dim ", shape.expert.out_dim, ": sampling needs them equal");
     out.shape = latent(config, shape);
     out.decode = wan_family::decoder(config, shape.expert);
+    // model.guidance_scale_2 guides the low-noise expert's noise levels (the module's own switch).
+    out.second_expert_at = [model = std::static_pointer_cast<wan22_transformer>(out.transformer)](double sigma) {
+      return model->expert_for(1000.0 * sigma) == wan22_expert::low_noise;
+    };
     return out;
   }
 
