@@ -76,7 +76,8 @@ import sys
 # Wan2.1's text_len (its shared config): the transformer zero-pads the text to this many tokens.
 WAN_TEXT_LEN = 512
 # Wan2.1's default negative prompt: `sample_neg_prompt` of its shared config (wan/configs/shared_config.py).
-WAN_DEFAULT_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，"
+WAN_DEFAULT_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，"
+                        "整体发灰，最差质量，低质量，"
                         "JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，"
                         "形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
 # SD3's default negative prompt: StableDiffusion3Pipeline.encode_prompt encodes `negative_prompt or ""`.

@@ -33,7 +33,7 @@ TEST_CASE("sd3_forward_flops: 2 blocks at 1 image and 1 text token, every term b
                         (8.0 * 64 + 4.0 * 8);  // 5664
   // Block 1: modulations 6d + 2d (the pre-only context), projection and MLP of the image stream only.
   const double block1 = (2.0 * 8 * 48 + 2.0 * 8 * 16) + 6.0 * 2 * 64 + 4.0 * 4 * 8 + 2.0 * 64 + 16.0 * 64;  // 3072
-  const double final_layer = 2.0 * 8 * 16 + 2.0 * 8 * 16;  // 512
+  const double final_layer = 2.0 * 8 * 16 + 2.0 * 8 * 16;                                                   // 512
   CHECK(embedders + block0 + block1 + final_layer == 14032);
   CHECK(sd3_forward_flops(small(), 1, 1) == 14032);
 }
